@@ -1,0 +1,47 @@
+"""Tiny random-init Hugging Face models of every supported architecture (built inside the tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TINY_CONFIGS = {
+    "llama_gqa": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=96,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=97, max_position_embeddings=128,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False, initializer_range=0.15,
+    ),
+    "qwen2_bias": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=48, intermediate_size=80,
+        num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, vocab_size=101,
+        max_position_embeddings=128, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        initializer_range=0.15, use_sliding_window=False,
+    ),
+    "mistral": dict(
+        architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=64, intermediate_size=112,
+        num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8, vocab_size=89,
+        max_position_embeddings=128, sliding_window=None, rms_norm_eps=1e-5, initializer_range=0.15,
+    ),
+    "gpt2": dict(
+        architectures=["GPT2LMHeadModel"], model_type="gpt2", n_embd=48, n_head=4, n_layer=2, n_positions=128,
+        vocab_size=103, initializer_range=0.15, activation_function="gelu_new", bos_token_id=0,
+        eos_token_id=0,
+    ),
+}
+
+
+def make_hf_model(name: str, folder: Path, seed: int = 0):
+    """Save a random-init transformers model of config ``name`` to ``folder``; returns the model (eval, fp32)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    spec = dict(TINY_CONFIGS[name])
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # norms and biases start at 1/0: randomise them so they are checked too
+        for pname, p in model.named_parameters():
+            if "norm" in pname or "ln_" in pname or pname.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return model

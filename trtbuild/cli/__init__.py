@@ -1,0 +1,38 @@
+"""The ``trtbuild`` command: one click group, a module per subcommand.
+
+User errors (``TrtbuildError``) print one ``error:`` line and exit with status 2; nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import TrtbuildError
+from .build import build
+from .convert import convert
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="trtbuild")
+def cli() -> None:
+    """Compile LLM checkpoints into paged-attention engines and run them."""
+
+
+cli.add_command(convert)
+cli.add_command(build)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except TrtbuildError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)

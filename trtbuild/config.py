@@ -1,0 +1,191 @@
+"""Typed, versioned configs: the one source of truth for checkpoint files, engine directories, CLI flags and recipes.
+
+- ``ModelConfig``: what a converted checkpoint is (``CKPT_DIR/config.json``).
+- ``BuildConfig``: how an engine is built (``trtbuild build`` flags, recorded in the manifest).
+- ``RuntimeConfig``: what the runner needs to drive an engine (``ENGINE_DIR/runtime_config.json``).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .configio import from_dict, to_dict
+from .errors import ConfigError
+
+CHECKPOINT_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 1
+
+
+class DType(enum.Enum):
+    """Storage dtype of a checkpoint's floating-point weights."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    BFLOAT16 = "bfloat16"
+
+
+class NormKind(enum.Enum):
+    RMS = "rms"
+    LAYER = "layer"
+
+
+class MlpKind(enum.Enum):
+    """``SWIGLU``: silu(gate) * up, gate/up fused into one matmul. ``GELU_TANH``: fc -> gelu(tanh approx) -> proj."""
+
+    SWIGLU = "swiglu"
+    GELU_TANH = "gelu_tanh"
+
+
+class PositionKind(enum.Enum):
+    ROPE = "rope"
+    LEARNED = "learned"
+
+
+class Backend(enum.Enum):
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding: ``theta`` base, rotated width ``rotary_dim`` (<= head_size), linear position ``scaling``."""
+
+    theta: float
+    rotary_dim: int
+    interleaved: bool = False
+    scaling: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A converted checkpoint's architecture, written as ``config.json`` next to ``rank0.safetensors``.
+
+    Invariants (checked in ``__post_init__``): num_heads % num_kv_heads == 0; RoPE models carry ``rope`` and
+    learned-position models do not; rotary_dim is even and <= head_size.
+    """
+
+    architecture: str  # the registry key of the source architecture, e.g. "LlamaForCausalLM"
+    dtype: DType
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_size: int
+    intermediate_size: int
+    max_position_embeddings: int
+    norm: NormKind
+    norm_eps: float
+    mlp: MlpKind
+    position: PositionKind
+    rope: RopeConfig | None
+    qkv_bias: bool
+    attn_out_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    format_version: int = CHECKPOINT_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != CHECKPOINT_FORMAT_VERSION:
+            raise ValueError(f"checkpoint format {self.format_version} is not {CHECKPOINT_FORMAT_VERSION}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if (self.position is PositionKind.ROPE) != (self.rope is not None):
+            raise ValueError("rope settings must be given exactly when position is 'rope'")
+        if self.rope is not None and (self.rope.rotary_dim % 2 or self.rope.rotary_dim > self.head_size):
+            raise ValueError(f"rotary_dim {self.rope.rotary_dim} must be even and <= head_size {self.head_size}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+    @property
+    def qkv_size(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_size
+
+    def save(self, directory: Path) -> None:
+        write_json(directory / "config.json", to_dict(self))
+
+    @classmethod
+    def load(cls, directory: Path) -> ModelConfig:
+        return from_dict(cls, read_json(directory / "config.json"), "config")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Options of ``trtbuild build`` (each field is a CLI flag of the same name)."""
+
+    backend: Backend = field(default=Backend.ONNXRUNTIME, metadata={"help": "engine backend"})
+    max_batch_size: int = field(default=64, metadata={"help": "most sequences in one step"})
+    max_seq_len: int = field(
+        default=2048, metadata={"help": "most positions per sequence (prompt + output); capped by the model's maximum"}
+    )
+    max_num_tokens: int = field(default=2048, metadata={"help": "most tokens in one step (prefill chunks + decodes)"})
+    kv_block_size: int = field(default=16, metadata={"help": "token slots per KV-cache block"})
+    opset: int = field(default=23, metadata={"help": "ONNX opset of the portable graph (>= 21)"})
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "kv_block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.opset < 21:
+            raise ValueError("opset must be >= 21")
+
+
+@dataclass(frozen=True)
+class EngineIO:
+    """Tensor names of an engine's graph inputs/outputs (one KV cache pair per layer)."""
+
+    input_ids: str = "input_ids"
+    positions: str = "positions"
+    block_tables: str = "block_tables"
+    query_start_loc: str = "query_start_loc"
+    logits_indices: str = "logits_indices"
+    logits: str = "logits"
+    key_cache: str = "key_cache.{layer}"
+    value_cache: str = "value_cache.{layer}"
+    # Outputs of the ONNX Runtime engine: this step's (rotated) keys/values, written into the cache by the runtime.
+    new_keys: str = "new_keys.{layer}"
+    new_values: str = "new_values.{layer}"
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the runner needs to drive an engine, written as ``ENGINE_DIR/runtime_config.json``."""
+
+    model: ModelConfig
+    build: BuildConfig
+    engine_file: str  # relative to ENGINE_DIR
+    io: EngineIO = field(default_factory=EngineIO)
+    format_version: int = ENGINE_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != ENGINE_FORMAT_VERSION:
+            raise ValueError(f"engine format {self.format_version} is not {ENGINE_FORMAT_VERSION}")
+
+    def save(self, directory: Path) -> None:
+        write_json(directory / "runtime_config.json", to_dict(self))
+
+    @classmethod
+    def load(cls, directory: Path) -> RuntimeConfig:
+        return from_dict(cls, read_json(directory / "runtime_config.json"), "runtime_config")
+
+
+def write_json(path: Path, data: object) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data

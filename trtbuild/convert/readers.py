@@ -1,0 +1,141 @@
+"""Source readers: a Hugging Face folder (safetensors, single or sharded) or a llama.cpp GGUF file.
+
+A reader exposes the source's Hugging Face-style config dict, its tensor names and lazy tensor access
+(memory-mapped), so the converter can stream one tensor at a time. Build-time only: uses torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConvertError
+from .tensor_names import SourceFormat
+
+
+class HFReader:
+    """A Hugging Face checkpoint folder: ``config.json`` + ``model.safetensors`` or an index with shards."""
+
+    format = SourceFormat.HF
+
+    def __init__(self, folder: Path) -> None:
+        from safetensors import safe_open
+
+        self.folder = folder
+        cfg_path = folder / "config.json"
+        if not cfg_path.is_file():
+            raise ConvertError(f"{folder}: no config.json (expected a Hugging Face model folder or a .gguf file)")
+        try:
+            self.hf_config: dict[str, Any] = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConvertError(f"{cfg_path}: not valid JSON ({e})") from None
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        elif (folder / "model.safetensors").is_file():
+            shards = ["model.safetensors"]
+        else:
+            raise ConvertError(f"{folder}: no model.safetensors or model.safetensors.index.json (pickle weights are not loaded)")
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise ConvertError(f"{folder}: missing shard {missing[0]}")
+        self._stack = ExitStack()
+        self._where: dict[str, Any] = {}
+        for shard in shards:
+            try:
+                handle = self._stack.enter_context(safe_open(str(folder / shard), framework="pt"))
+            except Exception as e:  # safetensors raises its own error types for corrupt headers
+                raise ConvertError(f"{folder / shard}: not a readable safetensors file ({e})") from None
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                self._where[name] = handle
+
+    def names(self) -> list[str]:
+        return sorted(self._where)
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._where[name].get_tensor(name)
+
+    def close(self) -> None:
+        self._stack.close()
+
+
+# GGUF metadata key (after the "<arch>." prefix) -> Hugging Face config key.
+_GGUF_LLAMA_KEYS = {
+    "block_count": "num_hidden_layers",
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "rope.freq_base": "rope_theta",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+}
+_GGUF_ARCHS = {"llama": ("LlamaForCausalLM", _GGUF_LLAMA_KEYS)}
+
+
+class GGUFReader:
+    """A llama.cpp GGUF file; quantized tensors are dequantized to float32 (as transformers does)."""
+
+    format = SourceFormat.GGUF
+
+    def __init__(self, path: Path) -> None:
+        import gguf
+
+        self.path = path
+        try:
+            self._reader = gguf.GGUFReader(str(path))
+        except Exception as e:  # gguf raises ValueError/struct.error on foreign files
+            raise ConvertError(f"{path}: not a readable GGUF file ({e})") from None
+        fields = self._reader.fields
+        arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
+        if arch not in _GGUF_ARCHS:
+            raise ConvertError(f"{path}: GGUF architecture {arch!r} is not supported (supported: llama)")
+        hf_arch, keys = _GGUF_ARCHS[arch]
+        cfg: dict[str, Any] = {"architectures": [hf_arch], "hidden_act": "silu"}
+        for gkey, hkey in keys.items():
+            if f"{arch}.{gkey}" in fields:
+                cfg[hkey] = fields[f"{arch}.{gkey}"].contents()
+        cfg["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)
+        for gkey, hkey in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id")):
+            if f"tokenizer.ggml.{gkey}" in fields:
+                cfg[hkey] = int(fields[f"tokenizer.ggml.{gkey}"].contents())
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        cfg["tie_word_embeddings"] = "output.weight" not in self._tensors
+        self.hf_config = cfg
+
+    def names(self) -> list[str]:
+        return sorted(self._tensors)
+
+    def get(self, name: str) -> torch.Tensor:
+        import gguf
+
+        t = self._tensors[name]
+        data = gguf.quants.dequantize(t.data, t.tensor_type)
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
+        return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
+
+    def close(self) -> None:
+        pass
+
+
+def open_source(src: Path) -> HFReader | GGUFReader:
+    """Open ``src``: a ``.gguf`` file or a Hugging Face folder."""
+    if not src.exists():
+        raise ConvertError(f"{src}: no such file or directory")
+    if src.is_file():
+        if src.suffix != ".gguf":
+            raise ConvertError(f"{src}: expected a .gguf file or a Hugging Face model folder")
+        return GGUFReader(src)
+    return HFReader(src)
+
+
+def iter_tensors(reader: HFReader | GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
+    for name in reader.names():
+        yield name, reader.get(name)

@@ -1,0 +1,97 @@
+"""Emit the portable graph: standard ONNX (opset >= 21) with one ``trtbuild::PagedAttention`` node per layer.
+
+Norms are single ops (RMSNormalization / LayerNormalization), gate and up projections one matmul (SwiGLU), QKV
+one matmul feeding the plugin. Linear weights are stored ``[in, out]`` for MatMul; a tied LM head reuses the
+embedding through ``Gemm(transB=1)``. Logits are computed only for the rows named by ``logits_indices``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+
+from ..config import BuildConfig, EngineIO, MlpKind, ModelConfig, NormKind, PositionKind
+from ..plugins.paged_attention import DOMAIN, OP_TYPE, rotary_cos_sin_cache
+from .builder import FLOAT, INT64, GraphBuilder
+
+Weights = dict[str, np.ndarray]
+
+
+def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, io: EngineIO) -> onnx.ModelProto:
+    """The model as the compiler IR; ``weights`` are float32 canonical tensors (see ``convert.layout``)."""
+    g = GraphBuilder(build.opset, name=cfg.architecture)
+    hkv, d = cfg.num_kv_heads, cfg.head_size
+    ids = g.add_input(io.input_ids, INT64, ["num_tokens"])
+    positions = g.add_input(io.positions, INT64, ["num_tokens"])
+    block_tables = g.add_input(io.block_tables, INT64, ["num_seqs", "max_blocks_per_seq"])
+    qsl = g.add_input(io.query_start_loc, INT64, ["num_seqs_plus_1"])
+    logits_idx = g.add_input(io.logits_indices, INT64, ["num_logits"])
+    cache_shape = ["num_blocks", "block_size", hkv, d]
+
+    x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
+    if cfg.position is PositionKind.LEARNED:
+        pos = g.op("Gather", [g.initializer("pos_embed.weight", weights["pos_embed.weight"]), positions])
+        x = g.op("Add", [x, pos], name="embed_add_pos")
+    cos_sin = ""
+    if cfg.rope is not None:
+        table = rotary_cos_sin_cache(build.max_seq_len, cfg.rope.rotary_dim, cfg.rope.theta, cfg.rope.scaling)
+        cos_sin = g.initializer("rotary.cos_sin_cache", table)
+
+    for n in range(cfg.num_layers):
+        p = f"layers.{n}."
+        h = _norm(g, cfg, weights, x, p + "input_norm")
+        qkv = _linear(g, weights, h, p + "attn.qkv")
+        kc = g.add_input(io.key_cache.format(layer=n), FLOAT, cache_shape)
+        vc = g.add_input(io.value_cache.format(layer=n), FLOAT, cache_shape)
+        kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
+        attn = g.op_multi(
+            OP_TYPE, [qkv, kc, vc, positions, block_tables, qsl, cos_sin], domain=DOMAIN, name=p + "attn.paged",
+            outputs=[f"{p}attn.paged/out0", kc_out, vc_out],
+            num_heads=cfg.num_heads, num_kv_heads=hkv, head_size=d, scale=1.0 / math.sqrt(d),
+            rotary_interleaved=int(cfg.rope.interleaved) if cfg.rope else 0,
+        )[0]
+        g.add_output(kc_out, FLOAT, cache_shape)
+        g.add_output(vc_out, FLOAT, cache_shape)
+        x = g.op("Add", [x, _linear(g, weights, attn, p + "attn.out")], name=p + "attn.residual")
+        h = _norm(g, cfg, weights, x, p + "post_attn_norm")
+        x = g.op("Add", [x, _mlp(g, cfg, weights, h, p + "mlp")], name=p + "mlp.residual")
+
+    x = g.op("Gather", [x, logits_idx], name="logits_rows")
+    x = _norm(g, cfg, weights, x, "final_norm")
+    if cfg.tie_word_embeddings:
+        logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)
+    else:
+        logits = _linear(g, weights, x, "lm_head")
+    g.rename_output(logits, io.logits)
+    g.add_output(io.logits, FLOAT, ["num_logits", cfg.vocab_size])
+    return g.model()
+
+
+def _linear(g: GraphBuilder, weights: Weights, x: str, prefix: str) -> str:
+    w = g.initializer(prefix + ".weight", np.ascontiguousarray(weights[prefix + ".weight"].T))
+    y = g.op("MatMul", [x, w], name=prefix)
+    if prefix + ".bias" in weights:
+        y = g.op("Add", [y, g.initializer(prefix + ".bias", weights[prefix + ".bias"])], name=prefix + ".bias_add")
+    return y
+
+
+def _norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
+    w = g.initializer(prefix + ".weight", weights[prefix + ".weight"])
+    if cfg.norm is NormKind.RMS:
+        return g.op("RMSNormalization", [x, w], name=prefix, axis=-1, epsilon=cfg.norm_eps)
+    b = g.initializer(prefix + ".bias", weights[prefix + ".bias"])
+    return g.op("LayerNormalization", [x, w, b], name=prefix, axis=-1, epsilon=cfg.norm_eps)
+
+
+def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
+    if cfg.mlp is MlpKind.SWIGLU:
+        gate_up = _linear(g, weights, x, prefix + ".gate_up")
+        i = cfg.intermediate_size
+        gate, up = g.op_multi("Split", [gate_up, g.const([i, i])], outputs=2, name=prefix + ".split", axis=-1)
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=prefix + ".sigmoid")], name=prefix + ".silu")
+        h = g.op("Mul", [act, up], name=prefix + ".gated")
+    else:
+        h = g.op("Gelu", [_linear(g, weights, x, prefix + ".up")], name=prefix + ".gelu", approximate="tanh")
+    return _linear(g, weights, h, prefix + ".down")

@@ -1,0 +1,62 @@
+"""The Llama family: Llama, Mistral (sliding window capped to exactness) and Qwen2 (q/k/v bias)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
+from .registry import register_architecture
+
+
+def rope_from_hf(hf: dict[str, Any], head_size: int) -> RopeConfig:
+    """Read rotary settings from transformers 4.x (``rope_theta``/``rope_scaling``) or 5.x (``rope_parameters``)."""
+    params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "default":
+        scaling = 1.0
+    elif kind == "linear":
+        scaling = float(params["factor"])
+    else:
+        raise ValueError(f"rope type {kind!r} is not supported (supported: default, linear)")
+    rotary_dim = int(head_size * float(hf.get("partial_rotary_factor", 1.0)))
+    return RopeConfig(theta=theta, rotary_dim=rotary_dim, interleaved=False, scaling=scaling)
+
+
+@register_architecture("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+def llama_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
+    hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+    head_size = int(hf.get("head_dim") or hidden // heads)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+    if hf.get("mlp_bias"):
+        raise ValueError("mlp_bias is not supported for gated MLPs")
+    max_pos = int(hf.get("max_position_embeddings", 2048))
+    window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "MistralForCausalLM") else None
+    if window:
+        max_pos = min(max_pos, int(window))  # beyond the window, full attention would differ from the model
+    eos = hf.get("eos_token_id")
+    qkv_bias = arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False))
+    return ModelConfig(
+        architecture=arch,
+        dtype=dtype,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=int(hf["num_hidden_layers"]),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_size=head_size,
+        intermediate_size=int(hf["intermediate_size"]),
+        max_position_embeddings=max_pos,
+        norm=NormKind.RMS,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        mlp=MlpKind.SWIGLU,
+        position=PositionKind.ROPE,
+        rope=rope_from_hf(hf, head_size),
+        qkv_bias=qkv_bias,
+        attn_out_bias=bool(hf.get("attention_bias", False)) and arch != "Qwen2ForCausalLM",
+        mlp_bias=False,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [int(eos)]),
+    )

@@ -1,0 +1,57 @@
+"""Architecture registry: a Hugging Face ``architectures`` string -> the function reading its config.
+
+Each model family lives in its own module and registers its names with ``@register_architecture``; aliases
+(Mistral, Qwen2 for Llama) are plain extra names. Modules are imported by ``trtbuild.models`` at first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..config import DType, ModelConfig
+from ..errors import ConvertError
+
+ConfigReader = Callable[[str, dict[str, Any], DType], ModelConfig]
+
+_REGISTRY: dict[str, ConfigReader] = {}
+
+
+def register_architecture(*names: str) -> Callable[[ConfigReader], ConfigReader]:
+    """Register ``fn(architecture, hf_config, dtype) -> ModelConfig`` under each of ``names``."""
+
+    def wrap(fn: ConfigReader) -> ConfigReader:
+        for name in names:
+            if name in _REGISTRY:
+                raise RuntimeError(f"architecture {name} registered twice")
+            _REGISTRY[name] = fn
+        return fn
+
+    return wrap
+
+
+def supported_architectures() -> list[str]:
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+def model_config_from_hf(hf_config: dict[str, Any], dtype: DType) -> ModelConfig:
+    """Translate a Hugging Face ``config.json`` into our ``ModelConfig`` (clear error when unsupported)."""
+    _load_families()
+    archs = hf_config.get("architectures") or []
+    if not isinstance(archs, list) or len(archs) != 1 or not isinstance(archs[0], str):
+        raise ConvertError(f"config.json must name exactly one architecture, got {archs!r}")
+    arch = archs[0]
+    reader = _REGISTRY.get(arch)
+    if reader is None:
+        raise ConvertError(f"unsupported architecture {arch}; supported: {', '.join(supported_architectures())}")
+    try:
+        return reader(arch, hf_config, dtype)
+    except KeyError as e:
+        raise ConvertError(f"config.json of {arch} lacks {e.args[0]!r}") from None
+    except (ValueError, TypeError) as e:
+        raise ConvertError(f"inconsistent config.json for {arch}: {e}") from None
+
+
+def _load_families() -> None:
+    from . import gpt2, llama  # noqa: F401  (registration side effect)

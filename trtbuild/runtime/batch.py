@@ -1,0 +1,59 @@
+"""One engine step's inputs: a ragged batch of sequences, each contributing one or more new tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Flattened inputs of one step (the ``trtbuild::PagedAttention`` metadata plus token ids).
+
+    Invariants: ``query_start_loc`` starts at 0, is strictly increasing and ends at ``len(input_ids)``; the
+    positions of a sequence's tokens are consecutive; ``block_tables`` row b covers every position of sequence b;
+    ``logits_indices`` are rows of ``input_ids`` whose logits the step returns (usually each sequence's last token).
+    """
+
+    input_ids: np.ndarray  # int64 [T]
+    positions: np.ndarray  # int64 [T]
+    query_start_loc: np.ndarray  # int64 [B + 1]
+    block_tables: np.ndarray  # int64 [B, M]
+    logits_indices: np.ndarray  # int64 [N]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.query_start_loc.shape[0] - 1)
+
+    @classmethod
+    def build(
+        cls,
+        token_ids: Sequence[Sequence[int]],
+        start_positions: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        *,
+        all_logits: bool = False,
+    ) -> StepBatch:
+        """Assemble a step from per-sequence new tokens, the position of each one's first new token, and block ids.
+
+        Returns logits for each sequence's last token, or for every token when ``all_logits``.
+        """
+        lens = [len(t) for t in token_ids]
+        if not lens or min(lens) == 0:
+            raise ValueError("every sequence in a step needs at least one token")
+        qsl = np.zeros(len(lens) + 1, dtype=np.int64)
+        np.cumsum(lens, out=qsl[1:])
+        ids = np.fromiter((t for seq in token_ids for t in seq), dtype=np.int64, count=int(qsl[-1]))
+        pos = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(start_positions, lens, strict=True)])
+        width = max(1, max(len(b) for b in block_tables))
+        tables = np.zeros((len(lens), width), dtype=np.int64)
+        for i, row in enumerate(block_tables):
+            tables[i, : len(row)] = row
+        logits_idx = np.arange(qsl[-1], dtype=np.int64) if all_logits else qsl[1:] - 1
+        return cls(ids, pos, qsl, tables, logits_idx)

@@ -1,0 +1,49 @@
+"""The KV cache memory of an onnxruntime engine: one key and one value array per layer, ``[NB, BS, Hkv, D]``.
+
+Block ids index dimension 0; block 0 is the null block that pads block tables (the block manager never hands
+it out, so writes of padded rows cannot happen). Only the block manager decides which block holds which tokens;
+this class only stores what a step computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelConfig
+
+BYTES_PER_ELEMENT = 4  # float32 cache
+
+
+def bytes_per_block(model: ModelConfig, block_size: int) -> int:
+    """Memory one block takes across all layers, keys and values."""
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_size * BYTES_PER_ELEMENT
+
+
+def num_blocks_for_memory(model: ModelConfig, block_size: int, memory_bytes: int) -> int:
+    return memory_bytes // bytes_per_block(model, block_size)
+
+
+def slot_mapping(positions: np.ndarray, query_start_loc: np.ndarray, block_tables: np.ndarray, block_size: int) -> np.ndarray:
+    """Cache slot (``block * BS + offset``) of every token of a step (the plugin contract's addressing)."""
+    seq = np.repeat(np.arange(len(query_start_loc) - 1), np.diff(query_start_loc))
+    return block_tables[seq, positions // block_size] * block_size + positions % block_size
+
+
+class PagedKVCache:
+    """Per-layer key/value arrays; ``write`` stores a step's new K/V at their slots."""
+
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
+        shape = (model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_size)
+        self.keys = np.zeros(shape, dtype=np.float32)
+        self.values = np.zeros(shape, dtype=np.float32)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        # Flat [NB * BS, Hkv, D] views per layer: assignment through them writes the arrays above.
+        self._flat_k = [self.keys[n].reshape(-1, *shape[3:]) for n in range(shape[0])]
+        self._flat_v = [self.values[n].reshape(-1, *shape[3:]) for n in range(shape[0])]
+
+    def write(self, layer: int, slots: np.ndarray, new_keys: np.ndarray, new_values: np.ndarray) -> None:
+        self._flat_k[layer][slots] = new_keys
+        self._flat_v[layer][slots] = new_values

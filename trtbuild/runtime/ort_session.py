@@ -1,0 +1,78 @@
+"""The onnxruntime engine session: runs one step of a built engine over a ragged batch and its paged KV cache.
+
+The cache arrays are bound to the session once (zero-copy OrtValues over numpy memory); each step binds only the
+small metadata inputs, runs, then writes the step's new keys/values into the cache at their slots.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..config import RuntimeConfig
+from ..errors import EngineError
+from .batch import StepBatch
+from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
+
+DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
+
+
+class OrtSession:
+    """An ``EngineSession`` for the onnxruntime backend."""
+
+    def __init__(
+        self, engine_dir: Path, *, kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY, num_threads: int | None = None
+    ) -> None:
+        engine_dir = Path(engine_dir)
+        if not (engine_dir / "runtime_config.json").is_file():
+            raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
+        try:
+            self.config = RuntimeConfig.load(engine_dir)
+        except Exception as e:
+            raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
+        model, build, io = self.config.model, self.config.build, self.config.io
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.intra_op_num_threads = num_threads or min(os.cpu_count() or 1, 8)
+        opts.inter_op_num_threads = 1
+        path = engine_dir / self.config.engine_file
+        try:
+            self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise EngineError(f"{path}: onnxruntime cannot load the engine ({str(e).splitlines()[0]})") from None
+        num_blocks = num_blocks_for_memory(model, build.kv_block_size, kv_cache_memory)
+        self.cache = PagedKVCache(model, num_blocks, build.kv_block_size)
+        self.num_blocks = num_blocks
+        self._binding = self._session.io_binding()
+        self._cache_values = []  # keep the OrtValues alive as long as the binding
+        for n in range(model.num_layers):
+            for name, arr in ((io.key_cache, self.cache.keys[n]), (io.value_cache, self.cache.values[n])):
+                value = ort.OrtValue.ortvalue_from_numpy(arr)
+                self._cache_values.append(value)
+                self._binding.bind_ortvalue_input(name.format(layer=n), value)
+        self._outputs = [io.logits] + [
+            name.format(layer=n) for n in range(model.num_layers) for name in (io.new_keys, io.new_values)
+        ]
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Run the model on ``batch``; store its K/V in the cache; return logits ``[len(logits_indices), vocab]``."""
+        io, binding = self.config.io, self._binding
+        for name, arr in (
+            (io.input_ids, batch.input_ids),
+            (io.positions, batch.positions),
+            (io.block_tables, batch.block_tables),
+            (io.query_start_loc, batch.query_start_loc),
+            (io.logits_indices, batch.logits_indices),
+        ):
+            binding.bind_cpu_input(name, np.ascontiguousarray(arr, dtype=np.int64))
+        for name in self._outputs:
+            binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        outs = binding.get_outputs()
+        slots = slot_mapping(batch.positions, batch.query_start_loc, batch.block_tables, self.cache.block_size)
+        for n in range(self.config.model.num_layers):
+            self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
+        return outs[0].numpy()
