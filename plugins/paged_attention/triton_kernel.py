@@ -56,11 +56,11 @@ if triton is not None:
         return b
 
     @triton.jit
-    def _load_rotated(base, pos, d, mask, cos_sin, half, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
-        """Load ``base + d`` as fp32, rotating its first ``2 * half`` dims by the angle of ``pos`` (broadcasts)."""
+    def _load_rotated(base, pos, d, mask, cos_sin, rot, HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr):
+        """Load ``base + d`` as fp32, rotating its first ``rot`` dims by the angle of ``pos`` (broadcasts)."""
         x = tl.load(base + d, mask=mask, other=0.0).to(tl.float32)
         if HAS_ROPE:
-            rot = 2 * half
+            half = rot // 2
             if INTERLEAVED:
                 partner = d + 1 - 2 * (d % 2)
                 sign = tl.where(d % 2 == 0, -1.0, 1.0)
@@ -81,7 +81,7 @@ if triton is not None:
     @triton.jit
     def _write_kv_kernel(
         qkv, positions, block_tables, qsl, cos_sin,
-        num_seqs, max_blocks, block_size, half,
+        num_seqs, max_blocks, block_size, rot_dim,
         k_out, v_out,
         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
         HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -94,7 +94,7 @@ if triton is not None:
         d = tl.arange(0, BLOCK_D)
         dmask = d < HEAD_SIZE
         k_base = qkv + t.to(tl.int64) * width + (NUM_HEADS + kvh) * HEAD_SIZE
-        k = _load_rotated(k_base, p, d, dmask, cos_sin, half, HAS_ROPE, INTERLEAVED)
+        k = _load_rotated(k_base, p, d, dmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
         v = tl.load(k_base + NUM_KV_HEADS * HEAD_SIZE + d, mask=dmask, other=0.0)
         blk = tl.load(block_tables + b * max_blocks + p // block_size).to(tl.int64)
         dst = ((blk * block_size + p % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE + d
@@ -104,7 +104,7 @@ if triton is not None:
     @triton.jit
     def _paged_attention_kernel(
         qkv, k_in, v_in, positions, block_tables, qsl, cos_sin,
-        num_seqs, max_blocks, block_size, half,
+        num_seqs, max_blocks, block_size, rot_dim,
         out, k_out, v_out,
         NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, SCALE: tl.constexpr,
         HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, FUSED: tl.constexpr,
@@ -123,13 +123,13 @@ if triton is not None:
         qmask = (g < group)[:, None] & dmask[None, :]
         heads = kvh * group + g
         q_base = qkv + t64 * width + heads[:, None] * HEAD_SIZE
-        q = _load_rotated(q_base, p, d[None, :], qmask, cos_sin, half, HAS_ROPE, INTERLEAVED)
+        q = _load_rotated(q_base, p, d[None, :], qmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
         bt_row = block_tables + b * max_blocks
         kv_col = (NUM_HEADS + kvh) * HEAD_SIZE  # column of this kv head's key in a qkv row
         first_row = tl.load(qsl + b).to(tl.int64)
         p0 = tl.load(positions + first_row).to(tl.int64)  # first position written in this step
         if FUSED:
-            k_new = _load_rotated(qkv + t64 * width + kv_col, p, d, dmask, cos_sin, half, HAS_ROPE, INTERLEAVED)
+            k_new = _load_rotated(qkv + t64 * width + kv_col, p, d, dmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
             v_new = tl.load(qkv + t64 * width + kv_col + NUM_KV_HEADS * HEAD_SIZE + d, mask=dmask, other=0.0)
             own_blk = tl.load(bt_row + p // block_size).to(tl.int64)
             dst = ((own_blk * block_size + p % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE + d
@@ -151,7 +151,7 @@ if triton is not None:
                 nmask = kvmask & (~cached)
                 new_base = qkv + (first_row + j - p0)[:, None] * width + kv_col
                 k = tl.load(k_in + kv_off, mask=cmask, other=0.0).to(tl.float32)
-                k += _load_rotated(new_base, j[:, None], d[None, :], nmask, cos_sin, half, HAS_ROPE, INTERLEAVED)
+                k += _load_rotated(new_base, j[:, None], d[None, :], nmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
                 v = tl.load(v_in + kv_off, mask=cmask, other=0.0).to(tl.float32)
                 v += tl.load(new_base + NUM_KV_HEADS * HEAD_SIZE + d[None, :], mask=nmask, other=0.0).to(tl.float32)
             else:
@@ -199,7 +199,7 @@ class CompiledKernel:
 
 
 POINTER_ARGS = ("qkv", "k_in", "v_in", "positions", "block_tables", "qsl", "cos_sin", "out", "k_out", "v_out")
-SCALAR_ARGS = ("num_seqs", "max_blocks", "block_size", "half")
+SCALAR_ARGS = ("num_seqs", "max_blocks", "block_size", "rot_dim")
 
 
 def compile_ptx(
@@ -282,14 +282,14 @@ def paged_attention_triton(
         if cos_sin_cache.shape[1] % 2 or cos_sin_cache.shape[1] > dh:
             raise ValueError(f"rotary dim {cos_sin_cache.shape[1]} must be even and <= head_size {dh}")
     cos_sin = cos_sin_cache if has_rope else qkv  # dummy pointer, never read
-    half = cos_sin_cache.shape[1] // 2 if has_rope else 0
+    rot_dim = cos_sin_cache.shape[1] if has_rope else 0
     num_seqs = query_start_loc.shape[0] - 1
     max_blocks, block_size = block_tables.shape[1], key_cache.shape[1]
     output = qkv.new_empty((t, hq * dh)) if out is None else out
     if tuple(output.shape) != (t, hq * dh) or not output.is_contiguous():
         raise ValueError(f"out must be a contiguous [{t}, {hq * dh}] tensor")
     consts = kernel_constexprs(attrs, has_rope, fused)
-    scalars = (num_seqs, max_blocks, block_size, half)
+    scalars = (num_seqs, max_blocks, block_size, rot_dim)
     if not fused:
         _write_kv_kernel[(t, hkv)](
             qkv, positions, block_tables, query_start_loc, cos_sin, *scalars, key_cache, value_cache,
