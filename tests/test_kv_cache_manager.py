@@ -1,0 +1,245 @@
+"""KVCacheManager: exact block tables, prefix sharing, eviction, and invariants under random interleavings."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trtbuild.runtime.kv_cache_manager import KVCacheManager
+from trtbuild.runtime.sampling import SamplingParams
+from trtbuild.runtime.sequence import Sequence
+
+BS = 4
+
+
+def make_seq(request_id: str, prompt: list[int], salt: str | None = None) -> Sequence:
+    return Sequence(request_id, list(prompt), SamplingParams(), 0, salt)
+
+
+def run(kv: KVCacheManager, seq: Sequence, num_new: int | None = None) -> bool:
+    """Admit (with prefix-cache lookup) or advance ``seq`` by ``num_new`` tokens, as one engine step would."""
+    computed, num_hit = kv.get_computed_blocks(seq) if not seq.block_ids else (None, 0)
+    num_new = seq.num_tokens - seq.num_computed_tokens - num_hit if num_new is None else num_new
+    if not kv.allocate_slots(seq, num_new, computed):
+        return False
+    seq.num_computed_tokens += num_hit + num_new
+    kv.cache_blocks(seq)
+    return True
+
+
+def ref_counts(kv: KVCacheManager) -> list[int]:
+    return [b.ref_cnt for b in kv.pool.blocks]
+
+
+def test_prefix_sharing_exact_block_ids() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=BS)
+    a = make_seq("a", list(range(10)))
+    computed, hit = kv.get_computed_blocks(a)
+    assert computed.blocks == () and hit == 0
+    assert run(kv, a)
+    assert a.block_ids == [1, 2, 3]
+    assert set(kv.pool.cached) == set(a.block_hashes[:2])  # 10 tokens: two full blocks cached, block 3 partial
+
+    # Same first 8 tokens: shares blocks 1 and 2, gets a fresh block for its 9th token.
+    b = make_seq("b", [*range(8), 99])
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 8 and [blk.block_id for blk in computed.blocks] == [1, 2]
+    assert run(kv, b) and b.block_ids == [1, 2, 4]
+    assert ref_counts(kv)[:5] == [0, 2, 2, 1, 1]
+
+    # A prompt that is exactly two cached blocks hits only one: its last token is recomputed for logits.
+    c = make_seq("c", list(range(8)))
+    assert kv.get_computed_blocks(c)[1] == 4
+    assert run(kv, c) and c.block_ids == [1, 5]
+    assert c.num_computed_tokens == 8
+
+    # Another namespace never hits.
+    d = make_seq("d", list(range(10)), salt="lora-1")
+    assert kv.get_computed_blocks(d)[1] == 0
+    assert kv.prefix_cache_queries == 10 + 9 + 8 and kv.prefix_cache_hits == 8 + 4
+
+    # a leaves: its blocks are freed last-first; only block 3 was a's alone.
+    kv.free(a)
+    assert a.block_ids == [] and ref_counts(kv)[:6] == [0, 2, 1, 0, 1, 1]
+    assert [blk.block_id for blk in kv.pool.free_queue] == [6, 7, 8, 9, 3]
+    assert kv.num_used_blocks == 4 and kv.usage == 4 / 9
+
+
+def test_decode_growth_allocates_at_block_boundaries() -> None:
+    kv = KVCacheManager(num_blocks=5, block_size=BS, enable_prefix_caching=False)
+    s = make_seq("s", [7, 7, 7])
+    assert run(kv, s) and s.block_ids == [1]
+    for expected in ([1], [1, 2], [1, 2], [1, 2], [1, 2], [1, 2, 3]):
+        s.output_token_ids.append(7)
+        assert run(kv, s, 1)
+        assert s.block_ids == expected
+    assert s.num_computed_tokens == 9
+    assert not kv.pool.cached  # caching disabled
+    assert kv.kv_waste_slots() == 3 * BS - 9
+
+
+def test_allocate_fails_without_side_effects() -> None:
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    a = make_seq("a", list(range(9)))
+    assert run(kv, a) and a.block_ids == [1, 2, 3]
+    before = (list(a.block_ids), ref_counts(kv), kv.pool.num_free_blocks, a.num_computed_tokens)
+    a.output_token_ids += [1, 2, 3, 4]
+    assert not kv.allocate_slots(a, 4)  # needs a 4th block
+    assert (a.block_ids, ref_counts(kv), kv.pool.num_free_blocks, a.num_computed_tokens) == before
+
+
+def test_free_cached_hits_count_against_the_free_budget() -> None:
+    kv = KVCacheManager(num_blocks=4, block_size=BS)
+    a = make_seq("a", list(range(9)))
+    assert run(kv, a)
+    kv.free(a)
+    assert [blk.block_id for blk in kv.pool.free_queue] == [3, 2, 1]
+    # 13 tokens: hits blocks 1, 2 (both free) and needs 2 more, but only block 3 is left once the hits are taken.
+    b = make_seq("b", [*range(8), 50, 51, 52, 53, 54])
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 8
+    assert not kv.allocate_slots(b, 5, computed)
+    assert b.block_ids == [] and kv.pool.num_free_blocks == 3 and len(kv.pool.cached) == 2
+    # 9 tokens fit: blocks 1, 2 re-hit, block 3 reused.
+    c = make_seq("c", [*range(8), 50])
+    assert run(kv, c) and c.block_ids == [1, 2, 3]
+
+
+def test_lru_eviction_then_miss() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=BS)
+    a, b = make_seq("a", list(range(9))), make_seq("b", list(range(100, 108)))
+    assert run(kv, a) and run(kv, b)
+    assert a.block_ids == [1, 2, 3] and b.block_ids == [4, 5]
+    kv.free(a)  # a freed first: its blocks are evicted first, tail first
+    kv.free(b)
+    assert [blk.block_id for blk in kv.pool.free_queue] == [3, 2, 1, 5, 4]
+    c = make_seq("c", list(range(200, 209)))
+    assert run(kv, c) and c.block_ids == [3, 2, 1]  # evicts a's cached blocks 2 and 1
+    assert kv.get_computed_blocks(make_seq("a2", list(range(9))))[1] == 0
+    assert kv.get_computed_blocks(make_seq("b2", list(range(100, 109))))[1] == 8
+    assert kv.kv_waste_slots() == 3 * BS - 9
+
+
+SHARED = [5, 6, 7, 8, 5, 6, 7, 8]  # prompts start with a piece of this, so prefixes are often shared
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Random interleavings of admit / step / decode / preempt / finish against a simulated cache of token ids."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(num_blocks=7, block_size=2)
+        self.slots: dict[int, int] = {}  # simulated cache: slot -> token id written there
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.prefix_of: dict[bytes, tuple[int, ...]] = {}  # every hash seen -> the token prefix it stands for
+        self.count = 0
+
+    def _write(self, seq: Sequence, start: int, stop: int) -> None:
+        bs = self.kv.block_size
+        for p in range(start, stop):
+            block = self.kv.pool.blocks[seq.block_ids[p // bs]]
+            assert block.ref_cnt == 1 and block.block_hash is None  # never write a shared or cached block
+            self.slots[block.block_id * bs + p % bs] = seq.token_ids(p, p + 1)[0]
+
+    def _advance(self, seq: Sequence, num_new: int) -> bool:
+        start = seq.num_computed_tokens
+        if not self.kv.allocate_slots(seq, num_new):
+            return False
+        self._write(seq, start, start + num_new)
+        seq.num_computed_tokens += num_new
+        self.kv.cache_blocks(seq)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.output_token_ids.append(seq.num_tokens % 3)  # a "sampled" token
+        return True
+
+    @rule(
+        shared=st.integers(0, len(SHARED)),
+        tail=st.lists(st.integers(0, 2), max_size=4),
+        salt=st.sampled_from([None, None, "x"]),
+    )
+    def add(self, shared: int, tail: list[int], salt: str | None) -> None:
+        self.count += 1
+        self.waiting.append(make_seq(f"r{self.count}", [*SHARED[:shared], *tail] or [0], salt))
+
+    @precondition(lambda self: self.waiting)
+    @rule(pick=st.integers(0, 99), chunk=st.integers(1, 8))
+    def admit(self, pick: int, chunk: int) -> None:
+        seq = self.waiting[pick % len(self.waiting)]
+        computed, hit = self.kv.get_computed_blocks(seq)
+        assert hit < seq.num_tokens and hit % self.kv.block_size == 0
+        num_new = min(chunk, seq.num_tokens - hit)
+        if not self.kv.allocate_slots(seq, num_new, computed):
+            assert not seq.block_ids
+            return
+        self.waiting.remove(seq)
+        self.running.append(seq)
+        bs = self.kv.block_size
+        for p in range(hit):  # the hit blocks hold exactly this request's tokens
+            assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
+        seq.num_computed_tokens = hit
+        self._write(seq, hit, hit + num_new)
+        seq.num_computed_tokens += num_new
+        self.kv.cache_blocks(seq)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.output_token_ids.append(seq.num_tokens % 3)
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 99), chunk=st.integers(1, 8))
+    def step(self, pick: int, chunk: int) -> None:
+        seq = self.running[pick % len(self.running)]
+        self._advance(seq, min(chunk, seq.num_tokens - seq.num_computed_tokens))
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 99))
+    def preempt(self, pick: int) -> None:
+        seq = self.running.pop(pick % len(self.running))
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        self.waiting.insert(0, seq)
+
+    @precondition(lambda self: self.running)
+    @rule(pick=st.integers(0, 99))
+    def finish(self, pick: int) -> None:
+        self.kv.free(self.running.pop(pick % len(self.running)))
+
+    @invariant()
+    def blocks_are_owned_exactly_once(self) -> None:
+        pool = self.kv.pool
+        owners = [0] * pool.num_blocks
+        for seq in self.running:
+            assert len(set(seq.block_ids)) == len(seq.block_ids) and 0 not in seq.block_ids
+            assert len(seq.block_ids) == self.kv.num_blocks_for(seq.num_computed_tokens)
+            for b in seq.block_ids:
+                owners[b] += 1
+        for seq in self.waiting:
+            assert seq.block_ids == [] and seq.num_computed_tokens == 0
+        assert [b.ref_cnt for b in pool.blocks] == owners
+        free = [b.block_id for b in pool.free_queue]
+        assert len(free) == len(set(free)) == pool.num_free_blocks
+        assert set(free) == {b for b in range(1, pool.num_blocks) if owners[b] == 0}
+        assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks - 1
+        assert 0 <= self.kv.kv_waste_slots() <= pool.num_used_blocks * self.kv.block_size
+
+    @invariant()
+    def cache_holds_what_it_claims(self) -> None:
+        bs = self.kv.block_size
+        for seq in self.running + self.waiting:
+            for i, h in enumerate(seq.block_hashes):
+                assert self.prefix_of.setdefault(h, tuple(seq.token_ids(0, (i + 1) * bs))) == tuple(
+                    seq.token_ids(0, (i + 1) * bs)
+                )
+        hashed = {b.block_id for b in self.kv.pool.blocks if b.block_hash is not None}
+        assert hashed == {b.block_id for b in self.kv.pool.cached.values()}
+        for h, block in self.kv.pool.cached.items():
+            assert block.block_hash == h
+            content = tuple(self.slots[block.block_id * bs + o] for o in range(bs))
+            assert content == self.prefix_of[h][-bs:]
+        for seq in self.running:  # every computed position reads back its own token
+            for p in range(seq.num_computed_tokens):
+                assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
+
+
+CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_cache_machine = CacheMachine.TestCase

@@ -1,0 +1,183 @@
+"""Sampling parameters and the sampler: logits -> next tokens (vLLM semantics, numpy only).
+
+Processing order for each row (vLLM v1): penalties (repetition, frequency, presence) -> greedy argmax when
+``temperature == 0``; otherwise temperature -> min-p -> top-k -> top-p -> one draw from the request's generator.
+Rows are processed one at a time, so a request's result never depends on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import RequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each new token of one request, and when to stop. Invalid values raise ``RequestError``."""
+
+    temperature: float = 1.0  # 0 = greedy (exact argmax)
+    top_k: int | None = None  # keep the k most likely tokens; None = all
+    top_p: float = 1.0  # keep the smallest set of most likely tokens whose mass reaches top_p; 1 = all
+    min_p: float = 0.0  # drop tokens less likely than min_p * the most likely token's probability; 0 = off
+    repetition_penalty: float = 1.0  # logits of prompt/output tokens: > 0 divided by it, <= 0 multiplied; 1 = off
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already generated
+    frequency_penalty: float = 0.0  # subtracted once per earlier occurrence in the generated tokens
+    seed: int | None = None  # per-request generator seed: same seed, same tokens, whatever the batch; None = random
+    max_tokens: int | None = 16  # tokens to generate at most; None = until the engine's max_seq_len
+    stop: tuple[str, ...] = ()  # stop strings (checked by the detokenizing layer, not the scheduler)
+    stop_token_ids: tuple[int, ...] = ()  # tokens that finish the request (kept in the output)
+    n: int = 1  # completions per prompt (the LLM layer fans them out as separate sequences)
+    logprobs: int | None = None  # also return the chosen token's logprob and this many top logprobs; None = no
+    ignore_eos: bool = False  # keep generating past the model's EOS tokens
+
+    def __post_init__(self) -> None:
+        # Lists (and a single stop string) are accepted and stored as tuples: the params stay immutable and hashable.
+        object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        checks = [
+            (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
+            (self.top_k is None or self.top_k >= 1, "top_k must be >= 1, or None to keep all tokens"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1, or None"),
+            (self.n >= 1, "n must be >= 1"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0, or None"),
+            (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
+            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise RequestError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class SamplingRequest(Protocol):
+    """What the sampler reads from a request (``sequence.Sequence`` is one)."""
+
+    sampling_params: SamplingParams
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    generator: np.random.Generator | None
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities of one sampled token under the processed distribution (log_softmax of processed logits)."""
+
+    logprob: float  # of the chosen token
+    top: list[tuple[int, float]]  # the most likely tokens, (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """One step's sampled tokens, row b for request b."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # None where the request asked for none
+
+
+def apply_penalties(
+    logits: np.ndarray, params: SamplingParams, prompt_ids: Sequence[int], output_ids: Sequence[int]
+) -> None:
+    """Apply repetition, frequency and presence penalties to one row of logits in place (vLLM semantics)."""
+    if params.repetition_penalty != 1.0:
+        seen = np.unique(np.fromiter((*prompt_ids, *output_ids), dtype=np.int64))
+        values = logits[seen]
+        logits[seen] = np.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if (params.frequency_penalty or params.presence_penalty) and len(output_ids):
+        tokens, counts = np.unique(np.asarray(output_ids, dtype=np.int64), return_counts=True)
+        logits[tokens] -= params.frequency_penalty * counts + params.presence_penalty
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """log_softmax of a 1-D row; -inf entries stay -inf."""
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def apply_min_p(logits: np.ndarray, min_p: float) -> None:
+    """Mask (to -inf) tokens whose probability is below ``min_p`` times the largest probability."""
+    probs = np.exp(logits - logits.max())  # unnormalised: the largest is 1, so the threshold is min_p itself
+    logits[probs < min_p] = -np.inf
+
+
+def apply_top_k(logits: np.ndarray, k: int) -> None:
+    """Keep the ``k`` largest logits (and any tied with the k-th); mask the rest to -inf."""
+    if k < logits.shape[0]:
+        kth = np.partition(logits, logits.shape[0] - k)[logits.shape[0] - k]
+        logits[logits < kth] = -np.inf
+
+
+def apply_top_p(logits: np.ndarray, p: float) -> None:
+    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``; mask the rest to -inf."""
+    probs = np.exp(log_softmax(logits))
+    order = np.argsort(-probs, kind="stable")
+    sorted_probs = probs[order]
+    mass_before = np.cumsum(sorted_probs) - sorted_probs  # mass of the strictly more likely tokens
+    drop = mass_before >= p
+    drop[0] = False  # the most likely token always stays
+    logits[order[drop]] = -np.inf
+
+
+class Sampler:
+    """Turns a step's logits into one token per request (see the module docstring for the order of operations)."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self._rng = np.random.default_rng(seed)  # for requests without their own seed
+
+    def process(self, logits: np.ndarray, request: SamplingRequest) -> np.ndarray:
+        """The processed float64 logits of one row: penalties, then (unless greedy) temperature and the filters."""
+        params = request.sampling_params
+        row = logits.astype(np.float64, copy=True)
+        apply_penalties(row, params, request.prompt_token_ids, request.output_token_ids)
+        if params.greedy:
+            return row
+        row /= params.temperature
+        if params.min_p > 0:
+            apply_min_p(row, params.min_p)
+        if params.top_k is not None:
+            apply_top_k(row, params.top_k)
+        if params.top_p < 1:
+            apply_top_p(row, params.top_p)
+        return row
+
+    def sample(self, logits: np.ndarray, requests: Sequence[SamplingRequest]) -> SamplerOutput:
+        """Pick a token for each row of float32 ``logits [B, V]``; row b belongs to ``requests[b]``.
+
+        Greedy rows take the exact argmax (lowest id on ties). Random rows make one uniform draw from the request's
+        generator (or the sampler's own when unseeded) and invert the cumulative distribution.
+        """
+        if logits.ndim != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"logits {logits.shape} do not match {len(requests)} requests")
+        token_ids: list[int] = []
+        logprobs: list[TokenLogprobs | None] = []
+        for row_logits, request in zip(logits, requests, strict=True):
+            params = request.sampling_params
+            row = self.process(row_logits, request)
+            if params.greedy:
+                token = int(np.argmax(row))
+            else:
+                rng = request.generator if request.generator is not None else self._rng
+                cdf = np.cumsum(np.exp(row - row.max()))
+                token = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), row.shape[0] - 1)
+            token_ids.append(token)
+            logprobs.append(None if params.logprobs is None else _token_logprobs(row, token, params.logprobs))
+        return SamplerOutput(token_ids, logprobs)
+
+
+def _token_logprobs(row: np.ndarray, token: int, k: int) -> TokenLogprobs:
+    lp = log_softmax(row)
+    top = np.argsort(-lp, kind="stable")[:k]
+    return TokenLogprobs(float(lp[token]), [(int(t), float(lp[t])) for t in top])

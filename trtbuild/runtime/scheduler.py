@@ -1,0 +1,252 @@
+"""Continuous batching (nano-vllm / vLLM v1 style): which requests run in the next step, and with how many tokens.
+
+Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
+of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). When a running
+request cannot get a block, the most recently admitted running request is preempted by recompute: its blocks are
+freed and it goes back to the FRONT of the waiting queue with its tokens kept. No request is ever lost.
+
+One step of the caller's loop::
+
+    out = scheduler.schedule()
+    logits = session.step(out.to_step_batch())
+    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)
+    finished = scheduler.update_from_output(out, sampled.token_ids)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ..errors import RequestError
+from .batch import StepBatch
+from .kv_cache_manager import KVCacheManager
+from .sampling import SamplingParams
+from .sequence import FinishReason, RequestStatus, Sequence
+from .session import EngineSession
+
+# Called once for every token appended to a running request; returns the stop string the request's text now
+# contains (which finishes it with FinishReason.STOP), or None. The detokenizing layer plugs stop strings in here.
+StopHook = Callable[[Sequence], str | None]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Limits of continuous batching; ``for_session`` takes them from an engine."""
+
+    max_num_seqs: int  # requests running at once (and so in one step)
+    max_num_batched_tokens: int  # tokens in one step: prefill chunks plus decode tokens
+    max_seq_len: int  # positions per request, prompt plus generated tokens
+    block_size: int  # token slots per KV-cache block
+    num_blocks: int  # blocks in the cache, the null block 0 included
+    enable_prefix_caching: bool = True
+    eos_token_ids: tuple[int, ...] = ()  # tokens that finish a request unless its params say ignore_eos
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.num_blocks < 2:
+            raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
+
+    @classmethod
+    def for_session(cls, session: EngineSession, *, enable_prefix_caching: bool = True) -> SchedulerConfig:
+        """The engine's own limits: its batch size, step tokens, sequence length, block size and cache size."""
+        build = session.config.build
+        return cls(
+            max_num_seqs=build.max_batch_size,
+            max_num_batched_tokens=build.max_num_tokens,
+            max_seq_len=build.max_seq_len,
+            block_size=build.kv_block_size,
+            num_blocks=session.num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+            eos_token_ids=tuple(session.config.model.eos_token_ids),
+        )
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's plan: ``scheduled[b]`` = (request b of the batch, its number of new tokens).
+
+    Invariants: at most ``max_num_seqs`` entries, ``num_batched_tokens <= max_num_batched_tokens``, every count
+    >= 1, and request b's block table covers positions up to ``num_computed_tokens + count``. Read it (and build
+    the step) before ``update_from_output``, which advances the requests.
+    """
+
+    scheduled: list[tuple[Sequence, int]]
+    # Rows of the step's logits to sample: requests whose new tokens reach their last token. A request in the middle
+    # of a chunked prefill is computed but not sampled.
+    sample_rows: list[int]
+    preempted: list[Sequence]  # requests preempted while planning this step
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+    @property
+    def sample_seqs(self) -> list[Sequence]:
+        """The requests of ``sample_rows``, in the same order."""
+        return [self.scheduled[b][0] for b in self.sample_rows]
+
+    def to_step_batch(self) -> StepBatch:
+        """The engine inputs: each request's new tokens from position ``num_computed_tokens``, and its block table."""
+        return StepBatch.build(
+            [seq.token_ids(seq.num_computed_tokens, seq.num_computed_tokens + n) for seq, n in self.scheduled],
+            [seq.num_computed_tokens for seq, _ in self.scheduled],
+            [seq.block_ids for seq, _ in self.scheduled],
+        )
+
+
+class Scheduler:
+    """Owns the waiting/running queues and the KV-cache manager; see the module docstring."""
+
+    def __init__(self, config: SchedulerConfig, stop_hook: StopHook | None = None) -> None:
+        self.config = config
+        self.stop_hook = stop_hook
+        self.kv_cache = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()  # WAITING and PREEMPTED requests, in admission order
+        self.running: deque[Sequence] = deque()  # RUNNING requests, oldest admission first
+        self.requests: dict[str, Sequence] = {}  # every unfinished request, waiting or running
+        self.num_preemptions = 0
+        self._num_added = 0
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Iterable[int], params: SamplingParams, *, cache_salt: str | None = None
+    ) -> Sequence:
+        """Queue a request; raises ``RequestError`` (changing nothing) when it could never run to completion."""
+        prompt = list(prompt_token_ids)
+        cfg = self.config
+        if request_id in self.requests:
+            raise RequestError(f"request {request_id!r}: id already in use")
+        if not prompt:
+            raise RequestError(f"request {request_id!r}: prompt is empty")
+        max_len = cfg.max_seq_len if params.max_tokens is None else len(prompt) + params.max_tokens
+        if len(prompt) >= cfg.max_seq_len:
+            raise RequestError(
+                f"request {request_id!r}: prompt ({len(prompt)} tokens) leaves no room to generate within the "
+                f"engine's max_seq_len ({cfg.max_seq_len})"
+            )
+        if max_len > cfg.max_seq_len:
+            raise RequestError(
+                f"request {request_id!r}: prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = "
+                f"{max_len} exceeds the engine's max_seq_len ({cfg.max_seq_len})"
+            )
+        # The last generated token is never fed back, so max_len - 1 positions need K/V. A request that cannot fit
+        # even alone in the pool would be preempted forever: reject it now.
+        need = self.kv_cache.num_blocks_for(max_len - 1)
+        if need > self.kv_cache.num_usable_blocks:
+            raise RequestError(
+                f"request {request_id!r}: up to {max_len - 1} tokens need {need} KV-cache blocks of {cfg.block_size} "
+                f"but the engine has {self.kv_cache.num_usable_blocks}; lower max_tokens or the prompt length"
+            )
+        seq = Sequence(request_id, prompt, params, self._num_added, cache_salt)
+        self._num_added += 1
+        self.requests[request_id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step (see the module docstring). Allocates the blocks the planned tokens need."""
+        scheduled: list[tuple[Sequence, int]] = []
+        preempted: list[Sequence] = []
+        budget = self.config.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv_cache.allocate_slots(seq, num_new):
+                victim = self.running.pop()  # the most recently admitted; never one already planned (index < i)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                i += 1
+        # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full).
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            computed, num_hit_tokens = self.kv_cache.get_computed_blocks(seq)
+            num_new = min(seq.num_tokens - num_hit_tokens, budget)
+            if not self.kv_cache.allocate_slots(seq, num_new, computed):
+                break  # FCFS: nobody overtakes the head of the queue
+            self.waiting.popleft()
+            if seq.status is RequestStatus.WAITING:
+                seq.num_cached_tokens = num_hit_tokens
+            seq.status = RequestStatus.RUNNING
+            seq.num_computed_tokens = num_hit_tokens
+            self.running.append(seq)
+            scheduled.append((seq, num_new))
+            budget -= num_new
+        sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
+        return SchedulerOutput(scheduled, sample_rows, preempted)
+
+    def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
+        """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.
+
+        Appends each sampled token, checks stop conditions and returns the requests that finished (their blocks
+        freed). Requests aborted since ``schedule()`` are skipped.
+        """
+        for seq, n in out.scheduled:
+            if seq.status is RequestStatus.RUNNING:
+                seq.num_computed_tokens += n
+                self.kv_cache.cache_blocks(seq)
+        finished = []
+        for seq, token in zip(out.sample_seqs, sampled_token_ids, strict=True):
+            if seq.status is not RequestStatus.RUNNING:
+                continue
+            seq.output_token_ids.append(int(token))
+            reason = self._check_stop(seq, int(token))
+            if reason is not None:
+                self._finish(seq, reason)
+                finished.append(seq)
+        if finished:
+            self.running = deque(seq for seq in self.running if not seq.is_finished)
+        return finished
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a waiting or running request (FinishReason.ABORT); False when it is unknown or already finished."""
+        seq = self.requests.get(request_id)
+        if seq is None:
+            return False
+        queue = self.running if seq.status is RequestStatus.RUNNING else self.waiting
+        queue.remove(seq)
+        self._finish(seq, FinishReason.ABORT)
+        return True
+
+    def _check_stop(self, seq: Sequence, token: int) -> FinishReason | None:
+        """Stop conditions after ``token`` was appended; sets ``seq.stop_reason`` for stop tokens and strings."""
+        params = seq.sampling_params
+        stop_string = self.stop_hook(seq) if self.stop_hook is not None else None  # sees every token
+        if not params.ignore_eos and token in self.config.eos_token_ids:
+            return FinishReason.STOP
+        if token in params.stop_token_ids or stop_string is not None:
+            seq.stop_reason = token if token in params.stop_token_ids else stop_string
+            return FinishReason.STOP
+        if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+            return FinishReason.LENGTH
+        if seq.num_tokens >= self.config.max_seq_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv_cache.free(seq)
+        seq.status = RequestStatus.PREEMPTED
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.kv_cache.free(seq)
+        seq.status = RequestStatus.finished(reason)
+        del self.requests[seq.request_id]
