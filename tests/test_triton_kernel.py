@@ -6,6 +6,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported: @triton.jit then runs on CPU tensors
 
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -23,10 +24,9 @@ from trtbuild.plugins.paged_attention.reference import (  # noqa: E402
     paged_attention,
     rotary_cos_sin_cache,
 )
-from trtbuild.plugins.paged_attention.triton_kernel import paged_attention_triton  # noqa: E402
 
-if type(triton_kernel._paged_attention_kernel).__name__ != "InterpretedFunction":  # pragma: no cover
-    pytest.skip("triton_kernel was imported before TRITON_INTERPRET=1 was set", allow_module_level=True)
+if type(triton_kernel._paged_attention_kernel).__name__ != "InterpretedFunction":  # imported earlier without it
+    importlib.reload(triton_kernel)  # re-run the @triton.jit decorators now that TRITON_INTERPRET is set
 
 
 @dataclass
@@ -96,7 +96,7 @@ def run_both(
     )
     k = torch.from_numpy(step.key_cache.copy())
     v = torch.from_numpy(step.value_cache.copy())
-    out = paged_attention_triton(
+    out = triton_kernel.paged_attention_triton(
         torch.from_numpy(step.qkv),
         k,
         v,
@@ -157,7 +157,7 @@ def test_prefill_then_decode_through_the_kernel_cache() -> None:
     steps.append((decode_qkv, np.array([37]), np.array([0, 1])))
     for qkv, pos, qsl in steps:
         ref_out, ref_k, ref_v = paged_attention(qkv, ref_k, ref_v, pos, prompt.block_tables, qsl, cos_sin, attrs)
-        out = paged_attention_triton(
+        out = triton_kernel.paged_attention_triton(
             torch.from_numpy(qkv),
             cache_k,
             cache_v,
@@ -179,11 +179,11 @@ def test_bad_inputs_are_rejected() -> None:
     cache = torch.zeros(4, 4, 2, 8)
     meta = torch.zeros(2, dtype=torch.int64), torch.zeros(1, 2, dtype=torch.int64), torch.tensor([0, 2])
     with pytest.raises(ValueError, match="qkv shape"):
-        paged_attention_triton(torch.zeros(2, 60), cache, cache.clone(), *meta, None, attrs)
+        triton_kernel.paged_attention_triton(torch.zeros(2, 60), cache, cache.clone(), *meta, None, attrs)
     with pytest.raises(ValueError, match="contiguous"):
-        paged_attention_triton(qkv, cache.transpose(0, 1), cache.clone(), *meta, None, attrs)
+        triton_kernel.paged_attention_triton(qkv, cache.transpose(0, 1), cache.clone(), *meta, None, attrs)
     with pytest.raises(ValueError, match="rotary dim"):
-        paged_attention_triton(qkv, cache, cache.clone(), *meta, torch.zeros(8, 10), attrs)
+        triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), *meta, torch.zeros(8, 10), attrs)
 
 
 def _run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -29,7 +29,6 @@ copy for an aliased network input.
 from typing import Any
 
 from .reference import PagedAttentionAttrs
-from .triton_kernel import compile_ptx, paged_attention_triton
 
 PLUGIN_NAMESPACE = "trtbuild"
 PLUGIN_NAME = "PagedAttention"
@@ -140,6 +139,8 @@ def _register_definitions(trtp: Any) -> None:
     ) -> None:
         import torch
 
+        from .triton_kernel import paged_attention_triton
+
         def view(x: Any) -> Any:
             return torch.as_tensor(x, device="cuda")
 
@@ -179,6 +180,8 @@ def _register_aot(trtp: Any) -> None:
         outputs: tuple[desc, desc, desc],
         tactic: int,
     ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
+        from .triton_kernel import compile_ptx
+
         kernel = compile_ptx(
             _attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved),
             has_rope=bool(has_rope),
