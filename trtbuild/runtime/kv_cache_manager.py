@@ -43,8 +43,7 @@ class KVCacheManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         # Requests holding blocks -> how many of their leading blocks are registered in (or skipped for) the cache.
-        self._num_cached_blocks: dict[str, int] = {}
-        self._requests: dict[str, Sequence] = {}  # the same keys: requests holding blocks
+        self._num_cached_blocks: dict[Sequence, int] = {}
         self.prefix_cache_queries = 0  # tokens of admitted requests looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens found there
 
@@ -110,9 +109,7 @@ class KVCacheManager:
         num_free_hits = sum(1 for block in hit_blocks if block.ref_cnt == 0)
         if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
             return False
-        if seq.request_id not in self._requests:
-            self._requests[seq.request_id] = seq
-            self._num_cached_blocks[seq.request_id] = len(hit_blocks)
+        self._num_cached_blocks.setdefault(seq, len(hit_blocks))
         self.pool.touch(hit_blocks)  # before get_new_blocks, which could otherwise evict a hit
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
         seq.block_ids.extend(block.block_id for block in (*hit_blocks, *new_blocks))
@@ -126,20 +123,19 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         num_full = seq.num_computed_tokens // self.block_size
-        start = self._num_cached_blocks[seq.request_id]
+        start = self._num_cached_blocks[seq]
         if num_full <= start:
             return
         hashes = self.block_hashes(seq, num_full)
         for i in range(start, num_full):
             self.pool.cache_full_block(self.pool.blocks[seq.block_ids[i]], hashes[i])
-        self._num_cached_blocks[seq.request_id] = num_full
+        self._num_cached_blocks[seq] = num_full
 
     def free(self, seq: Sequence) -> None:
         """Release all of ``seq``'s blocks (last block first, so its tail is evicted first) and empty its table."""
         self.pool.free_blocks(self.pool.blocks[b] for b in reversed(seq.block_ids))
         seq.block_ids.clear()
-        self._requests.pop(seq.request_id, None)
-        self._num_cached_blocks.pop(seq.request_id, None)
+        self._num_cached_blocks.pop(seq, None)
 
     def kv_waste_slots(self) -> int:
         """Allocated token slots (blocks in use x block size) minus slots holding a computed token.
@@ -148,7 +144,7 @@ class KVCacheManager:
         shared by several requests counts once, filled as far as its fullest owner.
         """
         filled: dict[int, int] = {}
-        for seq in self._requests.values():
+        for seq in self._num_cached_blocks:
             for i, block_id in enumerate(seq.block_ids):
                 n = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
                 filled[block_id] = max(filled.get(block_id, 0), n)

@@ -229,8 +229,11 @@ class Scheduler:
         stop_string = self.stop_hook(seq) if self.stop_hook is not None else None  # sees every token
         if not params.ignore_eos and token in self.config.eos_token_ids:
             return FinishReason.STOP
-        if token in params.stop_token_ids or stop_string is not None:
-            seq.stop_reason = token if token in params.stop_token_ids else stop_string
+        if token in params.stop_token_ids:
+            seq.stop_reason = token
+            return FinishReason.STOP
+        if stop_string is not None:
+            seq.stop_reason = stop_string
             return FinishReason.STOP
         if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
             return FinishReason.LENGTH
