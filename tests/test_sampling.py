@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trtbuild.errors import RequestError
+from trtbuild.runtime import sampling
 from trtbuild.runtime.sampling import Sampler, SamplingParams, apply_penalties, log_softmax
 from trtbuild.runtime.sequence import Sequence
 
@@ -113,6 +114,28 @@ def test_min_p_drops_tokens_below_the_scaled_maximum(logits: np.ndarray, min_p: 
     assert kept(processed) == brute_min_p(logits.astype(np.float64), min_p)
 
 
+def test_top_p_candidate_shortcut_equals_the_full_sort(monkeypatch: pytest.MonkeyPatch) -> None:
+    def full_sort_top_p(logits: np.ndarray, p: float) -> np.ndarray:
+        probs = softmax(logits)
+        order = np.argsort(-probs, kind="stable")
+        drop = np.cumsum(probs[order]) - probs[order] >= p
+        drop[0] = False
+        out = logits.copy()
+        out[order[drop]] = -np.inf
+        return out
+
+    rng = np.random.default_rng(3)
+    for candidates in (1, 3, 8, 1024):
+        monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", candidates)
+        for _ in range(100):
+            scale = rng.choice([0.5, 3.0, 10.0])  # flat to peaked
+            row = np.round(rng.standard_normal(rng.integers(2, 60)) * scale)  # rounding makes ties
+            p = float(rng.uniform(0.05, 1.0))
+            got = row.copy()
+            sampling.apply_top_p(got, p)
+            np.testing.assert_array_equal(got, full_sort_top_p(row, p))
+
+
 def test_filters_compose_in_order_temperature_min_p_top_k_top_p() -> None:
     logits = np.array([3.0, 2.5, 2.0, 1.0, 0.5, -1.0, -4.0], dtype=np.float32)
     # After temperature, x = [6, 5, 4, 2, 1, -2, -8]: min-p keeps 5 tokens, top-k 4, top-p 3 (mass 0.899 < 0.9 at 2).
@@ -184,6 +207,9 @@ def test_logprobs_of_the_processed_logits() -> None:
     filtered = Sampler().sample(logits, [req(SamplingParams(top_k=1, logprobs=0, seed=0))])
     assert filtered.token_ids == [1] and filtered.logprobs[0].logprob == 0.0 and filtered.logprobs[0].top == []
     assert Sampler().sample(logits, [req(SamplingParams(temperature=0))]).logprobs == [None]
+    ties = np.array([[0.0, 1.0, 1.0, 0.5, 1.0]], dtype=np.float32)
+    top = Sampler().sample(ties, [req(SamplingParams(temperature=0, logprobs=2))]).logprobs[0]
+    assert top is not None and [t for t, _ in top.top] == [1, 2]  # ties in id order
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,7 @@ class TokenLogprobs:
     """Log-probabilities of one sampled token under the processed distribution (log_softmax of processed logits)."""
 
     logprob: float  # of the chosen token
-    top: list[tuple[int, float]]  # the most likely tokens, (token id, logprob), most likely first
+    top: list[tuple[int, float]]  # up to k most likely unfiltered tokens, (token id, logprob), most likely first
 
 
 @dataclass(frozen=True)
@@ -115,20 +115,46 @@ def apply_min_p(logits: np.ndarray, min_p: float) -> None:
 
 def apply_top_k(logits: np.ndarray, k: int) -> None:
     """Keep the ``k`` largest logits (and any tied with the k-th); mask the rest to -inf."""
-    if k < logits.shape[0]:
-        kth = np.partition(logits, logits.shape[0] - k)[logits.shape[0] - k]
+    live = logits[np.isfinite(logits)]  # np.partition is slow on many equal (-inf) values: leave them out
+    if k < live.shape[0]:
+        kth = np.partition(live, live.shape[0] - k)[live.shape[0] - k]
         logits[logits < kth] = -np.inf
 
 
 def apply_top_p(logits: np.ndarray, p: float) -> None:
-    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``; mask the rest to -inf."""
+    """Keep the smallest set of most likely tokens whose probability mass reaches ``p``; mask the rest to -inf.
+
+    Ties are ordered by token id. Sorts only the most likely ``TOP_P_CANDIDATES`` tokens when they reach ``p``
+    (the usual case for a language model), else the whole row; the result is the same either way.
+    """
     probs = np.exp(log_softmax(logits))
-    order = np.argsort(-probs, kind="stable")
-    sorted_probs = probs[order]
-    mass_before = np.cumsum(sorted_probs) - sorted_probs  # mass of the strictly more likely tokens
-    drop = mass_before >= p
-    drop[0] = False  # the most likely token always stays
-    logits[order[drop]] = -np.inf
+    live = np.flatnonzero(probs > 0)  # tokens already masked (or underflowed) are never kept
+    live_probs = probs[live]
+    order = _top_sorted(live_probs, TOP_P_CANDIDATES)
+    cum = np.cumsum(live_probs[order])
+    if cum[-1] < p and order.shape[0] < live.shape[0]:
+        order = _top_sorted(live_probs, live.shape[0])
+        cum = np.cumsum(live_probs[order])
+    keep = cum - live_probs[order] < p  # the mass of the strictly more likely tokens is still short of p
+    keep[0] = True  # the most likely token always stays
+    dropped = np.ones(logits.shape[0], dtype=bool)
+    dropped[live[order[keep]]] = False
+    logits[dropped] = -np.inf
+
+
+TOP_P_CANDIDATES = 1024  # tokens sorted first by apply_top_p
+
+
+def _top_sorted(values: np.ndarray, m: int) -> np.ndarray:
+    """Indices of every value >= the m-th largest (ties included), largest first, ties by lower index.
+
+    Cumulative sums over it equal the first entries of those over the full stable sort, at O(V + m log m) cost.
+    """
+    n = values.shape[0]
+    if m <= 0:
+        return np.zeros(0, dtype=np.int64)
+    candidates = np.arange(n) if m >= n else np.flatnonzero(values >= np.partition(values, n - m)[n - m])
+    return candidates[np.argsort(-values[candidates], kind="stable")]
 
 
 class Sampler:
@@ -179,5 +205,6 @@ class Sampler:
 
 def _token_logprobs(row: np.ndarray, token: int, k: int) -> TokenLogprobs:
     lp = log_softmax(row)
-    top = np.argsort(-lp, kind="stable")[:k]
+    live = np.flatnonzero(np.isfinite(lp))  # filtered tokens are not listed
+    top = live[_top_sorted(lp[live], k)[:k]]
     return TokenLogprobs(float(lp[token]), [(int(t), float(lp[t])) for t in top])
