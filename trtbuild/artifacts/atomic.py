@@ -5,6 +5,7 @@ A failed or killed stage therefore never leaves a half-written ``-o`` directory 
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,9 @@ def atomic_output_dir(target: Path, *, overwrite: bool = False) -> Iterator[Path
         raise TrtbuildError(f"{target}: already exists (use --overwrite to replace it)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; the finished directory gets the usual permissions
     try:
         yield tmp
     except BaseException:

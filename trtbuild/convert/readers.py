@@ -119,7 +119,7 @@ class GGUFReader:
         t = self._tensors[name]
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
-        return torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32).reshape(shape))
+        return torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))  # a writable copy
 
     def close(self) -> None:
         pass

