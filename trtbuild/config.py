@@ -44,6 +44,24 @@ class PositionKind(enum.Enum):
     LEARNED = "learned"
 
 
+class QFormat(enum.Enum):
+    """Weight/activation quantization formats of ``trtbuild quantize``."""
+
+    INT8_SQ = "int8_sq"  # INT8 SmoothQuant: per-channel int8 weights, per-tensor int8 activations, smoothing folded
+    FP8 = "fp8"  # FLOAT8E4M3FN weights and activations, per-tensor scales
+    INT8_WO = "int8_wo"  # int8 weight-only, per-channel scales
+    INT4_WO = "int4_wo"  # int4 weight-only round-to-nearest, per-group scales
+    INT4_AWQ = "int4_awq"  # int4 weight-only with AWQ activation-aware scaling, per-group scales
+
+
+class KVCacheDType(enum.Enum):
+    """Storage dtype of the paged KV cache."""
+
+    FLOAT32 = "float32"
+    FP8 = "fp8"
+    INT8 = "int8"
+
+
 class Backend(enum.Enum):
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
@@ -57,6 +75,24 @@ class RopeConfig:
     rotary_dim: int
     interleaved: bool = False
     scaling: float = 1.0
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Options of ``trtbuild quantize`` (each field is a CLI flag of the same name)."""
+
+    qformat: QFormat = field(metadata={"help": "quantization format"})
+    kv_cache_dtype: KVCacheDType = field(default=KVCacheDType.FLOAT32, metadata={"help": "KV cache storage dtype"})
+    group_size: int = field(default=128, metadata={"help": "int4 block size along in-features"})
+    calib_dataset: str = field(default="lee_news", metadata={"help": "calibration dataset name or text/JSONL path"})
+    calib_size: int = field(default=64, metadata={"help": "calibration samples"})
+    calib_seq_len: int = field(default=512, metadata={"help": "tokens per calibration sample"})
+    exclude: list[str] = field(default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"})
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "calib_size", "calib_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
 
 
 @dataclass(frozen=True)
