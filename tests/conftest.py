@@ -39,7 +39,8 @@ def smollm2(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     convert(gguf, root / "ckpt", DType.FLOAT32)
     build_engine(root / "ckpt", root / "engine", BuildConfig(max_seq_len=2048))
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return model, tok, root / "engine"

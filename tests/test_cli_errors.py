@@ -55,7 +55,10 @@ def _extra(t):
 
 CASES = {
     "unconsumed": (dict(tensors=_extra), "model.layers.0.self_attn.rogue_proj.weight is not consumed"),
-    "missing": (dict(tensors=lambda t: t.pop("model.layers.1.mlp.down_proj.weight")), "missing tensor layers.1.mlp.down"),
+    "missing": (
+        dict(tensors=lambda t: t.pop("model.layers.1.mlp.down_proj.weight")),
+        "missing tensor layers.1.mlp.down",
+    ),
     "unsupported": (dict(config=lambda c: c.update(architectures=["FooForCausalLM"])), "supported: GPT2LMHeadModel"),
     "inconsistent": (dict(config=lambda c: c.update(num_key_value_heads=3)), "not a multiple of num_kv_heads"),
     "shape": (dict(config=lambda c: c.update(intermediate_size=100)), "config implies"),
@@ -90,7 +93,9 @@ def test_build_rejects_bad_checkpoints(hf_llama, tmp_path):
     ckpt = tmp_path / "ckpt"
     assert run_cli("convert", hf_llama, "-o", ckpt).returncode == 0
     assert_clean_failure(run_cli("convert", hf_llama, "-o", ckpt), "already exists")
-    assert_clean_failure(run_cli("build", ckpt, "-o", tmp_path / "e", "--max-seq-len", "0"), "max_seq_len must be positive")
+    assert_clean_failure(
+        run_cli("build", ckpt, "-o", tmp_path / "e", "--max-seq-len", "0"), "max_seq_len must be positive"
+    )
     (ckpt / "rank0.safetensors").write_bytes(b"garbage")
     assert_clean_failure(run_cli("build", ckpt, "-o", tmp_path / "e"), "unreadable")
     cfg = json.loads((ckpt / "config.json").read_text())

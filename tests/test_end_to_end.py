@@ -45,8 +45,9 @@ def test_prefill_and_decode_match_transformers(tiny_engines, name):
 
     # Step 1: prefill sequences 0, 1, 3 fully and the first 5 tokens of sequence 2 (a chunk), all logits.
     chunk = {0: seqs[0], 1: seqs[1], 2: seqs[2][:5], 3: seqs[3]}
-    batch = StepBatch.build(list(chunk.values()), [0] * 4, [alloc.ensure(s, len(t)) for s, t in chunk.items()],
-                            all_logits=True)
+    batch = StepBatch.build(
+        list(chunk.values()), [0] * 4, [alloc.ensure(s, len(t)) for s, t in chunk.items()], all_logits=True
+    )
     logits = session.step(batch)
     offset = 0
     for toks in chunk.values():
@@ -67,10 +68,12 @@ def test_prefill_and_decode_match_transformers(tiny_engines, name):
                 tok = int(rng.integers(0, vocab))
                 seqs[s].append(tok)
                 new[s] = [tok]
-        batch = StepBatch.build(list(new.values()), [done[s] for s in new],
-                                [alloc.ensure(s, done[s] + len(t)) for s, t in new.items()])
+        batch = StepBatch.build(
+            list(new.values()), [done[s] for s in new], [alloc.ensure(s, done[s] + len(t)) for s, t in new.items()]
+        )
         logits = session.step(batch)
         for i, s in enumerate(new):
             done[s] += len(new[s])
-            np.testing.assert_allclose(logits[i], hf_logits(model, seqs[s])[-1], atol=ATOL, rtol=0,
-                                       err_msg=f"{name} step {step} sequence {s}")
+            np.testing.assert_allclose(
+                logits[i], hf_logits(model, seqs[s])[-1], atol=ATOL, rtol=0, err_msg=f"{name} step {step} sequence {s}"
+            )

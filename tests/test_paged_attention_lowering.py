@@ -48,9 +48,17 @@ def single_op_session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray | None):
     bt = g.add_input("block_tables", INT64, ["B", "M"])
     qsl = g.add_input("query_start_loc", INT64, ["B1"])
     cs = g.initializer("rotary.cos_sin_cache", cos_sin) if cos_sin is not None else ""
-    g.op_multi(OP_TYPE, [qkv, kc, vc, pos, bt, qsl, cs], domain=DOMAIN, outputs=["out", "kc_out", "vc_out"],
-               num_heads=hq, num_kv_heads=hkv, head_size=d, scale=attrs.scale,
-               rotary_interleaved=int(attrs.rotary_interleaved))
+    g.op_multi(
+        OP_TYPE,
+        [qkv, kc, vc, pos, bt, qsl, cs],
+        domain=DOMAIN,
+        outputs=["out", "kc_out", "vc_out"],
+        num_heads=hq,
+        num_kv_heads=hkv,
+        head_size=d,
+        scale=attrs.scale,
+        rotary_interleaved=int(attrs.rotary_interleaved),
+    )
     g.add_output("out", FLOAT, ["T", hq * d])
     g.add_output("kc_out", FLOAT, ["NB", "BS", hkv, d])
     g.add_output("vc_out", FLOAT, ["NB", "BS", hkv, d])
@@ -78,8 +86,14 @@ def test_lowering_matches_reference(hq, hkv, d, rot, inter, bs, new, ctx):
     ref_out, ref_k, ref_v = paged_attention(qkv, kc, vc, pos, bt, qsl, cos_sin, attrs)
 
     sess = single_op_session(attrs, cos_sin)
-    feeds = {"qkv": qkv, "key_cache.0": kc, "value_cache.0": vc, "positions": pos, "block_tables": bt,
-             "query_start_loc": qsl}
+    feeds = {
+        "qkv": qkv,
+        "key_cache.0": kc,
+        "value_cache.0": vc,
+        "positions": pos,
+        "block_tables": bt,
+        "query_start_loc": qsl,
+    }
     out, new_k, new_v = sess.run(["out", "new_keys.0", "new_values.0"], feeds)
     np.testing.assert_allclose(out, ref_out, atol=1e-5, rtol=1e-5)
     slots = slot_mapping(pos, qsl, bt, bs)

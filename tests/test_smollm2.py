@@ -44,11 +44,14 @@ def test_greedy_32_tokens_match_transformers_batched(smollm2):
         nxt = logits.argmax(axis=-1)
         for o, t in zip(outs, nxt, strict=True):
             o.append(int(t))
-        logits = session.step(StepBatch.build([[o[-1]] for o in outs], [len(p) + len(o) - 1 for p, o in
-                                               zip(prompts, outs, strict=True)], tables))
+        logits = session.step(
+            StepBatch.build(
+                [[o[-1]] for o in outs], [len(p) + len(o) - 1 for p, o in zip(prompts, outs, strict=True)], tables
+            )
+        )
     for prompt, ids, out in zip(PROMPTS, prompts, outs, strict=True):
         with torch.no_grad():
-            ref = model.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False)[0, len(ids):].tolist()
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False)[0, len(ids) :].tolist()
         # transformers stops after the end-of-turn token; we generated past it, so compare up to there.
         assert out[: len(ref)] == ref, f"{prompt!r}: {tok.decode(out)!r} != {tok.decode(ref)!r}"
         assert len(ref) == n_new or ref[-1] == tok.eos_token_id

@@ -63,8 +63,14 @@ def build_engine(ckpt_dir: Path, engine_dir: Path, build: BuildConfig, *, overwr
     with atomic_output_dir(engine_dir, overwrite=overwrite) as tmp:
         path = tmp / ORT_ENGINE
         path.parent.mkdir(parents=True)
-        onnx.save_model(engine, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + ".data", size_threshold=1024)
+        onnx.save_model(
+            engine,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + ".data",
+            size_threshold=1024,
+        )
         RuntimeConfig(model=model_cfg, build=build, engine_file=ORT_ENGINE, io=io).save(tmp)
         for name in TOKENIZER_FILES:
             if (ckpt_dir / name).is_file():

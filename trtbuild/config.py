@@ -87,7 +87,9 @@ class QuantConfig:
     calib_dataset: str = field(default="lee_news", metadata={"help": "calibration dataset name or text/JSONL path"})
     calib_size: int = field(default=64, metadata={"help": "calibration samples"})
     calib_seq_len: int = field(default=512, metadata={"help": "tokens per calibration sample"})
-    exclude: list[str] = field(default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"})
+    exclude: list[str] = field(
+        default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
+    )
 
     def __post_init__(self) -> None:
         for name in ("group_size", "calib_size", "calib_seq_len"):

@@ -52,8 +52,12 @@ def cpu_target() -> str:
 
 def write_manifest(directory: Path, **sections: Any) -> dict[str, Any]:
     """Write ``manifest.json`` for the finished files of ``directory`` plus the given sections."""
-    manifest = {"manifest_version": MANIFEST_VERSION, "versions": package_versions(), **sections,
-                "files": file_table(directory)}
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "versions": package_versions(),
+        **sections,
+        "files": file_table(directory),
+    }
     write_json(directory / MANIFEST, manifest)
     return manifest
 

@@ -35,8 +35,14 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     b = GraphBuilder(opset=_opset(model), prefix="ort/")
     first = plugins[0]
     widths = {init.name: int(init.dims[1]) for init in graph.initializer if len(init.dims) == 2}
-    meta = _metadata(b, positions=first.input[3], block_tables=first.input[4], qsl=first.input[5],
-                     key_cache=first.input[1], cos_sin=first.input[6] if len(first.input) > 6 else "")
+    meta = _metadata(
+        b,
+        positions=first.input[3],
+        block_tables=first.input[4],
+        qsl=first.input[5],
+        key_cache=first.input[1],
+        cos_sin=first.input[6] if len(first.input) > 6 else "",
+    )
     if "cos" in meta:
         meta["rotary_dim"] = widths[first.input[6]]  # the cos/sin table must be an initializer [P, R]
     meta_nodes = list(b.nodes)
@@ -95,7 +101,14 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     q_index = b.op("Add", [b.op("Mul", [seq, sq]), row], name="meta.q_index")  # [T] row in [B*Sq]
     q_index2 = b.op("Unsqueeze", [q_index, c([1])], name="meta.q_index2")  # [T, 1]
     bsq = b.op("Mul", [nseq, sq], name="meta.BSq")
-    pad_pos = b.op("ScatterND", [b.op("ConstantOfShape", [bsq], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])), q_index2, positions])
+    pad_pos = b.op(
+        "ScatterND",
+        [
+            b.op("ConstantOfShape", [bsq], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
+            q_index2,
+            positions,
+        ],
+    )
     qpos = b.op("Reshape", [pad_pos, b.op("Concat", [nseq, sq], axis=0)], name="meta.qpos")  # [B, Sq]
     nblk = b.op("Slice", [b.op("Shape", [block_tables]), c([1]), c([2]), c([0])], name="meta.M")
     bs = b.op("Slice", [b.op("Shape", [key_cache]), c([1]), c([2]), c([0])], name="meta.BS")
@@ -105,8 +118,15 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     mask = b.op("Unsqueeze", [allowed, c([1, 2])], name="meta.mask")  # [B, 1, 1, Sq, Sctx]
     kv_index = b.op("Add", [b.op("Mul", [seq, sctx]), positions])
     meta = {
-        "q_index": q_index, "q_index2": q_index2, "kv_index2": b.op("Unsqueeze", [kv_index, c([1])], name="meta.kv_index2"),
-        "B": nseq, "Sq": sq, "BSq": bsq, "Sctx": sctx, "mask": mask, "T": t,
+        "q_index": q_index,
+        "q_index2": q_index2,
+        "kv_index2": b.op("Unsqueeze", [kv_index, c([1])], name="meta.kv_index2"),
+        "B": nseq,
+        "Sq": sq,
+        "BSq": bsq,
+        "Sctx": sctx,
+        "mask": mask,
+        "T": t,
     }
     if cos_sin:
         rows = b.op("Gather", [cos_sin, positions], name="meta.rope_rows")  # [T, R]
@@ -122,7 +142,9 @@ def _rotate(b: GraphBuilder, x: str, meta: dict, head_size: int, rotary_dim: int
     cos, sin = meta["cos"], meta["sin"]
     rot, rest = x, ""
     if rotary_dim < head_size:
-        rot, rest = b.op_multi("Split", [x, c([rotary_dim, head_size - rotary_dim])], outputs=2, axis=2, name=name + ".part")
+        rot, rest = b.op_multi(
+            "Split", [x, c([rotary_dim, head_size - rotary_dim])], outputs=2, axis=2, name=name + ".part"
+        )
     if interleaved:
         pairs = b.op("Reshape", [rot, c([0, 0, half, 2])], name=name + ".pairs")
         x1, x2 = b.op_multi("Split", [pairs], outputs=2, axis=3, num_outputs=2, name=name + ".split")
@@ -160,13 +182,19 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
         blocks = b.op("Gather", [cache, block_tables], name=f"{p}.{tag}_gather")  # [B, M, BS, Hkv, D]
         flat = b.op("Reshape", [blocks, c([-1, hkv, d])], name=f"{p}.{tag}_flat")
         written = b.op("ScatterND", [flat, meta["kv_index2"], new], name=f"{p}.{tag}_write")
-        return b.op("Reshape", [written, b.op("Concat", [meta["B"], meta["Sctx"], c([hkv, d])], axis=0)], name=f"{p}.{tag}_ctx")
+        return b.op(
+            "Reshape", [written, b.op("Concat", [meta["B"], meta["Sctx"], c([hkv, d])], axis=0)], name=f"{p}.{tag}_ctx"
+        )
 
     kt = b.op("Transpose", [context(key_cache, k, "k")], perm=[0, 2, 3, 1], name=p + ".kT")  # [B, Hkv, D, Sctx]
     vv = b.op("Transpose", [context(value_cache, v, "v")], perm=[0, 2, 1, 3], name=p + ".vT")  # [B, Hkv, Sctx, D]
     q = b.op("Mul", [q, c([scale], dtype="float32")], name=p + ".q_scaled")
-    zeros = b.op("ConstantOfShape", [b.op("Concat", [meta["BSq"], c([hq, d])], axis=0)],
-                 value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0]), name=p + ".q_zeros")
+    zeros = b.op(
+        "ConstantOfShape",
+        [b.op("Concat", [meta["BSq"], c([hq, d])], axis=0)],
+        value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0]),
+        name=p + ".q_zeros",
+    )
     qp = b.op("ScatterND", [zeros, meta["q_index2"], q], name=p + ".q_pad")  # [B*Sq, Hq, D]
     qp = b.op("Reshape", [qp, b.op("Concat", [meta["B"], meta["Sq"], c([hkv, g, d])], axis=0)], name=p + ".q5")
     qp = b.op("Transpose", [qp], perm=[0, 2, 3, 1, 4], name=p + ".qT")  # [B, Hkv, G, Sq, D]
@@ -182,4 +210,3 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     o = b.op("Transpose", [o], perm=[0, 3, 1, 2, 4], name=p + ".oT")  # [B, Sq, Hkv, G, D]
     o = b.op("Reshape", [o, c([-1, hq * d])], name=p + ".o_flat")  # [B*Sq, Hq*D]
     b.op("Gather", [o, meta["q_index"]], outputs=[node.output[0]], name=p + ".out")
-

@@ -22,5 +22,7 @@ def build(ckpt_dir: Path, output: Path, overwrite: bool, **options: object) -> N
     cfg = config_from_options(BuildConfig, options)
     result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
-    click.echo(f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "
-               f"({sum(result.engine_op_counts.values())} nodes; portable graph: {plugin_nodes} PagedAttention)")
+    click.echo(
+        f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "
+        f"({sum(result.engine_op_counts.values())} nodes; portable graph: {plugin_nodes} PagedAttention)"
+    )

@@ -30,12 +30,22 @@ def dataclass_options(cls: type, *, exclude: Iterable[str] = ()) -> Callable[[Ca
             default = f.default if f.default is not dataclasses.MISSING else None
             help_text = f.metadata.get("help", "")
             if isinstance(tp, type) and issubclass(tp, enum.Enum):
-                option = click.option(flag, f.name, type=click.Choice([m.value for m in tp]),
-                                      default=default.value if default is not None else None, show_default=True,
-                                      help=help_text)
+                option = click.option(
+                    flag,
+                    f.name,
+                    type=click.Choice([m.value for m in tp]),
+                    default=default.value if default is not None else None,
+                    show_default=True,
+                    help=help_text,
+                )
             elif tp is bool:
-                option = click.option(flag + "/--no-" + f.name.replace("_", "-"), f.name, default=default,
-                                      show_default=True, help=help_text)
+                option = click.option(
+                    flag + "/--no-" + f.name.replace("_", "-"),
+                    f.name,
+                    default=default,
+                    show_default=True,
+                    help=help_text,
+                )
             else:
                 option = click.option(flag, f.name, type=tp, default=default, show_default=True, help=help_text)
             fn = option(fn)

@@ -42,7 +42,9 @@ class HFReader:
         elif (folder / "model.safetensors").is_file():
             shards = ["model.safetensors"]
         else:
-            raise ConvertError(f"{folder}: no model.safetensors or model.safetensors.index.json (pickle weights are not loaded)")
+            raise ConvertError(
+                f"{folder}: no model.safetensors or model.safetensors.index.json (pickle weights are not loaded)"
+            )
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise ConvertError(f"{folder}: missing shard {missing[0]}")

@@ -126,9 +126,7 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
 
 
-_MATCHERS = [
-    (_regex(sp.pattern), part, sp) for part, spellings in SOURCE_PARTS.items() for sp in spellings
-]
+_MATCHERS = [(_regex(sp.pattern), part, sp) for part, spellings in SOURCE_PARTS.items() for sp in spellings]
 _IGNORED = [(_regex(sp.pattern), sp) for sp in IGNORED]
 
 

@@ -33,8 +33,14 @@ class GraphBuilder:
         return self.prefix + (hint if n == 0 else f"{hint}_{n}")
 
     def op(
-        self, op_type: str, inputs: Sequence[str], *, outputs: int | Sequence[str] = 1, name: str | None = None,
-        domain: str = "", **attrs: object,
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        outputs: int | Sequence[str] = 1,
+        name: str | None = None,
+        domain: str = "",
+        **attrs: object,
     ) -> str:
         """Add a node with one output and return that output's name."""
         outs = self.op_multi(op_type, inputs, outputs=outputs, name=name, domain=domain, **attrs)
@@ -43,8 +49,14 @@ class GraphBuilder:
         return outs[0]
 
     def op_multi(
-        self, op_type: str, inputs: Sequence[str], *, outputs: int | Sequence[str] = 1, name: str | None = None,
-        domain: str = "", **attrs: object,
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        *,
+        outputs: int | Sequence[str] = 1,
+        name: str | None = None,
+        domain: str = "",
+        **attrs: object,
     ) -> list[str]:
         node_name = self._fresh(name or op_type)
         outs = [f"{node_name}/out{i}" for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
@@ -55,7 +67,9 @@ class GraphBuilder:
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
         return name
 
-    def const(self, values: int | float | Sequence[int] | Sequence[float] | np.ndarray, dtype: str | type = np.int64) -> str:
+    def const(
+        self, values: int | float | Sequence[int] | Sequence[float] | np.ndarray, dtype: str | type = np.int64
+    ) -> str:
         """A small constant (deduplicated), e.g. a shape or an axis list."""
         arr = np.asarray(values, dtype=dtype)
         key = (arr.dtype.str, arr.shape, arr.tobytes())

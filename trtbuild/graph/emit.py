@@ -47,9 +47,15 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         vc = g.add_input(io.value_cache.format(layer=n), FLOAT, cache_shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
         attn = g.op_multi(
-            OP_TYPE, [qkv, kc, vc, positions, block_tables, qsl, cos_sin], domain=DOMAIN, name=p + "attn.paged",
+            OP_TYPE,
+            [qkv, kc, vc, positions, block_tables, qsl, cos_sin],
+            domain=DOMAIN,
+            name=p + "attn.paged",
             outputs=[f"{p}attn.paged/out0", kc_out, vc_out],
-            num_heads=cfg.num_heads, num_kv_heads=hkv, head_size=d, scale=1.0 / math.sqrt(d),
+            num_heads=cfg.num_heads,
+            num_kv_heads=hkv,
+            head_size=d,
+            scale=1.0 / math.sqrt(d),
             rotary_interleaved=int(cfg.rope.interleaved) if cfg.rope else 0,
         )[0]
         g.add_output(kc_out, FLOAT, cache_shape)

@@ -23,7 +23,9 @@ def num_blocks_for_memory(model: ModelConfig, block_size: int, memory_bytes: int
     return memory_bytes // bytes_per_block(model, block_size)
 
 
-def slot_mapping(positions: np.ndarray, query_start_loc: np.ndarray, block_tables: np.ndarray, block_size: int) -> np.ndarray:
+def slot_mapping(
+    positions: np.ndarray, query_start_loc: np.ndarray, block_tables: np.ndarray, block_size: int
+) -> np.ndarray:
     """Cache slot (``block * BS + offset``) of every token of a step (the plugin contract's addressing)."""
     seq = np.repeat(np.arange(len(query_start_loc) - 1), np.diff(query_start_loc))
     return block_tables[seq, positions // block_size] * block_size + positions % block_size
