@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported: @triton.jit then runs on CPU tensors
-
-import importlib
 import subprocess
 import sys
 import textwrap
@@ -15,8 +11,19 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+_TRITON_ALREADY_IMPORTED = "triton" in sys.modules
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is first imported: @triton.jit then runs on CPU tensors
+
 torch = pytest.importorskip("torch", reason="the Triton kernel tests need torch")
-pytest.importorskip("triton", reason="the Triton kernel tests need triton (pip install 'triton==3.9.0')")
+triton_language = pytest.importorskip(
+    "triton.language", reason="the Triton kernel tests need triton (pip install 'triton==3.9.0')"
+)
+if type(triton_language.sum).__name__ != "InterpretedFunction":  # pragma: no cover
+    pytest.skip(
+        f"triton was imported before TRITON_INTERPRET=1 was set (already imported: {_TRITON_ALREADY_IMPORTED}); "
+        "set it in the environment or in conftest.py",
+        allow_module_level=True,
+    )
 
 from trtbuild.plugins.paged_attention import triton_kernel  # noqa: E402
 from trtbuild.plugins.paged_attention.reference import (  # noqa: E402
@@ -24,9 +31,6 @@ from trtbuild.plugins.paged_attention.reference import (  # noqa: E402
     paged_attention,
     rotary_cos_sin_cache,
 )
-
-if type(triton_kernel._paged_attention_kernel).__name__ != "InterpretedFunction":  # imported earlier without it
-    importlib.reload(triton_kernel)  # re-run the @triton.jit decorators now that TRITON_INTERPRET is set
 
 
 @dataclass
