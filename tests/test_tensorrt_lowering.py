@@ -14,8 +14,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
-from trtbuild.plugins.paged_attention import tensorrt_plugin
-from trtbuild.plugins.paged_attention.reference import PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache
 
 from trtbuild.backends.tensorrt_lowering import (
     NO_ROPE_TABLE,
@@ -26,6 +24,8 @@ from trtbuild.backends.tensorrt_lowering import (
 )
 from trtbuild.config import BuildConfig
 from trtbuild.errors import BuildError
+from trtbuild.plugins.paged_attention import tensorrt_plugin
+from trtbuild.plugins.paged_attention.reference import PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache
 
 HQ, HKV, D, HIDDEN, BS = 4, 2, 8, 32, 4
 CACHE_SHAPE = ["num_blocks", "block_size", HKV, D]
