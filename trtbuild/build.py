@@ -20,7 +20,7 @@ import onnx
 
 from .artifacts.atomic import atomic_output_dir
 from .artifacts.manifest import cpu_target, sha256_file, write_manifest
-from .checkpoint import WEIGHTS_FILE, load_checkpoint
+from .checkpoint import WEIGHTS_FILE
 from .config import Backend, BuildConfig, EngineIO, RuntimeConfig
 from .configio import to_dict
 from .convert.convert import TOKENIZER_FILES
@@ -49,7 +49,9 @@ def build_engine(ckpt_dir: Path, engine_dir: Path, build: BuildConfig, *, overwr
     start = time.perf_counter()
     if build.backend is not Backend.ONNXRUNTIME:
         raise BuildError(f"backend {build.backend.value} is not available in this build stage")
-    model_cfg, weights = load_checkpoint(ckpt_dir)
+    from .quantize.layout import load_any_checkpoint
+
+    model_cfg, weights = load_any_checkpoint(ckpt_dir)
     if build.max_seq_len > model_cfg.max_position_embeddings:
         build = replace(build, max_seq_len=model_cfg.max_position_embeddings)
     io = EngineIO()

@@ -126,6 +126,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: list[int]
+    # Set by ``trtbuild quantize``: how the linear weights (and KV cache) of this checkpoint are quantized; the
+    # tensors it implies are listed by ``trtbuild.quantize.layout``. None for a float checkpoint.
+    quantization: QuantConfig | None = None
     format_version: int = CHECKPOINT_FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -140,6 +143,10 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+    @property
+    def kv_cache_dtype(self) -> KVCacheDType:
+        return self.quantization.kv_cache_dtype if self.quantization else KVCacheDType.FLOAT32
 
     @property
     def qkv_size(self) -> int:

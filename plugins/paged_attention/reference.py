@@ -2,6 +2,10 @@
 
 Written for clarity, not speed: a loop over sequences, float64 accumulation. The contract is in README.md beside
 this file.
+
+A quantized KV cache (attribute ``kv_cache_dtype`` INT8 or FLOAT8E4M3FN, inputs ``k_scale`` / ``v_scale``) stores
+``quantize_kv(k, k_scale)`` and attends over ``dequantize_kv(cache, k_scale)``, the step's own new keys included.
+int8 caches are ``np.int8`` arrays, fp8 caches ``ml_dtypes.float8_e4m3fn`` arrays.
 """
 
 from __future__ import annotations
@@ -14,6 +18,27 @@ DOMAIN = "trtbuild"
 OP_TYPE = "PagedAttention"
 OP_VERSION = 1
 
+# ONNX TensorProto element types of the KV cache (values of the ``kv_cache_dtype`` attribute).
+KV_FLOAT, KV_INT8, KV_FP8 = 1, 3, 17
+FP8_MAX = 448.0  # largest finite FLOAT8E4M3FN value; quantization saturates to it
+
+
+def quantize_kv(x: np.ndarray, scale: float, kv_cache_dtype: int) -> np.ndarray:
+    """``x / scale`` in the cache's number format: int8 rounds half to even and saturates to [-128, 127]; fp8
+    (E4M3FN) rounds to nearest even and saturates to +-448 (ONNX ``QuantizeLinear`` with ``saturate=1``)."""
+    y = x.astype(np.float32) / np.float32(scale)
+    if kv_cache_dtype == KV_INT8:
+        return np.clip(np.rint(y), -128, 127).astype(np.int8)
+    if kv_cache_dtype == KV_FP8:
+        import ml_dtypes
+
+        return np.clip(y, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    raise ValueError(f"kv_cache_dtype {kv_cache_dtype} is not a quantized cache type")
+
+
+def dequantize_kv(q: np.ndarray, scale: float) -> np.ndarray:
+    return q.astype(np.float64) * np.float64(np.float32(scale))
+
 
 @dataclass(frozen=True)
 class PagedAttentionAttrs:
@@ -24,8 +49,11 @@ class PagedAttentionAttrs:
     head_size: int
     scale: float
     rotary_interleaved: bool = False
+    kv_cache_dtype: int = KV_FLOAT  # ONNX element type of the caches: KV_FLOAT, KV_INT8 or KV_FP8
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in (KV_FLOAT, KV_INT8, KV_FP8):
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype} is not FLOAT (1), INT8 (3) or FLOAT8E4M3FN (17)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
@@ -63,8 +91,15 @@ def paged_attention(
     query_start_loc: np.ndarray,
     cos_sin_cache: np.ndarray | None,
     attrs: PagedAttentionAttrs,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Evaluate the op; returns ``(output, key_cache_out, value_cache_out)`` (the caches are new arrays)."""
+    """Evaluate the op; returns ``(output, key_cache_out, value_cache_out)`` (the caches are new arrays).
+
+    ``k_scale`` / ``v_scale`` (inputs 7, 8) are required exactly when ``attrs.kv_cache_dtype`` is not float."""
+    quantized = attrs.kv_cache_dtype != KV_FLOAT
+    if quantized != (k_scale is not None and v_scale is not None):
+        raise ValueError("k_scale and v_scale are required exactly for a quantized KV cache")
     hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
     t = qkv.shape[0]
     if qkv.shape[1] != (hq + 2 * hkv) * d:
@@ -94,12 +129,20 @@ def paged_attention(
         blocks = block_tables[b]
         for i, p in enumerate(pos):
             blk, off = blocks[p // block_size], p % block_size
-            k_out[blk, off] = k[lo + i]
-            v_out[blk, off] = v[lo + i]
+            if quantized:
+                k_out[blk, off] = quantize_kv(k[lo + i], k_scale, attrs.kv_cache_dtype)
+                v_out[blk, off] = quantize_kv(v[lo + i], v_scale, attrs.kv_cache_dtype)
+            else:
+                k_out[blk, off] = k[lo + i]
+                v_out[blk, off] = v[lo + i]
         ctx = int(pos[-1]) + 1
         ctx_pos = np.arange(ctx)
-        keys = k_out[blocks[ctx_pos // block_size], ctx_pos % block_size].astype(np.float64)  # [ctx, hkv, d]
-        vals = v_out[blocks[ctx_pos // block_size], ctx_pos % block_size].astype(np.float64)
+        keys = k_out[blocks[ctx_pos // block_size], ctx_pos % block_size]  # [ctx, hkv, d]
+        vals = v_out[blocks[ctx_pos // block_size], ctx_pos % block_size]
+        if quantized:
+            keys, vals = dequantize_kv(keys, k_scale), dequantize_kv(vals, v_scale)
+        else:
+            keys, vals = keys.astype(np.float64), vals.astype(np.float64)
         keys = np.repeat(keys, group, axis=1)
         vals = np.repeat(vals, group, axis=1)
         scores = np.einsum("qhd,khd->hqk", q[lo:hi], keys) * attrs.scale  # [hq, n, ctx]

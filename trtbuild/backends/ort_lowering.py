@@ -12,16 +12,24 @@ is expanded into a static subgraph (no Python in the hot path):
 
 The cache write becomes two graph outputs per layer, ``new_keys.{n}`` / ``new_values.{n}`` (``[T, Hkv, D]``,
 keys rotated), which the runtime stores at the step's slots after the run (``OrtSession``).
+
+A quantized KV cache (``kv_cache_dtype`` INT8 / FLOAT8E4M3FN, scales as inputs 7, 8): the new keys/values leave
+the graph already quantized (``QuantizeLinear``) and enter attention dequantized, as the reference does; the
+gathered cache blocks are dequantized after the gather, so only the context that is read is converted.
+onnxruntime's CPU ``Gather`` has no float8 kernel, so an fp8 cache is declared ``uint8`` here (its bit patterns:
+the same bytes) and decoded through a 256-entry table of E4M3FN values.
 """
 
 from __future__ import annotations
 
+import ml_dtypes
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from ..config import EngineIO
-from ..graph.builder import FLOAT, GraphBuilder
-from ..plugins.paged_attention import DOMAIN, OP_TYPE
+from ..graph.builder import GraphBuilder
+from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
 
 NEG_INF = float("-inf")
 
@@ -48,9 +56,14 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     meta_nodes = list(b.nodes)
     new_nodes: list[onnx.NodeProto] = []
     cache_outs: set[str] = set()
+    fp8_caches: set[str] = set()
+    cache_types: list[int] = []
     layer = 0
     for node in graph.node:
         if node.domain == DOMAIN and node.op_type == OP_TYPE:
+            cache_types.append(_kv_cache_dtype(node))
+            if cache_types[-1] == KV_FP8:
+                fp8_caches.update(node.input[1:3])
             b.nodes = []
             _expand(b, node, meta, io.new_keys.format(layer=layer), io.new_values.format(layer=layer))
             new_nodes.extend(b.nodes)
@@ -69,7 +82,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     out.graph.output.extend(kept)
     for n in range(layer):
         for name in (io.new_keys.format(layer=n), io.new_values.format(layer=n)):
-            out.graph.output.append(helper.make_tensor_value_info(name, FLOAT, ["num_tokens", None, None]))
+            out.graph.output.append(helper.make_tensor_value_info(name, cache_types[n], ["num_tokens", None, None]))
+    for value in out.graph.input:
+        if value.name in fp8_caches:
+            value.type.tensor_type.elem_type = TensorProto.UINT8
     kept_opsets = [o for o in out.opset_import if o.domain != DOMAIN]
     del out.opset_import[:]
     out.opset_import.extend(kept_opsets)
@@ -78,6 +94,10 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
 
 def _opset(model: onnx.ModelProto) -> int:
     return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _kv_cache_dtype(node: onnx.NodeProto) -> int:
+    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "kv_cache_dtype"), KV_FLOAT)
 
 
 def _attr(node: onnx.NodeProto, name: str) -> int | float:
@@ -161,6 +181,16 @@ def _rotate(b: GraphBuilder, x: str, meta: dict, head_size: int, rotary_dim: int
     return b.op("Concat", [out, rest], axis=2, name=name + ".full") if rest else out
 
 
+def _dequantize_cache(b: GraphBuilder, blocks: str, scale: str, kv_type: int, name: str) -> str:
+    """Gathered int8 cache blocks -> float via ``DequantizeLinear``; fp8 ones (uint8 bits) via the E4M3FN table."""
+    if kv_type != KV_FP8:
+        return b.op("DequantizeLinear", [blocks, scale], name=name + "_dequant")
+    table = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    codes = b.op("Cast", [blocks], to=TensorProto.INT32, name=name + "_codes")
+    values = b.op("Gather", [b.const(table, dtype=np.float32), codes], name=name + "_fp8_decode")
+    return b.op("Mul", [values, scale], name=name + "_dequant")
+
+
 def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, new_values: str) -> None:
     c, p = b.const, node.name
     hq, hkv, d = int(_attr(node, "num_heads")), int(_attr(node, "num_kv_heads")), int(_attr(node, "head_size"))
@@ -171,15 +201,30 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     q, k, v = b.op_multi("Split", [qkv, c([hq * d, hkv * d, hkv * d])], outputs=3, axis=1, name=p + ".split")
     q = b.op("Reshape", [q, c([0, hq, d])], name=p + ".q")
     k = b.op("Reshape", [k, c([0, hkv, d])], name=p + ".k")
-    v = b.op("Reshape", [v, c([0, hkv, d])], outputs=[new_values], name=p + ".v")
+    kv_type = _kv_cache_dtype(node)
+    scales = {"k": node.input[7], "v": node.input[8]} if kv_type != KV_FLOAT else {}
+    if kv_type == KV_FLOAT:
+        v = b.op("Reshape", [v, c([0, hkv, d])], outputs=[new_values], name=p + ".v")
+    else:
+        v = b.op("Reshape", [v, c([0, hkv, d])], name=p + ".v")
     if cos_sin:
         rotary_dim = meta["rotary_dim"]
         q = _rotate(b, q, meta, d, rotary_dim, interleaved, p + ".rope_q")
         k = _rotate(b, k, meta, d, rotary_dim, interleaved, p + ".rope_k")
-    k = b.op("Identity", [k], outputs=[new_keys], name=p + ".new_keys")
+    if kv_type == KV_FLOAT:
+        k = b.op("Identity", [k], outputs=[new_keys], name=p + ".new_keys")
+    else:  # quantize for the cache; attend over the dequantized values like every later step will
+        zero = np.array(0, dtype=ml_dtypes.float8_e4m3fn if kv_type == KV_FP8 else np.int8)
+        zp = b.const(zero, dtype=zero.dtype)
+        kq = b.op("QuantizeLinear", [k, scales["k"], zp], outputs=[new_keys], name=p + ".k_quant")
+        vq = b.op("QuantizeLinear", [v, scales["v"], zp], outputs=[new_values], name=p + ".v_quant")
+        k = b.op("DequantizeLinear", [kq, scales["k"], zp], name=p + ".k_dequant")
+        v = b.op("DequantizeLinear", [vq, scales["v"], zp], name=p + ".v_dequant")
 
     def context(cache: str, new: str, tag: str) -> str:  # [B, Sctx, Hkv, D] with this step's rows written
         blocks = b.op("Gather", [cache, block_tables], name=f"{p}.{tag}_gather")  # [B, M, BS, Hkv, D]
+        if kv_type != KV_FLOAT:
+            blocks = _dequantize_cache(b, blocks, scales[tag], kv_type, f"{p}.{tag}")
         flat = b.op("Reshape", [blocks, c([-1, hkv, d])], name=f"{p}.{tag}_flat")
         written = b.op("ScatterND", [flat, meta["kv_index2"], new], name=f"{p}.{tag}_write")
         return b.op(

@@ -12,15 +12,24 @@ import math
 import numpy as np
 import onnx
 
-from ..config import BuildConfig, EngineIO, MlpKind, ModelConfig, NormKind, PositionKind
+from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind
 from ..plugins.paged_attention import DOMAIN, OP_TYPE, rotary_cos_sin_cache
 from .builder import FLOAT, INT64, GraphBuilder
+
+# KV cache storage -> ONNX element type of the cache tensors (the plugin's ``kv_cache_dtype`` attribute).
+KV_CACHE_ELEM_TYPES = {
+    KVCacheDType.FLOAT32: onnx.TensorProto.FLOAT,
+    KVCacheDType.INT8: onnx.TensorProto.INT8,
+    KVCacheDType.FP8: onnx.TensorProto.FLOAT8E4M3FN,
+}
 
 Weights = dict[str, np.ndarray]
 
 
 def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, io: EngineIO) -> onnx.ModelProto:
-    """The model as the compiler IR; ``weights`` are float32 canonical tensors (see ``convert.layout``)."""
+    """The model as the compiler IR; ``weights`` are float32 canonical tensors (see ``convert.layout``), plus the
+    quantized tensors of a quantized checkpoint (``quantize.layout``): those linears become Q/DQ + MatMul and a
+    quantized KV cache gets its scales and dtype on the plugin node."""
     g = GraphBuilder(build.opset, name=cfg.architecture)
     hkv, d = cfg.num_kv_heads, cfg.head_size
     ids = g.add_input(io.input_ids, INT64, ["num_tokens"])
@@ -29,6 +38,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     qsl = g.add_input(io.query_start_loc, INT64, ["num_seqs_plus_1"])
     logits_idx = g.add_input(io.logits_indices, INT64, ["num_logits"])
     cache_shape = ["num_blocks", "block_size", hkv, d]
+    cache_type = KV_CACHE_ELEM_TYPES[cfg.kv_cache_dtype]
 
     x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
     if cfg.position is PositionKind.LEARNED:
@@ -43,12 +53,16 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         p = f"layers.{n}."
         h = _norm(g, cfg, weights, x, p + "input_norm")
         qkv = _linear(g, weights, h, p + "attn.qkv")
-        kc = g.add_input(io.key_cache.format(layer=n), FLOAT, cache_shape)
-        vc = g.add_input(io.value_cache.format(layer=n), FLOAT, cache_shape)
+        kc = g.add_input(io.key_cache.format(layer=n), cache_type, cache_shape)
+        vc = g.add_input(io.value_cache.format(layer=n), cache_type, cache_shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
+        inputs, kv_attrs = [qkv, kc, vc, positions, block_tables, qsl, cos_sin], {}
+        if cache_type != FLOAT:  # quantized cache: per-tensor scales as inputs 7, 8 (plugin README)
+            inputs += [g.initializer(p + f"attn.{kv}_scale", weights[p + f"attn.{kv}_scale"]) for kv in ("k", "v")]
+            kv_attrs["kv_cache_dtype"] = cache_type
         attn = g.op_multi(
             OP_TYPE,
-            [qkv, kc, vc, positions, block_tables, qsl, cos_sin],
+            inputs,
             domain=DOMAIN,
             name=p + "attn.paged",
             outputs=[f"{p}attn.paged/out0", kc_out, vc_out],
@@ -57,9 +71,10 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
             head_size=d,
             scale=1.0 / math.sqrt(d),
             rotary_interleaved=int(cfg.rope.interleaved) if cfg.rope else 0,
+            **kv_attrs,
         )[0]
-        g.add_output(kc_out, FLOAT, cache_shape)
-        g.add_output(vc_out, FLOAT, cache_shape)
+        g.add_output(kc_out, cache_type, cache_shape)
+        g.add_output(vc_out, cache_type, cache_shape)
         x = g.op("Add", [x, _linear(g, weights, attn, p + "attn.out")], name=p + "attn.residual")
         h = _norm(g, cfg, weights, x, p + "post_attn_norm")
         x = g.op("Add", [x, _mlp(g, cfg, weights, h, p + "mlp")], name=p + "mlp.residual")
@@ -76,6 +91,10 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
 
 
 def _linear(g: GraphBuilder, weights: Weights, x: str, prefix: str) -> str:
+    if prefix + ".weight_scale" in weights:  # a quantized checkpoint's linear: Q/DQ (trtbuild.quantize.formats)
+        from ..quantize.formats import emit_quantized_linear
+
+        return emit_quantized_linear(g, weights, x, prefix)
     w = g.initializer(prefix + ".weight", np.ascontiguousarray(weights[prefix + ".weight"].T))
     y = g.op("MatMul", [x, w], name=prefix)
     if prefix + ".bias" in weights:

@@ -3,20 +3,26 @@
 Block ids index dimension 0; block 0 is the null block that pads block tables (the block manager never hands
 it out, so writes of padded rows cannot happen). Only the block manager decides which block holds which tokens;
 this class only stores what a step computed.
+
+A quantized cache (``ModelConfig.kv_cache_dtype`` int8 / fp8) stores what the engine's ``new_keys`` /
+``new_values`` outputs already hold: int8 values, or FLOAT8E4M3FN bit patterns as uint8 (the onnxruntime lowering
+reads an fp8 cache as uint8; see ``backends/ort_lowering.py``). Scales live in the engine, not here.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelConfig
+from ..config import KVCacheDType, ModelConfig
 
-BYTES_PER_ELEMENT = 4  # float32 cache
+# Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
+CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
 
 
 def bytes_per_block(model: ModelConfig, block_size: int) -> int:
     """Memory one block takes across all layers, keys and values."""
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_size * BYTES_PER_ELEMENT
+    itemsize = np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize
+    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_size * itemsize
 
 
 def num_blocks_for_memory(model: ModelConfig, block_size: int, memory_bytes: int) -> int:
@@ -38,8 +44,9 @@ class PagedKVCache:
         if num_blocks < 2:
             raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
         shape = (model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_size)
-        self.keys = np.zeros(shape, dtype=np.float32)
-        self.values = np.zeros(shape, dtype=np.float32)
+        dtype = CACHE_NUMPY_DTYPES[model.kv_cache_dtype]
+        self.keys = np.zeros(shape, dtype=dtype)
+        self.values = np.zeros(shape, dtype=dtype)
         self.num_blocks = num_blocks
         self.block_size = block_size
         # Flat [NB * BS, Hkv, D] views per layer: assignment through them writes the arrays above.

@@ -7,6 +7,7 @@ small metadata inputs, runs, then writes the step's new keys/values into the cac
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +25,15 @@ class OrtSession:
     """An ``EngineSession`` for the onnxruntime backend."""
 
     def __init__(
-        self, engine_dir: Path, *, kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY, num_threads: int | None = None
+        self,
+        engine_dir: Path,
+        *,
+        kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY,
+        num_threads: int | None = None,
+        session_config: Mapping[str, str] | None = None,
     ) -> None:
+        """``session_config``: extra onnxruntime session config entries, e.g.
+        ``{"session.qdq_matmulnbits_accuracy_level": "0"}`` for float (not int8) activations in ``MatMulNBits``."""
         engine_dir = Path(engine_dir)
         if not (engine_dir / "runtime_config.json").is_file():
             raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
@@ -38,6 +46,8 @@ class OrtSession:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = num_threads or min(os.cpu_count() or 1, 8)
         opts.inter_op_num_threads = 1
+        for key, value in (session_config or {}).items():
+            opts.add_session_config_entry(key, value)
         path = engine_dir / self.config.engine_file
         try:
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])

@@ -1,0 +1,89 @@
+"""Calibration with NVIDIA modelopt: ``mtq.quantize`` on the transformers model rebuilt from the checkpoint.
+
+Each ``QFormat`` starts from modelopt's own config (``FORMATS[...].modelopt_config``); trtbuild sets the int4 block
+size, disables the excluded modules and, for a quantized KV cache, enables modelopt's per-tensor K/V quantizers
+(``*[kv]_bmm_quantizer``: keys after rotary, as the cache stores them). After calibration the modules that one
+canonical tensor fuses (q/k/v, gate/up) are unified with modelopt's ``preprocess_linear_fusion`` (shared
+pre-quant scale by averaging, then re-quantized weights; shared input range): the model is then exactly what the
+exported checkpoint computes, and serves as the fake-quantized oracle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fnmatch
+import io
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..config import KVCacheDType, ModelConfig, QuantConfig
+from .formats import FORMATS
+from .hf_model import canonical_linears, hf_modules
+
+KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
+
+
+def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
+    """Canonical linears matching any of ``patterns`` (fnmatch), which stay in float."""
+    return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig) -> dict[str, Any]:
+    """modelopt's config for ``qcfg.qformat`` with trtbuild's block size, exclusions and KV-cache quantizers."""
+    import modelopt.torch.quantization as mtq
+
+    config = copy.deepcopy(getattr(mtq, FORMATS[qcfg.qformat].modelopt_config))
+    for entry in config["quant_cfg"]:
+        block = (entry.get("cfg") or {}).get("block_sizes")
+        if block is not None:
+            block[-1] = qcfg.group_size
+    if qcfg.kv_cache_dtype in KV_NUM_BITS:
+        kv = {"num_bits": KV_NUM_BITS[qcfg.kv_cache_dtype], "axis": None}
+        config["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv})
+    for name in excluded_linears(cfg, qcfg.exclude):
+        for module in hf_modules(name):
+            config["quant_cfg"].append({"quantizer_name": f"{module}.*", "enable": False})
+    return config
+
+
+def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarray, *, progress: bool = True) -> Any:
+    """Quantize ``model`` in place with modelopt, calibrating on ``samples`` ``[n, L]`` token ids; returns it."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from tqdm import tqdm
+
+    passes = iter(range(1, 100))
+
+    def forward_loop(m: Any) -> None:
+        desc = f"calibrating {qcfg.qformat.value} (pass {next(passes)})"
+        with torch.no_grad():
+            for row in tqdm(samples, desc=desc, unit="sample", disable=not progress, leave=False):
+                m(torch.from_numpy(np.ascontiguousarray(row))[None])
+
+    with warnings.catch_warnings(), _quiet(progress):
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop)
+        unify_fused_groups(model, cfg)
+    return model
+
+
+def unify_fused_groups(model: Any, cfg: ModelConfig) -> None:
+    """Give the modules of each fused canonical tensor one pre-quant scale and one input range (modelopt export)."""
+    from modelopt.torch.export.quant_utils import preprocess_linear_fusion
+
+    for name in canonical_linears(cfg):
+        modules = [model.get_submodule(m) for m in hf_modules(name)]
+        if len(modules) > 1 and modules[0].weight_quantizer.is_enabled:
+            preprocess_linear_fusion(modules)
+
+
+@contextlib.contextmanager
+def _quiet(show: bool) -> Iterator[None]:
+    """modelopt prints progress (``Inserted N quantizers``...) to stdout: send it to stderr, or drop it."""
+    with contextlib.redirect_stdout(sys.stderr if show else io.StringIO()):
+        yield

@@ -1,0 +1,169 @@
+"""One handler per ``QFormat``: the quantized tensors made offline, and the Q/DQ graph that uses them.
+
+Checkpoint tensors of a quantized linear ``P`` (canonical prefix, e.g. ``layers.0.attn.qkv``; ``[out, in]``):
+
+| tensor | int8_sq | fp8 | int8_wo | int4_wo / int4_awq |
+|---|---|---|---|---|
+| ``P.weight`` | int8 | float8_e4m3fn | int8 | uint8 ``[out, in/2]``: two int4 per byte, even column in the low nibble |
+| ``P.weight_scale`` (float32) | ``[out]`` | ``[]`` | ``[out]`` | ``[out, in/group]`` |
+| ``P.input_scale`` (float32) | ``[]`` | ``[]`` | — | — |
+| ``P.pre_quant_scale`` (float32) | ``[in]`` where not folded | — | — | ``[in]`` where not folded |
+
+``weight = q * weight_scale`` (per output channel, per tensor, or per block of ``group`` input features). The
+activation ``x`` is multiplied by ``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and, with an ``input_scale``,
+quantized per tensor: ``saturate(round(x / input_scale))``. Zero points are always 0 (symmetric).
+
+In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
+activation, ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21 ``block_size`` along
+axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (int8_sq) and ``MatMulNBits``
+(int8_wo, int4); fp8 Q/DQ runs emulated in float.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..config import QFormat
+
+
+class Numeric(enum.Enum):
+    """A quantized number format and its largest magnitude (the ``amax`` maps to it)."""
+
+    INT8 = "int8"
+    FP8 = "fp8"  # FLOAT8E4M3FN
+    INT4 = "int4"
+
+    @property
+    def bound(self) -> float:
+        return {Numeric.INT8: 127.0, Numeric.FP8: 448.0, Numeric.INT4: 7.0}[self]
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """How a ``QFormat`` quantizes: weight numbers, granularity, activations, and modelopt's config for it."""
+
+    qformat: QFormat
+    weights: Numeric
+    activations: Numeric | None  # per-tensor activation quantization, None for weight-only
+    blocked: bool  # weight scales per block of ``group_size`` input features (else per channel / per tensor)
+    modelopt_config: str  # attribute of ``modelopt.torch.quantization``
+    smoothing: bool  # calibration sets per-input-channel pre-quant scales (SmoothQuant, AWQ)
+
+
+FORMATS: dict[QFormat, FormatSpec] = {
+    QFormat.INT8_SQ: FormatSpec(QFormat.INT8_SQ, Numeric.INT8, Numeric.INT8, False, "INT8_SMOOTHQUANT_CFG", True),
+    QFormat.FP8: FormatSpec(QFormat.FP8, Numeric.FP8, Numeric.FP8, False, "FP8_DEFAULT_CFG", False),
+    QFormat.INT8_WO: FormatSpec(QFormat.INT8_WO, Numeric.INT8, None, False, "INT8_WEIGHT_ONLY_CFG", False),
+    QFormat.INT4_WO: FormatSpec(QFormat.INT4_WO, Numeric.INT4, None, True, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", False),
+    QFormat.INT4_AWQ: FormatSpec(QFormat.INT4_AWQ, Numeric.INT4, None, True, "INT4_AWQ_CFG", True),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Offline: modelopt-calibrated torch modules -> checkpoint tensors.
+
+
+def export_linear(spec: FormatSpec, modules: list[Any], prefix: str) -> dict[str, Any]:
+    """The checkpoint tensors of the canonical linear ``prefix`` made of the (unified) quantized ``modules``.
+
+    The integers are recovered from modelopt's own fake-quantized weight (``q = fq(w) / scale``), so the checkpoint
+    holds exactly the values the fake-quantized model computes with.
+    """
+    import torch
+
+    ints, scales = [], []
+    for m in modules:
+        with torch.no_grad():
+            w = m.weight.detach().float()
+            fq = m.weight_quantizer(w).float()
+            amax = m.weight_quantizer.amax.detach().float()
+        out_f, in_f = w.shape
+        if spec.blocked:
+            scale = amax.reshape(out_f, -1) / spec.weights.bound  # [out, in/group]
+            group = in_f // scale.shape[1]
+            q = fq / scale.repeat_interleave(group, dim=1)
+        elif amax.numel() == 1:
+            scale = (amax.reshape(()) / spec.weights.bound).expand(out_f)
+            q = fq / scale[:, None]
+        else:
+            scale = amax.reshape(out_f) / spec.weights.bound
+            q = fq / scale[:, None]
+        ints.append(q)
+        scales.append(scale)
+    q, scale = torch.cat(ints), torch.cat(scales)
+    out: dict[str, Any] = {}
+    if spec.weights is Numeric.FP8:
+        out[prefix + ".weight"] = q.to(torch.float8_e4m3fn)
+        out[prefix + ".weight_scale"] = scale[0].clone()  # unified per-tensor scale
+    else:
+        qi = torch.round(q).clamp(-spec.weights.bound - 1, spec.weights.bound).to(torch.int8)
+        out[prefix + ".weight"] = pack_int4(qi) if spec.weights is Numeric.INT4 else qi
+        out[prefix + ".weight_scale"] = scale.contiguous()
+    first = modules[0].input_quantizer
+    if spec.activations is not None:
+        out[prefix + ".input_scale"] = (first.amax.detach().float().reshape(()) / spec.activations.bound).clone()
+    if first.pre_quant_scale is not None:
+        out[prefix + ".pre_quant_scale"] = first.pre_quant_scale.detach().float().clone()
+    return out
+
+
+def pack_int4(q: Any) -> Any:
+    """int8 ``[out, in]`` in [-8, 7] -> uint8 ``[out, in/2]`` (even column in the low nibble)."""
+    import torch
+
+    u = (q & 0x0F).view(q.shape[0], q.shape[1] // 2, 2).to(torch.uint8)
+    return (u[..., 0] | (u[..., 1] << 4)).contiguous()
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]``."""
+    lo = (packed & 0x0F).astype(np.int8)
+    hi = (packed >> 4).astype(np.int8)
+    both = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
+    return np.where(both > 7, both - 16, both).astype(ml_dtypes.int4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Build time: checkpoint tensors -> standard Q/DQ in the portable graph.
+
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+
+
+def is_quantized_linear(weights: dict[str, np.ndarray], prefix: str) -> bool:
+    return prefix + ".weight_scale" in weights
+
+
+def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix: str) -> str:
+    """``y = x @ W.T (+ b)`` with ``W`` and (when calibrated) ``x`` as Q/DQ; returns the output name.
+
+    The format follows from the tensors: the weight's dtype (int8, float8_e4m3fn, int4), the scale's rank (blocked
+    when 2-D) and the presence of ``input_scale`` / ``pre_quant_scale``.
+    """
+    w = weights[prefix + ".weight"]
+    scale = np.asarray(weights[prefix + ".weight_scale"], dtype=np.float32)
+    if prefix + ".pre_quant_scale" in weights:
+        pqs = g.initializer(prefix + ".pre_quant_scale", np.asarray(weights[prefix + ".pre_quant_scale"], np.float32))
+        x = g.op("Mul", [x, pqs], name=prefix + ".smooth")
+    if prefix + ".input_scale" in weights:
+        s = g.initializer(prefix + ".input_scale", np.asarray(weights[prefix + ".input_scale"], np.float32))
+        zero = np.array(0, dtype=FP8 if w.dtype == FP8 else np.int8)  # activations use the weights' number format
+        zp = g.initializer(prefix + ".input_zero_point", zero)
+        xq = g.op("QuantizeLinear", [x, s, zp], name=prefix + ".input_q")
+        x = g.op("DequantizeLinear", [xq, s, zp], name=prefix + ".input_dq")
+    wt = g.initializer(prefix + ".weight", np.ascontiguousarray(w.T))  # [in, out]
+    if scale.ndim == 2:  # [out, in/group] -> blocked along the in axis of [in, out]
+        group = w.shape[1] // scale.shape[1]
+        st = g.initializer(prefix + ".weight_scale", np.ascontiguousarray(scale.T))
+        wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=0, block_size=group)
+    else:
+        st = g.initializer(prefix + ".weight_scale", scale)
+        wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=1)
+    y = g.op("MatMul", [x, wd], name=prefix)
+    if prefix + ".bias" in weights:
+        y = g.op("Add", [y, g.initializer(prefix + ".bias", weights[prefix + ".bias"])], name=prefix + ".bias_add")
+    return y

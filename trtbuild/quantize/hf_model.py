@@ -1,0 +1,134 @@
+"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family only).
+
+Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
+``mlp.gate_up`` -> gate/up_proj rows). ``LINEARS`` is the one table of which HF modules make each canonical linear.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import MlpKind, ModelConfig, NormKind, PositionKind
+from ..errors import TrtbuildError
+
+# Architectures quantize accepts -> transformers model_type.
+MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+
+# Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) fused into it, in row order.
+LINEARS: dict[str, tuple[str, ...]] = {
+    "attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "attn.out": ("self_attn.o_proj",),
+    "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.down": ("mlp.down_proj",),
+}
+
+
+def check_quantizable(cfg: ModelConfig) -> None:
+    """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild."""
+    if cfg.architecture not in MODEL_TYPES:
+        raise TrtbuildError(
+            f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
+        )
+    if cfg.norm is not NormKind.RMS or cfg.mlp is not MlpKind.SWIGLU or cfg.position is not PositionKind.ROPE:
+        raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm/MLP/position layout")
+    if cfg.rope is not None and cfg.rope.rotary_dim != cfg.head_size:
+        raise TrtbuildError("quantize: partial rotary embedding is not supported")
+
+
+def canonical_linears(cfg: ModelConfig) -> list[str]:
+    """Every linear a checkpoint of ``cfg`` holds, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``)."""
+    names = [f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LINEARS]
+    return names if cfg.tie_word_embeddings else [*names, "lm_head"]
+
+
+def hf_modules(prefix: str) -> list[str]:
+    """The HF module names making the canonical linear ``prefix``."""
+    if prefix == "lm_head":
+        return ["lm_head"]
+    _, n, rest = prefix.split(".", 2)
+    return [f"model.layers.{n}.{m}" for m in LINEARS[rest]]
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config``)."""
+    assert cfg.rope is not None
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope.theta}
+    if cfg.rope.scaling != 1.0:
+        rope = {"rope_type": "linear", "rope_theta": cfg.rope.theta, "factor": cfg.rope.scaling}
+    out: dict[str, Any] = dict(
+        architectures=[cfg.architecture],
+        model_type=MODEL_TYPES[cfg.architecture],
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.norm_eps,
+        rope_parameters=rope,
+        rope_theta=cfg.rope.theta,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        hidden_act="silu",
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_ids[0] if cfg.eos_token_ids else None,
+    )
+    if cfg.architecture == "LlamaForCausalLM":
+        out["attention_bias"] = cfg.qkv_bias
+    if cfg.architecture == "MistralForCausalLM":
+        out["sliding_window"] = None
+    if cfg.architecture == "Qwen2ForCausalLM":
+        out["use_sliding_window"] = False
+    return out
+
+
+def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Canonical float32 tensors -> the HF model's state dict (fused tensors split by rows)."""
+    import torch
+
+    def t(name: str) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(weights[name], dtype=np.float32))
+
+    sd = {"model.embed_tokens.weight": t("embed.weight"), "model.norm.weight": t("final_norm.weight")}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = t("lm_head.weight")
+    q, kv, i = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size, cfg.intermediate_size
+    for n in range(cfg.num_layers):
+        p, h = f"layers.{n}.", f"model.layers.{n}."
+        sd[h + "input_layernorm.weight"] = t(p + "input_norm.weight")
+        sd[h + "post_attention_layernorm.weight"] = t(p + "post_attn_norm.weight")
+        for suffix in ("weight", "bias"):
+            if f"{p}attn.qkv.{suffix}" in weights:
+                for m, part in zip(("q", "k", "v"), torch.split(t(f"{p}attn.qkv.{suffix}"), [q, kv, kv]), strict=True):
+                    sd[f"{h}self_attn.{m}_proj.{suffix}"] = part.clone()
+            if f"{p}attn.out.{suffix}" in weights:
+                sd[f"{h}self_attn.o_proj.{suffix}"] = t(f"{p}attn.out.{suffix}")
+        gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
+        sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
+        sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
+    return sd
+
+
+def build_hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
+    """The float32 transformers model of a (float) checkpoint, in eval mode with eager attention."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_quantizable(cfg)
+    spec = hf_config(cfg)
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    torch.manual_seed(0)  # every parameter is overwritten below; the seed only makes the throw-away init repeatable
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(hf_state_dict(cfg, weights), strict=False)
+    missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise TrtbuildError(
+            f"quantize: checkpoint does not map onto {cfg.architecture} "
+            f"(missing {missing[:1]}, unexpected {unexpected[:1]})"
+        )
+    if cfg.tie_word_embeddings:
+        model.tie_weights()
+    return model.eval()

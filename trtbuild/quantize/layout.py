@@ -1,0 +1,103 @@
+"""The tensors of a quantized checkpoint, and loading one for ``trtbuild build``.
+
+A quantized checkpoint is a float checkpoint (``convert.layout``) whose quantized linears carry the tensors of
+``formats.py`` instead of a float weight, plus ``layers.{i}.attn.k_scale`` / ``v_scale`` (float32 ``[]``) when
+the KV cache is quantized. SmoothQuant/AWQ pre-quant scales are folded where a preceding op can absorb them
+exactly: into ``input_norm`` for ``attn.qkv``, into ``post_attn_norm`` for ``mlp.gate_up`` and into the up rows'
+weight scales of ``mlp.gate_up`` for ``mlp.down``; ``attn.out`` keeps an explicit ``pre_quant_scale`` (its input,
+the attention output, is only linear per KV head, which GQA shares across query heads).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from ..checkpoint import WEIGHTS_FILE, load_checkpoint
+from ..config import KVCacheDType, ModelConfig
+from ..convert.layout import expected_tensors
+from ..errors import BuildError, ConfigError
+from .calibrate import excluded_linears
+from .formats import FORMATS, Numeric, unpack_int4
+from .hf_model import canonical_linears
+
+UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)  # canonical linears whose smoothing stays an explicit Mul
+
+
+def quantized_linears(cfg: ModelConfig) -> list[str]:
+    assert cfg.quantization is not None
+    excluded = set(excluded_linears(cfg, cfg.quantization.exclude))
+    return [name for name in canonical_linears(cfg) if name not in excluded]
+
+
+def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Canonical name -> (shape, safetensors dtype) of every tensor of the quantized checkpoint ``cfg``."""
+    q = cfg.quantization
+    assert q is not None
+    out = {name: (shape, "F32") for name, shape in expected_tensors(cfg).items()}
+    spec = FORMATS[q.qformat]
+    for prefix in quantized_linears(cfg):
+        rows, cols = out[prefix + ".weight"][0]
+        if spec.weights is Numeric.INT4:
+            out[prefix + ".weight"] = ((rows, cols // 2), "U8")
+            out[prefix + ".weight_scale"] = ((rows, cols // q.group_size), "F32")
+        else:
+            out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
+            out[prefix + ".weight_scale"] = (() if spec.weights is Numeric.FP8 else (rows,), "F32")
+        if spec.activations is not None:
+            out[prefix + ".input_scale"] = ((), "F32")
+        if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
+            out[prefix + ".pre_quant_scale"] = ((cols,), "F32")
+    if q.kv_cache_dtype is not KVCacheDType.FLOAT32:
+        for n in range(cfg.num_layers):
+            out[f"layers.{n}.attn.k_scale"] = ((), "F32")
+            out[f"layers.{n}.attn.v_scale"] = ((), "F32")
+    return out
+
+
+def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """A float or quantized checkpoint for the graph: float tensors as float32, quantized weights as int8,
+    ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked)."""
+    if not (ckpt_dir / "config.json").is_file():
+        return load_checkpoint(ckpt_dir)  # its errors name what is missing
+    try:
+        cfg = ModelConfig.load(ckpt_dir)
+    except ConfigError as e:
+        raise BuildError(f"{ckpt_dir}: invalid checkpoint config: {e}") from None
+    if cfg.quantization is None:
+        return load_checkpoint(ckpt_dir)
+    path = ckpt_dir / WEIGHTS_FILE
+    if not path.is_file():
+        raise BuildError(f"{ckpt_dir}: missing {WEIGHTS_FILE}")
+    import torch
+    from safetensors import safe_open
+
+    expected = expected_quantized_tensors(cfg)
+    weights: dict[str, np.ndarray] = {}
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = set(f.keys())
+            for name, (shape, dtype) in expected.items():
+                if name not in names:
+                    raise BuildError(f"{path}: missing tensor {name}")
+                t = f.get_tensor(name)
+                if tuple(t.shape) != shape:
+                    raise BuildError(f"{path}: tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+                if t.dtype is torch.float8_e4m3fn:
+                    weights[name] = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+                elif dtype == "U8":
+                    weights[name] = unpack_int4(t.numpy())
+                elif dtype == "I8":
+                    weights[name] = t.numpy()
+                else:
+                    weights[name] = t.float().numpy()
+    except BuildError:
+        raise
+    except Exception as e:  # corrupt header or truncated file
+        raise BuildError(f"{path}: unreadable ({e})") from None
+    extra = sorted(names - set(expected))
+    if extra:
+        raise BuildError(f"{path}: unexpected tensor {extra[0]}")
+    return cfg, weights

@@ -1,0 +1,190 @@
+"""Stage ``trtbuild quantize``: a float checkpoint (or HF folder / GGUF) -> a quantized checkpoint, atomically.
+
+1. load the float checkpoint (converting an HF folder or GGUF file into a temporary one first);
+2. check the request against the architecture (supported family, int4 group size dividing every in-features);
+3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
+4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``);
+5. export every quantized linear (``formats.py``), fold pre-quant scales (``layout.py`` says where), add KV scales;
+6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..artifacts.atomic import atomic_output_dir
+from ..checkpoint import WEIGHTS_FILE, load_checkpoint
+from ..config import KVCacheDType, ModelConfig, QuantConfig
+from ..convert.convert import TOKENIZER_FILES, TORCH_DTYPES
+from ..errors import TrtbuildError
+from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
+from .formats import FORMATS, Numeric, export_linear
+from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
+from .layout import UNFOLDED_PRE_QUANT_SCALE
+
+KV_BOUND = {KVCacheDType.INT8: Numeric.INT8.bound, KVCacheDType.FP8: Numeric.FP8.bound}
+
+
+@dataclass(frozen=True)
+class QuantizeResult:
+    config: ModelConfig  # of the quantized checkpoint (``config.quantization`` is set)
+    calib_samples: int
+    calib_tokens: int
+    calib_seconds: float  # modelopt calibration alone
+    seconds: float  # the whole stage
+    fake_quant_model: Any = None  # the calibrated modelopt torch model (the oracle), only when asked for
+
+
+def quantize(
+    src: Path,
+    out: Path,
+    qcfg: QuantConfig,
+    *,
+    overwrite: bool = False,
+    progress: bool = True,
+    keep_model: bool = False,
+    cache_dir: Path | None = None,
+) -> QuantizeResult:
+    """Quantize ``src`` into the checkpoint directory ``out``."""
+    start = time.perf_counter()
+    out = out.absolute()
+    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
+        raise TrtbuildError(f"{out}: already exists (use --overwrite to replace it)")
+    with _float_checkpoint(src) as ckpt_dir:
+        cfg, weights = load_checkpoint(ckpt_dir)
+        check_request(cfg, qcfg)
+        samples = calibration_samples(ckpt_dir, qcfg, cache_dir)
+        model = build_hf_model(cfg, weights)
+        t = time.perf_counter()
+        calibrate(model, cfg, qcfg, samples, progress=progress)
+        calib_seconds = time.perf_counter() - t
+        qcfg_out = replace(qcfg, exclude=list(qcfg.exclude))
+        new_cfg = replace(cfg, quantization=qcfg_out)
+        tensors = export_tensors(model, new_cfg, weights)
+        with atomic_output_dir(out, overwrite=overwrite) as tmp:
+            from safetensors.torch import save_file
+
+            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            new_cfg.save(tmp)
+            for name in TOKENIZER_FILES:
+                if (ckpt_dir / name).is_file():
+                    shutil.copyfile(ckpt_dir / name, tmp / name)
+    return QuantizeResult(
+        new_cfg,
+        int(samples.shape[0]),
+        int(samples.size),
+        calib_seconds,
+        time.perf_counter() - start,
+        model if keep_model else None,
+    )
+
+
+@contextmanager
+def _float_checkpoint(src: Path) -> Iterator[Path]:
+    """``src`` itself when it is a trtbuild checkpoint, else a temporary one converted from the HF folder / GGUF."""
+    if src.is_dir() and (src / WEIGHTS_FILE).is_file():
+        yield src
+        return
+    from ..convert.convert import convert
+
+    with tempfile.TemporaryDirectory(prefix="trtbuild-quantize-") as tmp:
+        convert(src, Path(tmp) / "ckpt")
+        yield Path(tmp) / "ckpt"
+
+
+def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
+    """One-line errors for requests the checkpoint cannot take (before any expensive work)."""
+    if cfg.quantization is not None:
+        raise TrtbuildError(
+            f"the checkpoint is already quantized ({cfg.quantization.qformat.value}); "
+            "quantize its float checkpoint instead"
+        )
+    check_quantizable(cfg)
+    excluded = set(excluded_linears(cfg, qcfg.exclude))
+    linears = [n for n in canonical_linears(cfg) if n not in excluded]
+    if not linears:
+        raise TrtbuildError(f"--exclude {' '.join(qcfg.exclude)} leaves no linear layer to quantize")
+    if FORMATS[qcfg.qformat].blocked:
+        shapes = {
+            "attn.qkv": cfg.hidden_size,
+            "attn.out": cfg.num_heads * cfg.head_size,
+            "mlp.gate_up": cfg.hidden_size,
+            "mlp.down": cfg.intermediate_size,
+            "lm_head": cfg.hidden_size,
+        }
+        for name in linears:
+            in_features = shapes[name.split(".", 2)[-1] if name.startswith("layers.") else name]
+            if in_features % qcfg.group_size or qcfg.group_size % 2:
+                raise TrtbuildError(
+                    f"--group-size {qcfg.group_size} does not divide the {in_features} in-features "
+                    f"of {name} (pick an even divisor, e.g. {_divisor(in_features)}, or --exclude it)"
+                )
+
+
+def _divisor(n: int) -> int:
+    return max(d for d in (16, 32, 64, 128) if n % d == 0) if n % 16 == 0 else 2
+
+
+def calibration_samples(ckpt_dir: Path, qcfg: QuantConfig, cache_dir: Path | None = None) -> np.ndarray:
+    """``[n <= calib_size, calib_seq_len]`` token ids from the calibration split of ``qcfg.calib_dataset``."""
+    from ..calibration_data import Split, load_documents, token_windows, tokenize_documents
+
+    docs = load_documents(qcfg.calib_dataset, Split.CALIBRATION, cache_dir=cache_dir)
+    ids = tokenize_documents(ckpt_dir / "tokenizer.json", docs, qcfg.calib_size * qcfg.calib_seq_len)
+    return token_windows(ids, qcfg.calib_size, qcfg.calib_seq_len)
+
+
+def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The quantized checkpoint's tensors: float tensors in ``cfg.dtype``, quantized linears per ``formats.py``."""
+    import torch
+
+    from .layout import quantized_linears
+
+    q = cfg.quantization
+    assert q is not None
+    spec = FORMATS[q.qformat]
+    dtype = TORCH_DTYPES[cfg.dtype]
+    floats = {name: torch.from_numpy(np.array(w, dtype=np.float32)) for name, w in weights.items()}
+    tensors: dict[str, Any] = {}
+    for prefix in quantized_linears(cfg):
+        modules = [model.get_submodule(m) for m in hf_modules(prefix)]
+        tensors.update(export_linear(spec, modules, prefix))
+        floats.pop(prefix + ".weight")
+    i = cfg.intermediate_size
+    for n in range(cfg.num_layers):
+        p = f"layers.{n}."
+        for linear, norm in (("attn.qkv", "input_norm"), ("mlp.gate_up", "post_attn_norm")):
+            pqs = tensors.pop(f"{p}{linear}.pre_quant_scale", None)
+            if pqs is not None:
+                floats[f"{p}{norm}.weight"] *= pqs
+        pqs = tensors.pop(p + "mlp.down.pre_quant_scale", None)
+        if pqs is not None:  # down's input is silu(gate) * up: scale the up rows of gate_up
+            if p + "mlp.gate_up.weight" in floats:
+                floats[p + "mlp.gate_up.weight"][i:] *= pqs[:, None]
+            else:
+                scale = tensors[p + "mlp.gate_up.weight_scale"]
+                assert scale.ndim >= 1, "per-tensor weight scales cannot absorb a pre-quant scale"
+                scale[i:] *= pqs if scale.ndim == 1 else pqs[:, None]
+        for linear in UNFOLDED_PRE_QUANT_SCALE:
+            if spec.smoothing and p + linear + ".weight_scale" in tensors:
+                tensors.setdefault(p + linear + ".pre_quant_scale", torch.ones(cfg.num_heads * cfg.head_size))
+    if q.kv_cache_dtype in KV_NUM_BITS:
+        for n in range(cfg.num_layers):
+            attn = model.get_submodule(f"model.layers.{n}.self_attn")
+            for kv in ("k", "v"):
+                amax = getattr(attn, f"{kv}_bmm_quantizer").amax
+                if amax is None:
+                    raise TrtbuildError(f"calibration produced no {kv} range for layer {n} (no calibration data?)")
+                scale = amax.detach().float().reshape(()) / KV_BOUND[q.kv_cache_dtype]
+                tensors[f"layers.{n}.attn.{kv}_scale"] = scale.clone()
+    tensors.update({name: t.to(dtype).contiguous() for name, t in floats.items()})
+    return {name: t.contiguous() for name, t in tensors.items()}
