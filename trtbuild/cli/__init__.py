@@ -10,8 +10,10 @@ import sys
 import click
 
 from ..errors import TrtbuildError
+from .bench import bench
 from .build import build
 from .convert import convert
+from .run import run
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -22,6 +24,8 @@ def cli() -> None:
 
 cli.add_command(convert)
 cli.add_command(build)
+cli.add_command(run)
+cli.add_command(bench)
 
 
 def main() -> None:

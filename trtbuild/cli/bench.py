@@ -1,0 +1,184 @@
+"""``trtbuild bench ENGINE_DIR``: offline throughput/latency of an engine on random token-id prompts.
+
+Every request is ``--shared-prefix-len`` tokens common to all requests followed by ``--input-len`` random tokens
+(vLLM's random dataset with a prefix), generates exactly ``--output-len`` tokens (greedy, ``ignore_eos``), and all
+arrive at once; ``--concurrency`` caps how many run together (the LLM's ``max_num_seqs``). The token ids come
+from a seeded generator, so runs are repeatable. One short warm-up request runs first and is not counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import RequestError
+from .run import engine_options
+
+
+@dataclass(frozen=True)
+class BenchWorkload:
+    """What ``run_bench`` sends: ``num_requests`` prompts of ``shared_prefix_len + input_len`` tokens."""
+
+    num_requests: int
+    input_len: int
+    output_len: int
+    shared_prefix_len: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("num_requests", "input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise RequestError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.shared_prefix_len < 0:
+            raise RequestError("--shared-prefix-len must be >= 0")
+
+    def prompts(self, vocab_size: int) -> list[list[int]]:
+        import numpy as np
+
+        rng = np.random.default_rng(self.seed)
+        prefix = rng.integers(0, vocab_size, self.shared_prefix_len).tolist()
+        return [prefix + rng.integers(0, vocab_size, self.input_len).tolist() for _ in range(self.num_requests)]
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """The figures ``trtbuild bench`` prints (``--json``: this object, as is)."""
+
+    num_requests: int
+    prompt_tokens: int
+    output_tokens: int
+    duration_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    kv_blocks_peak: int
+    kv_blocks_total: int
+    kv_waste_pct: float
+    preemptions: int
+    prefix_cache_hit_rate: float
+    steps: int
+    engine_calls: int
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) of the finite ``values``; nan when there are none."""
+    import numpy as np
+
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.percentile(finite, q)) if finite else math.nan
+
+
+def run_bench(llm: Any, workload: BenchWorkload) -> BenchResult:
+    """Run ``workload`` through ``llm`` (an ``LLM``) after a short warm-up; timings and engine counters."""
+    from ..runtime.sampling import SamplingParams
+
+    llm.generate([[1] * 8], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # warm-up
+    llm.reset_stats()
+    prompts = workload.prompts(llm.vocab_size)
+    params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    duration = time.perf_counter() - start
+    stats = llm.stats
+    metrics = [o.metrics for o in outputs]
+    prompt_tokens = sum(len(p) for p in prompts)
+    output_tokens = sum(m.num_output_tokens for m in metrics)
+    ttft = [m.ttft * 1000 for m in metrics]
+    tpot = [m.tpot * 1000 for m in metrics]
+    return BenchResult(
+        num_requests=workload.num_requests,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        duration_s=round(duration, 4),
+        output_tokens_per_s=round(output_tokens / duration, 2),
+        total_tokens_per_s=round((prompt_tokens + output_tokens) / duration, 2),
+        ttft_p50_ms=round(percentile(ttft, 50), 2),
+        ttft_p99_ms=round(percentile(ttft, 99), 2),
+        tpot_p50_ms=round(percentile(tpot, 50), 2),
+        tpot_p99_ms=round(percentile(tpot, 99), 2),
+        kv_blocks_peak=stats.peak_used_blocks,
+        kv_blocks_total=stats.num_blocks,
+        kv_waste_pct=round(100 * stats.kv_waste, 2),
+        preemptions=stats.num_preemptions,
+        prefix_cache_hit_rate=round(stats.prefix_cache_hit_rate, 4),
+        steps=stats.num_steps,
+        engine_calls=stats.num_engine_calls,
+    )
+
+
+@click.command()
+@click.argument("engine_dir", type=click.Path(path_type=Path))
+@click.option("--num-requests", type=int, default=64, show_default=True, help="requests, all arriving at once")
+@click.option("--input-len", type=int, default=128, show_default=True, help="random prompt tokens per request")
+@click.option("--output-len", type=int, default=128, show_default=True, help="tokens generated per request")
+@click.option(
+    "--shared-prefix-len",
+    type=int,
+    default=0,
+    show_default=True,
+    help="tokens before the random ones, the same in every request",
+)
+@click.option("--concurrency", type=int, default=None, help="requests running at once [default: engine's batch size]")
+@click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompts")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
+@engine_options
+def bench(
+    engine_dir: Path,
+    num_requests: int,
+    input_len: int,
+    output_len: int,
+    shared_prefix_len: int,
+    concurrency: int | None,
+    no_prefix_caching: bool,
+    seed: int,
+    as_json: bool,
+    kv_cache_memory: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    num_threads: int | None,
+) -> None:
+    """Measure throughput, latency and KV-cache use on random prompts."""
+    workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
+    if concurrency is not None and max_num_seqs is not None:
+        raise RequestError("give --concurrency or --max-num-seqs, not both")
+    from ..runtime.llm import LLM
+
+    llm = LLM(
+        engine_dir,
+        kv_cache_memory=kv_cache_memory,
+        max_num_seqs=concurrency or max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=not no_prefix_caching,
+        num_threads=num_threads,
+    )
+    result = run_bench(llm, workload)
+    if as_json:
+        fields = {**asdict(workload), **asdict(result)}
+        click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()}))
+        return
+    r = result
+    click.echo(
+        f"{r.num_requests} requests x ({shared_prefix_len} shared + {input_len} in, {output_len} out) "
+        f"in {r.duration_s:.2f} s"
+    )
+    click.echo(
+        f"  throughput     {r.output_tokens_per_s:10.1f} output tok/s   {r.total_tokens_per_s:10.1f} total tok/s"
+    )
+    click.echo(f"  TTFT           {r.ttft_p50_ms:10.1f} ms p50         {r.ttft_p99_ms:10.1f} ms p99")
+    click.echo(f"  TPOT           {r.tpot_p50_ms:10.1f} ms p50         {r.tpot_p99_ms:10.1f} ms p99")
+    click.echo(
+        f"  KV cache       {r.kv_blocks_peak:10d} blocks peak    of {r.kv_blocks_total}, {r.kv_waste_pct:.2f}% waste"
+    )
+    click.echo(f"  preemptions    {r.preemptions:10d}")
+    click.echo(f"  prefix cache   {100 * r.prefix_cache_hit_rate:10.1f}% of prompt tokens hit")
+    click.echo(f"  steps          {r.steps:10d}               {r.engine_calls} engine calls")

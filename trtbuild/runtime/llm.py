@@ -1,0 +1,375 @@
+"""The public runner API (vLLM-like): ``LLM(engine_dir).generate(prompts, SamplingParams(...))``.
+
+One synchronous engine loop drives the scheduler (continuous batching, chunked prefill, prefix caching,
+preemption), the session and the sampler::
+
+    out = scheduler.schedule()                       # which requests run, with how many tokens
+    logits = <one or more session.step calls>        # step shaping, see split_step
+    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)
+    scheduler.update_from_output(out, sampled.token_ids)   # the stop hook detokenizes and finds stop strings
+
+Requests of every open ``generate``/``generate_stream`` call share the loop; each call returns once its own
+requests finish. Invalid requests: ``generate`` checks every prompt before any runs and raises ``RequestError``
+(``prompt i: ...``) without queueing any of them, so nothing else is disturbed and the LLM keeps serving.
+
+Imports only numpy, onnxruntime, tokenizers (and jinja2 for chat templates): never torch or transformers.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, EngineError, RequestError
+from .ort_session import DEFAULT_KV_CACHE_MEMORY, OrtSession
+from .outputs import CompletionOutput, CompletionState, RequestMetrics, RequestOutput
+from .sampling import Sampler, SamplingParams, TokenLogprobs
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from .sequence import FinishReason
+from .sequence import Sequence as Seq
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineStats",
+    "FinishReason",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+    "TextStream",
+    "TokenLogprobs",
+]
+
+Prompt = str | Sequence[int]  # text, or token ids
+Messages = Sequence[Mapping[str, Any]]  # a chat: [{"role": "user", "content": "..."}, ...]
+
+# Step shaping: the ORT attention pads a step to [num_seqs, longest chunk], so a step mixing long prefill chunks
+# with decodes is split into engine calls whose padded size stays within PAD_RATIO x its tokens + PAD_SLACK.
+PAD_RATIO = 1.25
+PAD_SLACK = 64
+
+
+def split_step(chunk_lens: Sequence[int]) -> list[list[int]]:
+    """Group a step's sequences (by their new-token counts) into engine calls; returns indices per call.
+
+    Longest chunks first; a sequence joins the current call while ``calls x longest <= PAD_RATIO x tokens +
+    PAD_SLACK``. Decodes (1 token) therefore share one call and each long prefill chunk gets its own.
+    """
+    groups: list[list[int]] = []
+    tokens = 0
+    for b in sorted(range(len(chunk_lens)), key=lambda b: -chunk_lens[b]):
+        n = chunk_lens[b]
+        if groups and (len(groups[-1]) + 1) * chunk_lens[groups[-1][0]] <= PAD_RATIO * (tokens + n) + PAD_SLACK:
+            groups[-1].append(b)
+            tokens += n
+        else:
+            groups.append([b])
+            tokens = n
+    return groups
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters of the engine loop since the LLM was made or ``reset_stats`` was called."""
+
+    num_steps: int  # scheduler steps
+    num_engine_calls: int  # session.step calls (a step can be split into several)
+    num_computed_tokens: int  # tokens run through the model (prompt chunks, recomputes and decodes)
+    num_preemptions: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache at admission
+    prefix_cache_hits: int  # of those, tokens found there
+    peak_used_blocks: int  # KV-cache blocks in use at the fullest point (after a step's allocation)
+    num_blocks: int  # usable KV-cache blocks
+    waste_slots: int  # sum over steps of allocated KV slots not holding a computed token (after each step)
+    allocated_slots: int  # sum over steps of allocated KV slots (after each step)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def kv_waste(self) -> float:
+        """Fraction of allocated KV slots holding no token, averaged over steps (slot-weighted)."""
+        return self.waste_slots / self.allocated_slots if self.allocated_slots else 0.0
+
+
+class TextStream(Iterator[str]):
+    """Text deltas of one streamed request (``LLM.generate_stream``); ``output`` holds the result once exhausted.
+
+    The deltas concatenate to ``output.text``. Dropping or ``close()``-ing an unfinished stream aborts its request.
+    """
+
+    def __init__(self, llm: LLM, request_id: str, state: CompletionState, prompt: str | None) -> None:
+        self._llm, self._id, self._state, self._prompt = llm, request_id, state, prompt
+        self.output: RequestOutput | None = None
+
+    def __next__(self) -> str:
+        state = self._state
+        while True:
+            delta = state.take_delta()
+            if delta:
+                return delta
+            if state.finished:
+                if self.output is None:
+                    self.output = self._llm._request_output(self._id, self._prompt, [state])
+                raise StopIteration
+            self._llm._step()
+
+    def close(self) -> None:
+        if not self._state.finished:
+            self._state.cancelled = True  # aborted before the next step (safe even from a finalizer)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class LLM:
+    """An engine directory served with continuous batching and paged attention (see the module docstring).
+
+    ``max_num_seqs`` / ``max_num_batched_tokens`` default to the engine's ``max_batch_size`` / ``max_num_tokens``
+    and may only lower them. ``seed`` seeds the sampler for requests without their own seed.
+    """
+
+    def __init__(
+        self,
+        engine_dir: str | Path,
+        *,
+        kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        num_threads: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        engine_dir = Path(engine_dir)
+        if not engine_dir.is_dir():
+            raise EngineError(f"{engine_dir}: no such engine directory")
+        if not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0:
+            raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
+        try:
+            self.session = OrtSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+        except ValueError as e:  # too few blocks for the memory given
+            raise ConfigError(f"kv_cache_memory ({kv_cache_memory} bytes) is too small: {e}") from None
+        self.tokenizer = Tokenizer.from_engine_dir(engine_dir)
+        base = SchedulerConfig.for_session(self.session, enable_prefix_caching=enable_prefix_caching)
+        limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
+        for name, value in limits.items():
+            cap = getattr(base, name)
+            if value is not None and not (isinstance(value, int) and 1 <= value <= cap):
+                raise ConfigError(f"{name} must be an integer in [1, {cap}] (the engine's limit), got {value!r}")
+        self.config = replace(base, **{k: v for k, v in limits.items() if v is not None})
+        self.scheduler = Scheduler(self.config, stop_hook=self._on_token)
+        self.sampler = Sampler(seed)
+        self._states: dict[str, CompletionState] = {}  # unfinished requests
+        self._num_requests = 0
+        self._now = 0.0  # time of the step being applied (read by the stop hook)
+        self.reset_stats()
+
+    @property
+    def num_kv_blocks(self) -> int:
+        """KV-cache blocks usable by requests."""
+        return self.scheduler.kv_cache.num_usable_blocks
+
+    @property
+    def vocab_size(self) -> int:
+        return self.session.config.model.vocab_size
+
+    # ----------------------------------------------------------------------------------------------- public API
+
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Complete each prompt (text, or a list of token ids); one ``RequestOutput`` per prompt, in order.
+
+        ``params`` is one ``SamplingParams`` for all prompts or one per prompt (default: ``SamplingParams()``).
+        Raises ``RequestError`` before running anything when any prompt or params is invalid.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and _is_token(prompts[0])):
+            prompts = [prompts]  # one text prompt, or one token-id prompt
+        prompts = list(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        params = list(params)
+        if len(params) != len(prompts):
+            raise RequestError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        requests = [self._prepare(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        added = self._add_all(requests)
+        try:
+            while not all(s.finished for _, states in added for s in states):
+                self._step()
+        finally:
+            for _, states in added:
+                self._cancel(states)
+        return [self._request_output(rid, r[0], states) for r, (rid, states) in zip(requests, added, strict=True)]
+
+    def generate_stream(self, prompt: Prompt, params: SamplingParams | None = None) -> TextStream:
+        """Stream one completion's text as it is generated; iterate the result for deltas (``n`` must be 1).
+
+        Text that could be the start of a stop string is held back until it is not, so no delta is ever taken back.
+        The request is queued (and checked) now; it runs while the stream, or any other call, steps the engine.
+        """
+        params = params or SamplingParams()
+        if params.n != 1:
+            raise RequestError("generate_stream produces one completion: n must be 1")
+        request = self._prepare(0, prompt, params)
+        [(rid, [state])] = self._add_all([request])
+        return TextStream(self, rid, state, request[0])
+
+    def chat(
+        self, messages: Messages | Sequence[Messages], params: SamplingParams | None = None
+    ) -> list[RequestOutput]:
+        """Reply to one conversation or a list of them, rendered with the engine's chat template."""
+        chats = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        return self.generate([self.chat_prompt(m) for m in chats], params)
+
+    def chat_prompt(self, messages: Messages) -> list[int]:
+        """Token ids of ``messages`` rendered by the chat template with ``add_generation_prompt=True``."""
+        tokenizer = self._require_tokenizer("chat")
+        return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+
+    @property
+    def stats(self) -> EngineStats:
+        kv = self.scheduler.kv_cache
+        return EngineStats(
+            num_steps=self._steps,
+            num_engine_calls=self._calls,
+            num_computed_tokens=self._computed,
+            num_preemptions=self.scheduler.num_preemptions - self._base[0],
+            prefix_cache_queries=kv.prefix_cache_queries - self._base[1],
+            prefix_cache_hits=kv.prefix_cache_hits - self._base[2],
+            peak_used_blocks=self._peak_blocks,
+            num_blocks=kv.num_usable_blocks,
+            waste_slots=self._waste,
+            allocated_slots=self._allocated,
+        )
+
+    def reset_stats(self) -> None:
+        """Start ``stats`` afresh (e.g. after a warm-up)."""
+        kv = self.scheduler.kv_cache
+        self._base = (self.scheduler.num_preemptions, kv.prefix_cache_queries, kv.prefix_cache_hits)
+        self._steps = self._calls = self._computed = self._peak_blocks = self._waste = self._allocated = 0
+
+    # ------------------------------------------------------------------------------------------------- requests
+
+    def _require_tokenizer(self, what: str) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RequestError(f"the engine has no tokenizer.json, needed for {what}; pass token ids")
+        return self.tokenizer
+
+    def _prepare(self, index: int, prompt: Prompt, params: Any) -> tuple[str | None, list[int], SamplingParams]:
+        """(prompt text, prompt token ids, params) of prompt ``index``, checked against the vocabulary."""
+        try:
+            if not isinstance(params, SamplingParams):
+                raise RequestError(f"expected SamplingParams, got {type(params).__name__}")
+            if params.stop:
+                self._require_tokenizer("stop strings")
+            if isinstance(prompt, str):
+                return prompt, self._require_tokenizer("a text prompt").encode(prompt), params
+            if not isinstance(prompt, Sequence) or not all(_is_token(t) for t in prompt):
+                raise RequestError("a prompt is a string or a list of token ids")
+            ids = [operator.index(t) for t in prompt]
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+            return None, ids, params
+        except RequestError as e:
+            raise RequestError(f"prompt {index}: {e}") from None
+
+    def _add_all(
+        self, requests: list[tuple[str | None, list[int], SamplingParams]]
+    ) -> list[tuple[str, list[CompletionState]]]:
+        """Queue every request (``n`` sequences each, seeds ``seed + k``), all or none: on error none stays queued.
+
+        Returns (request id, the states of its ``n`` sequences ``"<id>-<k>"``) per request.
+        """
+        added: list[tuple[str, list[CompletionState]]] = []
+        now = time.perf_counter()
+        try:
+            for i, (_, ids, params) in enumerate(requests):
+                rid, states = str(self._num_requests), []
+                self._num_requests += 1
+                added.append((rid, states))
+                for k in range(params.n):
+                    seed = None if params.seed is None else params.seed + k
+                    p = params if params.n == 1 else replace(params, n=1, seed=seed)
+                    try:
+                        seq = self.scheduler.add_request(f"{rid}-{k}", ids, p)
+                    except RequestError as e:
+                        raise RequestError(f"prompt {i}: {str(e).split(': ', 1)[-1]}") from None
+                    detok = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, ids)
+                    state = CompletionState(seq, k, detok, self.config.eos_token_ids, now)
+                    self._states[seq.request_id] = state
+                    states.append(state)
+        except BaseException:
+            for _, states in added:
+                self._cancel(states)
+                for s in states:
+                    self._states.pop(s.seq.request_id, None)
+            raise
+        return added
+
+    def _cancel(self, states: list[CompletionState]) -> None:
+        """Abort the unfinished ones among ``states`` (FinishReason.ABORT)."""
+        for s in states:
+            if not s.finished and self.scheduler.abort(s.seq.request_id):
+                self._states.pop(s.seq.request_id, None)
+                s.finish(time.perf_counter())
+
+    def _request_output(self, request_id: str, prompt: str | None, states: list[CompletionState]) -> RequestOutput:
+        seq = states[0].seq
+        return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), [s.output() for s in states])
+
+    def _on_token(self, seq: Seq) -> str | None:
+        return self._states[seq.request_id].on_token(seq.output_token_ids[-1], self._now)
+
+    # ---------------------------------------------------------------------------------------------- engine loop
+
+    def _step(self) -> None:
+        """One scheduler step: plan, run the engine, sample, apply (finishing requests as they stop)."""
+        cancelled = [s for s in self._states.values() if s.cancelled]
+        if cancelled:
+            self._cancel(cancelled)
+        if not self.scheduler.has_unfinished():
+            return
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            raise RuntimeError("the scheduler planned an empty step with requests pending")  # a bug, not user input
+        kv = self.scheduler.kv_cache
+        self._peak_blocks = max(self._peak_blocks, kv.num_used_blocks)
+        logits = self._run(out)
+        sampled = self.sampler.sample(logits[out.sample_rows], out.sample_seqs)
+        for seq, lp in zip(out.sample_seqs, sampled.logprobs, strict=True):
+            state = self._states[seq.request_id]
+            if state.logprobs is not None and lp is not None:
+                state.logprobs.append(lp)
+        self._now = time.perf_counter()
+        finished = self.scheduler.update_from_output(out, sampled.token_ids)
+        for seq in finished:
+            self._states.pop(seq.request_id).finish(self._now)
+        self._steps += 1
+        self._computed += out.num_batched_tokens
+        self._waste += kv.kv_waste_slots()
+        self._allocated += kv.num_used_blocks * kv.block_size
+
+    def _run(self, out: SchedulerOutput) -> np.ndarray:
+        """Logits ``[num_scheduled, vocab]`` of the step, run as one or more engine calls (``split_step``)."""
+        groups = split_step([n for _, n in out.scheduled])
+        self._calls += len(groups)
+        if len(groups) == 1:
+            return self.session.step(out.to_step_batch())
+        logits = np.empty((len(out.scheduled), self.vocab_size), dtype=np.float32)
+        for group in groups:
+            part = SchedulerOutput([out.scheduled[b] for b in group], [], [])
+            logits[group] = self.session.step(part.to_step_batch())
+        return logits
+
+
+def _is_token(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
