@@ -1,0 +1,166 @@
+"""``trtbuild run`` and ``trtbuild bench`` end to end on the tiny engines, and their bad-input errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_llm import add_tokenizer
+
+from trtbuild.cli import main
+from trtbuild.runtime.llm import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_engines) -> Path:
+    return tiny_engines["llama_gqa"][2]
+
+
+@pytest.fixture(scope="module")
+def text_engine(tiny_engines, tmp_path_factory) -> Path:
+    return add_tokenizer(tiny_engines["llama_gqa"][2], tmp_path_factory.mktemp("cli") / "engine")
+
+
+def cli(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
+    """Run ``trtbuild ARGS`` in this process through ``main``; (exit status, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["trtbuild", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_error_line(code: int, err: str, needle: str) -> None:
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert needle in lines[0], lines[0]
+
+
+def test_run_prompt_prints_the_generated_text(monkeypatch, capsys, text_engine):
+    expected = LLM(text_engine).generate(["the cat"], SamplingParams(temperature=0.0, max_tokens=12))[0].text
+    args = ["run", text_engine, "--prompt", "the cat", "--temperature", 0, "--max-tokens", 12]
+    code, out, err = cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert out == expected + "\n" and "tokens" in err
+    code, out, _ = cli(monkeypatch, capsys, *args, "--stream")
+    assert code == 0 and out == expected + "\n"
+
+
+def test_run_chat_and_n(monkeypatch, capsys, text_engine):
+    llm = LLM(text_engine)
+    prompt = llm.chat_prompt([{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}])
+    expected = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=6))[0].text
+    args = ["run", text_engine, "--prompt", "hi", "--chat", "--system", "be nice", "--temperature", 0]
+    code, out, err = cli(monkeypatch, capsys, *args, "--max-tokens", 6)
+    assert code == 0 and out == expected + "\n", err
+    code, out, err = cli(monkeypatch, capsys, "run", text_engine, "--prompt", "hi", "--n", 2, "--seed", 3)
+    assert code == 0 and out.count("--- completion") == 2, err
+
+
+def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
+    lines = [
+        {"prompt": "the cat", "id": "a"},
+        {"prompt_token_ids": [5, 6, 7], "max_tokens": 3, "logprobs": 2},
+        {"messages": [{"role": "user", "content": "hi"}], "temperature": 1.0, "seed": 5, "n": 2},
+        {"prompt": "stop here", "stop": ["e"], "temperature": 0.0},
+    ]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out" / "results.jsonl"
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    args = ["run", text_engine, "--input", src, "--output", dst, "--max-tokens", 8, "--temperature", 0]
+    code, _, err = cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    results = [json.loads(line) for line in dst.read_text().splitlines()]
+    assert [r["id"] for r in results] == ["a", 1, 2, 3]
+    llm = LLM(text_engine)
+    assert results[0]["text"] == llm.generate(["the cat"], SamplingParams(temperature=0.0, max_tokens=8))[0].text
+    assert len(results[1]["outputs"][0]["token_ids"]) == 3 and len(results[1]["outputs"][0]["logprobs"]) == 3
+    assert len(results[2]["outputs"]) == 2
+    assert "e" not in results[3]["text"]
+    assert results[0]["outputs"][0]["metrics"]["num_prompt_tokens"] == 7
+    assert not [p for p in dst.parent.iterdir() if p.name != "results.jsonl"]  # no temporary file left
+
+
+def test_every_sampling_field_has_a_flag(monkeypatch, capsys, engine):
+    code, out, _ = cli(monkeypatch, capsys, "run", "--help")
+    assert code == 0
+    for f in dataclasses.fields(SamplingParams):
+        assert "--" + f.name.replace("_", "-") in out
+
+
+def test_bench_json(monkeypatch, capsys, engine):
+    args = ["bench", engine, "--num-requests", 6, "--input-len", 10, "--output-len", 5, "--json"]
+    code, out, err = cli(monkeypatch, capsys, *args, "--shared-prefix-len", 16)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["output_tokens"] == 30 and r["prompt_tokens"] == 6 * 26
+    assert r["prefix_cache_hit_rate"] > 0 and r["output_tokens_per_s"] > 0 and r["kv_blocks_peak"] > 0
+    assert {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "kv_waste_pct", "preemptions"} <= r.keys()
+    code, out, _ = cli(monkeypatch, capsys, *args, "--shared-prefix-len", 16, "--no-prefix-caching")
+    assert code == 0 and json.loads(out)["prefix_cache_hit_rate"] == 0
+    code, out, _ = cli(monkeypatch, capsys, *args, "--concurrency", 2, "--kv-cache-memory", "64KiB")
+    r = json.loads(out)
+    assert code == 0 and r["kv_blocks_total"] == 31 and r["output_tokens"] == 30
+    code, out, _ = cli(monkeypatch, capsys, "bench", engine, "--num-requests", 2, "--input-len", 4, "--output-len", 2)
+    assert code == 0 and "output tok/s" in out and "prefix cache" in out
+
+
+def test_cli_subprocess_end_to_end(engine):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "trtbuild.cli", "bench", str(engine)]
+    cmd += ["--num-requests", "3", "--input-len", "5", "--output-len", "3", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["output_tokens"] == 9
+    proc = subprocess.run([*cmd[:4], "/nonexistent/engine"], capture_output=True, text=True, env=env, timeout=120)
+    assert_one_error_line(proc.returncode, proc.stderr, "no such engine directory")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["run", "{missing}", "--prompt", "x"], "no such engine directory"),
+        (["run", "{engine}", "--prompt", "x"], "no tokenizer.json"),
+        (["run", "{engine}"], "give exactly one of --prompt TEXT or --input FILE"),
+        (["run", "{engine}", "--input", "{jsonl}"], "--input needs --output"),
+        (["run", "{text}", "--prompt", "x", "--temperature", "-1"], "temperature must be >= 0"),
+        (["run", "{text}", "--prompt", "x", "--top-p", "0"], "top_p must be in (0, 1]"),
+        (["run", "{text}", "--prompt", "x", "--max-tokens", "500"], "exceeds the engine's max_seq_len"),
+        (["run", "{text}", "--prompt", "", "--max-tokens", "5"], "prompt is empty"),
+        (["run", "{text}", "--prompt", "x", "--stream", "--n", "2"], "--stream needs --n 1"),
+        (["run", "{text}", "--prompt", "x", "--system", "s"], "--system needs --chat"),
+        (["run", "{text}", "--prompt", "x", "--kv-cache-memory", "lots"], "is not a size"),
+        (["run", "{text}", "--prompt", "x", "--max-num-seqs", "1000"], "max_num_seqs must be an integer"),
+        (["run", "{text}", "--input", "{bad_json}", "--output", "{out}"], "bad.jsonl:2: not valid JSON"),
+        (["run", "{text}", "--input", "{bad_key}", "--output", "{out}"], "expected an object with exactly one of"),
+        (["run", "{text}", "--input", "{bad_token}", "--output", "{out}"], "prompt 1: token id 500 is outside"),
+        (["run", "{text}", "--input", "{bad_type}", "--output", "{out}"], "bad sampling value"),
+        (["run", "{text}", "--input", "{missing}", "--output", "{out}"], "cannot read"),
+        (["bench", "{engine}", "--input-len", "0"], "--input-len must be >= 1"),
+        (["bench", "{engine}", "--input-len", "100", "--output-len", "100"], "exceeds the engine's max_seq_len"),
+        (["bench", "{engine}", "--concurrency", "0"], "max_num_seqs must be an integer in [1, 64]"),
+    ],
+)
+def test_bad_input_one_error_line(monkeypatch, capsys, engine, text_engine, tmp_path, args, needle):
+    files = {
+        "jsonl": '{"prompt": "x"}\n',
+        "bad_json": '{"prompt": "x"}\n{"prompt": \n',
+        "bad_key": '{"text": "x"}\n',
+        "bad_token": '{"prompt": "x"}\n{"prompt_token_ids": [1, 500]}\n',
+        "bad_type": '{"prompt": "x", "temperature": "hot"}\n',
+    }
+    paths = {"engine": engine, "text": text_engine, "missing": tmp_path / "missing", "out": tmp_path / "out.jsonl"}
+    for name, text in files.items():
+        paths[name] = tmp_path / (name.replace("_", "") if name != "bad_json" else "bad.jsonl")
+        paths[name].write_text(text)
+    code, _, err = cli(monkeypatch, capsys, *(a.format(**paths) for a in args))
+    assert_one_error_line(code, err, needle)
+    assert not (tmp_path / "out.jsonl").exists()
