@@ -13,7 +13,10 @@ from ..errors import TrtbuildError
 from .bench import bench
 from .build import build
 from .convert import convert
+from .inspect import inspect
+from .pipeline import pipeline
 from .run import run
+from .verify import verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,6 +29,9 @@ cli.add_command(convert)
 cli.add_command(build)
 cli.add_command(run)
 cli.add_command(bench)
+cli.add_command(pipeline)
+cli.add_command(inspect)
+cli.add_command(verify)
 
 
 def main() -> None:

@@ -1,25 +1,36 @@
-"""``trtbuild build CKPT_DIR -o ENGINE_DIR --backend onnxruntime``."""
+"""``trtbuild build CKPT_DIR -o ENGINE_DIR --backend onnxruntime [--recipe FILE]``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ..config import BuildConfig
-from .options import config_from_options, dataclass_options
+from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
 @click.argument("ckpt_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="engine directory")
 @dataclass_options(BuildConfig)
+@recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
-def build(ckpt_dir: Path, output: Path, overwrite: bool, **options: object) -> None:
-    """Build an engine directory from a checkpoint."""
+def build(ckpt_dir: Path, output: Path, recipe: Path | None, overwrite: bool, **options: object) -> None:
+    """Build an engine directory from a checkpoint.
+
+    With --recipe, the recipe's build section supplies the defaults (and its backend, when all its targets share
+    one); flags given on the command line override them.
+    """
     from ..build import build_engine
 
-    cfg = config_from_options(BuildConfig, options)
+    spec = load_recipe_option(recipe)
+    defaults = None
+    if spec is not None:
+        backends = {t.backend for t in spec.targets}
+        defaults = replace(spec.build, backend=backends.pop()) if len(backends) == 1 else spec.build
+    cfg = config_with_defaults(BuildConfig, options, defaults)
     result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
     click.echo(

@@ -1,4 +1,4 @@
-"""``trtbuild convert SRC -o CKPT_DIR``."""
+"""``trtbuild convert SRC -o CKPT_DIR``; with ``--recipe FILE`` the source and dtype default to the recipe's."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from pathlib import Path
 import click
 
 from ..config import DType
+from ..errors import ConfigError
+from .options import explicit_options, load_recipe_option, recipe_option
 
 
 @click.command()
-@click.argument("src", type=click.Path(path_type=Path))
+@click.argument("src", type=click.Path(path_type=Path), required=False)
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="checkpoint directory")
 @click.option(
     "--dtype",
@@ -19,11 +21,22 @@ from ..config import DType
     show_default=True,
     help="storage dtype of the weights",
 )
+@recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
-def convert(src: Path, output: Path, dtype: str, overwrite: bool) -> None:
-    """Convert a Hugging Face folder or a .gguf file into a trtbuild checkpoint."""
+def convert(src: Path | None, output: Path, dtype: str, recipe: Path | None, overwrite: bool) -> None:
+    """Convert a Hugging Face folder or a .gguf file into a trtbuild checkpoint.
+
+    With --recipe, SRC and --dtype default to the recipe's model source and dtype.
+    """
     from ..convert.convert import convert as run_convert
 
+    spec = load_recipe_option(recipe)
+    if spec is not None:
+        src = src if src is not None else spec.model.resolve()
+        if "dtype" not in explicit_options({"dtype": dtype}):
+            dtype = spec.model.dtype.value
+    if src is None:
+        raise ConfigError("missing SRC: give a Hugging Face folder or .gguf file (or --recipe FILE)")
     result = run_convert(src, output, DType(dtype), overwrite=overwrite)
     cfg = result.config
     click.echo(

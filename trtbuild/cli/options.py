@@ -1,7 +1,8 @@
 """CLI options generated from the config dataclasses, so flags, defaults and help can never drift from the code.
 
 Each dataclass field ``foo_bar`` becomes ``--foo-bar`` with its type (enums as choices), default and the help text
-in the field's metadata (after Polygraphy's shared argument groups).
+in the field's metadata (after Polygraphy's shared argument groups). ``--recipe FILE`` (``recipe_option``) makes
+a recipe's config the defaults: ``config_with_defaults`` merges it under the flags the user typed.
 """
 
 from __future__ import annotations
@@ -10,11 +11,16 @@ import dataclasses
 import enum
 import typing
 from collections.abc import Callable, Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
-from ..configio import from_dict
+from ..configio import from_dict, to_dict
+
+if TYPE_CHECKING:
+    from ..recipe import Recipe
 
 
 def dataclass_options(cls: type, *, exclude: Iterable[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -58,5 +64,49 @@ def config_from_options(cls: type, kwargs: dict[str, Any], **fixed: Any) -> Any:
     """Build ``cls`` from the option values in ``kwargs`` (popped) plus ``fixed`` values, type-checked."""
     names = {f.name for f in dataclasses.fields(cls)}
     values = {k: kwargs.pop(k) for k in list(kwargs) if k in names and kwargs[k] is not None}
+    values.update({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in fixed.items()})
+    return from_dict(cls, values, path="options")
+
+
+def recipe_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator adding ``--recipe FILE``; the value arrives as ``recipe`` (a ``Path`` or None)."""
+    return click.option(
+        "--recipe",
+        "recipe",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="recipe YAML whose values are the defaults; flags given here override them",
+    )(fn)
+
+
+def load_recipe_option(path: Path | None) -> Recipe | None:
+    """The recipe named by ``--recipe`` (None without one); a bad file raises a one-line ``ConfigError``."""
+    from ..recipe import load_recipe
+
+    return None if path is None else load_recipe(path)
+
+
+def explicit_options(kwargs: dict[str, Any]) -> set[str]:
+    """Names in ``kwargs`` whose values the user typed (command line or environment), not click defaults."""
+    ctx = click.get_current_context()
+    defaults = (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+    return {name for name in kwargs if ctx.get_parameter_source(name) not in defaults}
+
+
+def config_with_defaults(cls: type, kwargs: dict[str, Any], defaults: Any | None, **fixed: Any) -> Any:
+    """Like ``config_from_options``, but fields not given on the command line come from ``defaults`` (a ``cls``).
+
+    This is how ``--recipe`` works: the recipe's config supplies the defaults, explicit flags override them, and
+    the merged values are type-checked by ``from_dict`` again. ``fixed`` values win over both.
+    """
+    if defaults is None:
+        return config_from_options(cls, kwargs, **fixed)
+    explicit = explicit_options(kwargs)
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in to_dict(defaults).items() if k in names}
+    for k in [k for k in kwargs if k in names]:
+        v = kwargs.pop(k)
+        if k in explicit and v is not None:
+            values[k] = v
     values.update({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in fixed.items()})
     return from_dict(cls, values, path="options")

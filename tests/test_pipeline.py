@@ -1,0 +1,318 @@
+"""``trtbuild pipeline``: stage caching by content, minimal rebuilds, failures, SIGKILL mid-stage, index.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_models import make_hf_model
+
+from trtbuild.artifacts.verify import verify_artifacts, verify_engine_dir
+from trtbuild.errors import ConfigError
+from trtbuild.pipeline.index import GateResult, check_gates
+from trtbuild.pipeline.plan import StageKind, make_plan
+from trtbuild.pipeline.runner import Outcome, PipelineError, PipelineRun, Status, run_pipeline
+from trtbuild.recipe import load_recipe
+
+TRTBUILD = [sys.executable, "-m", "trtbuild.cli"]
+BUILD = {"max_seq_len": 64, "kv_block_size": 4, "max_num_tokens": 64, "max_batch_size": 4}
+
+
+def write_recipe(path: Path, model_name: str, model: Path, **extra) -> Path:
+    data = {
+        "name": model_name,
+        "model": {"name": model_name, "path": str(model)},
+        "formats": [{"name": "fp32"}],
+        "targets": [{"backend": "onnxruntime", "arch": "cpu"}],
+        "build": dict(BUILD),
+        **extra,
+    }
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def run(recipes: list[Path], out: Path, **kwargs) -> PipelineRun:
+    lines: list[str] = []
+    result = run_pipeline(make_plan([load_recipe(r) for r in recipes]), out, report=lines.append, **kwargs)
+    result.lines = lines  # type: ignore[attr-defined]
+    return result
+
+
+def statuses(result: PipelineRun) -> dict[str, str]:
+    return {sid: o.status.value for sid, o in result.outcomes.items()}
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("src")
+    out = {}
+    for name in ("llama_gqa", "gpt2"):
+        make_hf_model(name, root / name)
+        out[name] = root / name
+    return out
+
+
+def test_second_run_is_all_cached_and_fast(sources, tmp_path):
+    recipe = write_recipe(tmp_path / "a.yaml", "tiny", sources["llama_gqa"])
+    art = tmp_path / "art"
+    first = run([recipe], art)
+    assert statuses(first) == {"tiny/checkpoint": "built", "tiny/fp32/onnxruntime/cpu": "built"}
+    engine = art / "tiny/fp32/onnxruntime/cpu"
+    assert (engine / "manifest.json").is_file() and verify_engine_dir(engine).ok
+
+    index = json.loads((art / "index.json").read_text())
+    entries = {a["id"]: a for a in index["artifacts"]}
+    build = entries["tiny/fp32/onnxruntime/cpu"]
+    assert (build["stage"], build["model"], build["format"], build["backend"], build["target"]) == (
+        "build",
+        "tiny",
+        "fp32",
+        "onnxruntime",
+        "cpu",
+    )
+    assert build["size"] == sum(f["size"] for f in build["files"].values()) > 0
+    assert {"manifest.json", "runtime_config.json"} <= set(build["files"]) and build["build_seconds"] >= 0
+    assert len(build["digest"]) == 64 and index["recipes"][0]["name"] == "tiny"
+
+    start = time.perf_counter()
+    proc = subprocess.run([*TRTBUILD, "pipeline", str(recipe), "-o", str(art)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - start < 10  # interpreter start-up included; the stages themselves cost ~0
+    assert proc.stdout.count(": cached") == 2 and "running" not in proc.stdout, proc.stdout
+    assert "2 cached" in proc.stdout.splitlines()[-1]
+    again = json.loads((art / "index.json").read_text())
+    assert {a["id"]: a["status"] for a in again["artifacts"]} == {
+        "tiny/checkpoint": "cached",
+        "tiny/fp32/onnxruntime/cpu": "cached",
+    }
+    assert {a["id"]: a["digest"] for a in again["artifacts"]} == {a["id"]: a["digest"] for a in index["artifacts"]}
+
+
+def test_changes_rebuild_only_dependent_stages(sources, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in sources["llama_gqa"].iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    recipe = write_recipe(tmp_path / "a.yaml", "tiny", src, formats=[{"name": "fp32"}, {"name": "fp32-long"}])
+    art = tmp_path / "art"
+    assert set(statuses(run([recipe], art)).values()) == {"built"}
+
+    # A build option: both engines are rebuilt, the checkpoint they share is not.
+    data = yaml.safe_load(recipe.read_text())
+    data["build"]["max_seq_len"] = 32
+    recipe.write_text(yaml.safe_dump(data))
+    dry = run([recipe], art, dry_run=True)
+    assert statuses(dry) == {
+        "tiny/checkpoint": "cached",
+        "tiny/fp32/onnxruntime/cpu": "would run",
+        "tiny/fp32-long/onnxruntime/cpu": "would run",
+    }
+    assert "options changed: build.max_seq_len" in dry.outcomes["tiny/fp32/onnxruntime/cpu"].reason
+    result = run([recipe], art)
+    assert statuses(result) == {
+        "tiny/checkpoint": "cached",
+        "tiny/fp32/onnxruntime/cpu": "built",
+        "tiny/fp32-long/onnxruntime/cpu": "built",
+    }
+    assert json.loads((art / "tiny/fp32/onnxruntime/cpu/runtime_config.json").read_text())["build"]["max_seq_len"] == 32
+
+    # The checkpoint dtype: convert and everything after it.
+    data["model"]["dtype"] = "float16"
+    recipe.write_text(yaml.safe_dump(data))
+    assert set(statuses(run([recipe], art)).values()) == {"built"}
+
+    # A source file that does not change the converted checkpoint: convert reruns, its output is byte-identical,
+    # so the engines stay cached (keys use input content, not input timestamps).
+    (src / "README.md").write_text("notes\n")
+    assert statuses(run([recipe], art)) == {
+        "tiny/checkpoint": "built",
+        "tiny/fp32/onnxruntime/cpu": "cached",
+        "tiny/fp32-long/onnxruntime/cpu": "cached",
+    }
+
+    # An edited artifact is noticed and rebuilt; touching a file without changing it is not a change.
+    engine = art / "tiny/fp32/onnxruntime/cpu"
+    os.utime(engine / "runtime_config.json")
+    assert set(statuses(run([recipe], art)).values()) == {"cached"}
+    (engine / "runtime_config.json").write_text("{}")
+    result = run([recipe], art)
+    assert result.outcomes["tiny/fp32/onnxruntime/cpu"].reason == "artifact modified since it was built"
+    assert statuses(result)["tiny/fp32/onnxruntime/cpu"] == "built" and verify_artifacts(art).ok
+
+
+def test_parallel_recipes_share_stages_and_conflicts_are_errors(sources, tmp_path):
+    a = write_recipe(tmp_path / "a.yaml", "llama", sources["llama_gqa"])
+    b = write_recipe(tmp_path / "b.yaml", "gpt2", sources["gpt2"], name="gpt2-b")
+    a2 = write_recipe(tmp_path / "a2.yaml", "llama", sources["llama_gqa"], name="llama-again")
+    art = tmp_path / "art"
+    result = run([a, b, a2], art, jobs=3)
+    assert len(result.outcomes) == 4 and set(statuses(result).values()) == {"built"}
+    assert verify_artifacts(art).ok
+    bad = write_recipe(
+        tmp_path / "c.yaml", "llama", sources["llama_gqa"], name="llama-long", build=dict(BUILD, max_seq_len=16)
+    )
+    with pytest.raises(ConfigError, match="recipes llama and llama-long both make llama/fp32/onnxruntime/cpu"):
+        make_plan([load_recipe(a), load_recipe(bad)])
+    with pytest.raises(ConfigError, match="--target sm90: no recipe has such a target"):
+        make_plan([load_recipe(a)], ("sm90",))
+
+
+def test_failed_stage_fails_clearly_and_keeps_finished_artifacts(sources, tmp_path):
+    good = write_recipe(tmp_path / "good.yaml", "good", sources["llama_gqa"])
+    art = tmp_path / "art"
+    run([good], art)
+    broken_src = tmp_path / "broken"
+    broken_src.mkdir()
+    (broken_src / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
+    (broken_src / "model.safetensors").write_bytes(b"\0" * 16)
+    broken = write_recipe(tmp_path / "broken.yaml", "broken", broken_src)
+    proc = subprocess.run(
+        [*TRTBUILD, "pipeline", str(good), str(broken), "-o", str(art)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    errors = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: convert broken/checkpoint failed:"), proc.stderr
+    assert "Traceback" not in proc.stderr and "convert  broken/checkpoint: FAILED" in proc.stdout
+    index = {a["id"]: a["status"] for a in json.loads((art / "index.json").read_text())["artifacts"]}
+    assert index == {
+        "good/checkpoint": "cached",
+        "good/fp32/onnxruntime/cpu": "cached",
+        "broken/checkpoint": "failed",
+        "broken/fp32/onnxruntime/cpu": "skipped",
+    }
+    assert verify_engine_dir(art / "good/fp32/onnxruntime/cpu").ok
+    assert not (art / "broken").exists()
+
+
+def _medium_model(folder: Path) -> None:
+    """A random Llama big enough (~40 MB) that writing its artifacts takes a while: room to kill mid-write."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(
+        "llama",
+        architectures=["LlamaForCausalLM"],
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=16000,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(folder))
+
+
+@pytest.mark.parametrize("stage", ["convert", "build"])
+def test_sigkill_mid_stage_leaves_nothing_complete_and_next_run_finishes(tmp_path, stage):
+    _medium_model(tmp_path / "src")
+    recipe = write_recipe(tmp_path / "r.yaml", "med", tmp_path / "src")
+    art = tmp_path / "art"
+    final = art / ("med/checkpoint" if stage == "convert" else "med/fp32/onnxruntime/cpu")
+    proc = subprocess.Popen(
+        [*TRTBUILD, "pipeline", str(recipe), "-o", str(art)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if final.parent.is_dir() and any(p.name.startswith(f".{final.name}.tmp-") for p in final.parent.iterdir()):
+                os.kill(proc.pid, signal.SIGKILL)  # the stage is writing its artifact right now
+                break
+            time.sleep(0.001)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the pipeline finished before it could be killed mid-stage"
+    assert not final.exists()  # the artifact is renamed into place only when complete
+    assert not verify_artifacts(art).ok  # no index of a finished run either
+    if stage == "build":
+        assert (art / "med/checkpoint").is_dir()  # the finished stage before it is kept...
+    result = run([recipe], art)
+    assert statuses(result)["med/checkpoint"] == ("built" if stage == "convert" else "cached")  # ...and reused
+    assert verify_artifacts(art).ok and verify_engine_dir(art / "med/fp32/onnxruntime/cpu").ok
+    leftovers = [p for p in art.rglob(".*") if ".tmp-" in p.name]
+    assert not leftovers
+
+
+def test_pipeline_refuses_a_busy_artifacts_dir(sources, tmp_path):
+    import fcntl
+
+    recipe = write_recipe(tmp_path / "a.yaml", "tiny", sources["llama_gqa"])
+    (tmp_path / "art/.pipeline").mkdir(parents=True)
+    with open(tmp_path / "art/.pipeline/lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        with pytest.raises(PipelineError, match="in use by another trtbuild pipeline"):
+            run([recipe], tmp_path / "art")
+
+
+def test_accuracy_gate_compares_with_the_baseline(sources, tmp_path):
+    recipe = write_recipe(
+        tmp_path / "g.yaml",
+        "tiny",
+        sources["llama_gqa"],
+        formats=[{"name": "fp32"}, {"name": "q"}],
+        accuracy_gate={"baseline": "fp32", "max_ppl_increase": 10.0},
+    )
+    plan = make_plan([load_recipe(recipe)])
+    assert [s.kind for s in plan.stages].count(StageKind.EVAL) == 2
+    evals = [s for s in plan.stages if s.kind is StageKind.EVAL]
+    ppl = {"fp32": 10.0, "q": 10.5}
+    outcomes = {
+        s.id: Outcome(s, Status.CACHED, record={"metrics": {"perplexity": ppl[s.labels["format"]]}}) for s in evals
+    }
+    (gate,) = check_gates(PipelineRun(plan, tmp_path, outcomes, 0.0))
+    assert isinstance(gate, GateResult) and gate.passed and gate.format == "q" and "+5.0%" in gate.message
+    ppl["q"] = 11.5
+    outcomes = {
+        s.id: Outcome(s, Status.CACHED, record={"metrics": {"perplexity": ppl[s.labels["format"]]}}) for s in evals
+    }
+    (gate,) = check_gates(PipelineRun(plan, tmp_path, outcomes, 0.0))
+    assert (
+        not gate.passed and "accuracy gate failed: tiny/q/onnxruntime/cpu perplexity 11.500 is +15.0%" in gate.message
+    )
+
+
+def test_quantize_and_eval_stages(tmp_path):
+    pytest.importorskip("modelopt")
+    pytest.importorskip("trtbuild.eval", reason="trtbuild eval has not landed", exc_type=ImportError)
+    from quantize_helpers import calib_file, write_char_tokenizer
+
+    model = make_hf_model("llama_gqa", tmp_path / "hf")
+    write_char_tokenizer(tmp_path / "hf", model.config.vocab_size)  # convert copies it into the checkpoint
+    text = str(calib_file(tmp_path))
+    quant = {"qformat": "int8_sq", "calib_dataset": text, "calib_size": 4, "calib_seq_len": 16}
+    gate = {"baseline": "fp32", "max_ppl_increase": 50.0, "dataset": text, "windows": 2, "seq_len": 32}
+    formats = [{"name": "fp32"}, {"name": "int8_sq", "quantization": quant}]
+    recipe = write_recipe(tmp_path / "q.yaml", "tiny", tmp_path / "hf", accuracy_gate=gate, formats=formats)
+    art = tmp_path / "art"
+    result = run([recipe], art, jobs=2)
+    assert [o.stage.kind.value for o in result.outcomes.values()].count("quantize") == 1
+    assert set(statuses(result).values()) == {"built"}
+    (gate_result,) = result.gates
+    assert gate_result.format == "int8_sq" and gate_result.perplexity > 1 and gate_result.baseline_perplexity > 1
+    index = json.loads((art / "index.json").read_text())
+    evals = [a for a in index["artifacts"] if a["stage"] == "eval"]
+    assert len(evals) == 2 and all(a["metrics"]["perplexity"] > 1 for a in evals)
+    assert index["accuracy_gate"][0]["passed"] and verify_artifacts(art).ok
+    assert json.loads((art / "tiny/int8_sq/checkpoint/config.json").read_text())["quantization"]["qformat"] == "int8_sq"
+
+    # A stricter gate reruns nothing (the threshold is not a stage input) but fails the pipeline. Random weights:
+    # int8 may even score better than fp32, so the baseline is whichever format scored better.
+    data = yaml.safe_load(recipe.read_text())
+    worse_is_int8 = gate_result.perplexity > gate_result.baseline_perplexity
+    data["accuracy_gate"].update(max_ppl_increase=0.0, baseline="fp32" if worse_is_int8 else "int8_sq")
+    recipe.write_text(yaml.safe_dump(data))
+    worse = "int8_sq" if worse_is_int8 else "fp32"
+    with pytest.raises(PipelineError, match=f"accuracy gate failed: tiny/{worse}/onnxruntime/cpu perplexity"):
+        run([recipe], art)
+    index = json.loads((art / "index.json").read_text())
+    assert {a["status"] for a in index["artifacts"]} == {"cached"} and not index["accuracy_gate"][0]["passed"]

@@ -1,0 +1,179 @@
+"""``trtbuild verify`` catches every flipped byte, missing/extra file and version/target mismatch; ``inspect``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tiny_models import make_hf_model
+
+from trtbuild.artifacts.inspect import inspect_path, render_text
+from trtbuild.artifacts.manifest import cpu_target, package_versions
+from trtbuild.artifacts.verify import LocalVersions, verify_artifacts, verify_engine_dir
+from trtbuild.backends.engine_select import local_compute_capability
+from trtbuild.errors import TrtbuildError
+from trtbuild.pipeline.plan import make_plan
+from trtbuild.pipeline.runner import run_pipeline
+from trtbuild.recipe import load_recipe
+
+TRTBUILD = [sys.executable, "-m", "trtbuild.cli"]
+ENGINE = "tiny/fp32/onnxruntime/cpu"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("verify")
+    make_hf_model("qwen2_bias", root / "hf")
+    (root / "hf/tokenizer_config.json").write_text('{"model_max_length": 128}\n')  # copied along to the engine
+    recipe = root / "r.yaml"
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "name": "r",
+                "model": {"name": "tiny", "path": "hf"},
+                "formats": [{"name": "fp32"}],
+                "build": {"max_seq_len": 64, "kv_block_size": 4},
+            }
+        )
+    )
+    run_pipeline(make_plan([load_recipe(recipe)]), root / "art", report=lambda _: None)
+    return root / "art"
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_intact_artifacts_verify(artifacts):
+    assert verify_artifacts(artifacts).ok
+    report = verify_engine_dir(artifacts / ENGINE)
+    assert report.ok and report.checked_files == 5 and report.notes == []  # built here: no version differences
+    proc = subprocess.run([*TRTBUILD, "verify", str(artifacts / ENGINE)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: "), proc.stderr
+
+
+def _all_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_a_flipped_byte_in_any_artifact_file_is_caught(artifacts, tmp_path, where):
+    art = copy(artifacts, tmp_path / "art")
+    files = [f for f in _all_files(art) if not f.startswith(".pipeline/") and f != "index.json"]
+    assert {f"{ENGINE}/manifest.json", "tiny/checkpoint/rank0.safetensors", f"{ENGINE}/tokenizer_config.json"} <= set(
+        files
+    )
+    for rel in files:
+        path = art / rel
+        original = path.read_bytes()
+        flip(path, {"start": 0, "middle": len(original) // 2, "end": -1}[where])
+        report = verify_artifacts(art)
+        assert not report.ok, rel
+        assert any(str(path) in p or "manifest.json" in p for p in report.problems), (rel, report.problems)
+        if rel.startswith(ENGINE):  # the engine directory alone catches it too (manifest.json via index.json)
+            assert not verify_engine_dir(art / ENGINE).ok, rel
+        path.write_bytes(original)
+    assert verify_artifacts(art).ok
+
+
+def test_missing_extra_and_incomplete_files(artifacts, tmp_path):
+    engine = copy(artifacts / ENGINE, tmp_path / "engine")  # outside any index: the manifest alone
+    (engine / "engines/onnxruntime-cpu/model.onnx.data").unlink()
+    (engine / "notes.txt").write_text("x")
+    problems = verify_engine_dir(engine).problems
+    assert len(problems) == 2, problems
+    assert problems[0].endswith("model.onnx.data: missing") and "notes.txt: unexpected file" in problems[1]
+    (engine / "manifest.json").unlink()  # what a killed build leaves: files without a manifest
+    assert "(an incomplete or interrupted build" in verify_engine_dir(engine).problems[0]
+    assert "no such engine directory" in verify_engine_dir(tmp_path / "nope").problems[0]
+    proc = subprocess.run([*TRTBUILD, "verify", str(engine)], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stderr.splitlines()[0].startswith("problem: ")
+
+
+def test_version_and_target_mismatches(artifacts, tmp_path):
+    engine = copy(artifacts / ENGINE, tmp_path / "engine")
+    here = LocalVersions.detect()
+    ort = here.packages["onnxruntime"]
+    major, minor, *_ = ort.split(".")
+    newer = LocalVersions({**here.packages, "onnxruntime": f"{major}.{int(minor) + 1}.0"}, here.cpu_target)
+    (problem,) = verify_engine_dir(engine, newer).problems
+    assert problem == f"onnxruntime {major}.{int(minor) + 1}.0 here, engine built with {ort} (major.minor must match)"
+    patch = LocalVersions({**here.packages, "onnxruntime": f"{major}.{minor}.99", "torch": "9.9"}, here.cpu_target)
+    report = verify_engine_dir(engine, patch)
+    assert report.ok and report.notes == [f"torch 9.9 here, {here.packages['torch']} at build time"]
+    other = LocalVersions(here.packages, "cpu-aarch64-darwin")
+    assert verify_engine_dir(engine, other).problems == [
+        f"built for {cpu_target()}, this machine is cpu-aarch64-darwin"
+    ]
+
+    manifest = json.loads((engine / "manifest.json").read_text())  # and through the CLI, with this machine's facts
+    manifest["versions"]["onnxruntime"] = "1.0.0"
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    proc = subprocess.run([*TRTBUILD, "verify", str(engine)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.splitlines()[0]
+        == f"problem: onnxruntime {ort} here, engine built with 1.0.0 (major.minor must match)"
+    )
+
+
+@pytest.mark.skipif(local_compute_capability() is not None, reason="checks the message of a machine without a GPU")
+def test_tensorrt_engines_are_checked_against_this_machine(artifacts, tmp_path):
+    engine = copy(artifacts / ENGINE, tmp_path / "engine")
+    manifest = json.loads((engine / "manifest.json").read_text())
+    manifest["engines"] = [
+        {
+            "backend": "tensorrt",
+            "target": "sm90",
+            "path": "engines/tensorrt-sm90/engine.plan",
+            "tensorrt_version": "10.9.0",
+            "plugin_version": "1",
+        }
+    ]
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    problems = verify_engine_dir(engine).problems
+    assert problems == ["tensorrt sm90, TensorRT 10.9.0, plugin 1: needs an NVIDIA GPU, this machine has none"]
+
+
+def test_inspect_checkpoint_and_engine(artifacts):
+    ckpt = inspect_path(artifacts / "tiny/checkpoint")
+    assert ckpt["kind"] == "checkpoint" and ckpt["config"]["architecture"] == "Qwen2ForCausalLM"
+    assert ckpt["quantization"] is None
+    tensors = {t["name"]: t for t in ckpt["tensors"]}
+    assert tensors["layers.0.attn.qkv.bias"] == {
+        "name": "layers.0.attn.qkv.bias",
+        "dtype": "F32",
+        "shape": [80],
+        "bytes": 320,
+    }
+    assert sum(ckpt["files"].values()) == sum(f.stat().st_size for f in (artifacts / "tiny/checkpoint").iterdir())
+
+    eng = inspect_path(artifacts / ENGINE)
+    assert (eng["kind"], eng["backend"], eng["target"]) == ("engine", "onnxruntime", cpu_target())
+    assert eng["portable_op_counts"]["trtbuild::PagedAttention"] == 2 and eng["op_counts"]["MatMul"] > 0
+    assert eng["versions"]["onnxruntime"] == package_versions()["onnxruntime"]
+    assert eng["build_options"]["max_seq_len"] == 64 and "manifest.json" in eng["files"]
+    assert any(t["name"] == "embed.weight" and t["shape"] == [101, 48] for t in eng["tensors"])
+    text = render_text(eng)
+    assert "trtbuild::PagedAttention" in text and "embed.weight" in text and "quantization: none" in text
+
+    proc = subprocess.run([*TRTBUILD, "inspect", str(artifacts / ENGINE), "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["manifest"]["backend"] == "onnxruntime"
+    with pytest.raises(TrtbuildError, match="neither a checkpoint"):
+        inspect_path(artifacts / "tiny")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([*TRTBUILD, "inspect", str(artifacts / "nope")], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such directory" in proc.stderr

@@ -1,0 +1,53 @@
+"""``trtbuild pipeline RECIPE... -o ARTIFACTS_DIR [--jobs N] [--dry-run] [--target T]``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="artifacts directory (reused between runs: unchanged stages are cached)",
+)
+@click.option(
+    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="stages run at the same time"
+)
+@click.option("--dry-run", is_flag=True, help="show which stages would run and why, run nothing")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    help="only these targets: an arch (cpu, sm90), a backend (tensorrt) or backend/arch; repeatable",
+)
+def pipeline(recipes: tuple[Path, ...], output: Path, jobs: int, dry_run: bool, targets: tuple[str, ...]) -> None:
+    """Convert, quantize, build and evaluate every format x target of the RECIPES into ARTIFACTS_DIR.
+
+    Each stage is cached by the content hash of its inputs and options: a second run with nothing changed does no
+    work, and a changed option reruns only the stages that depend on it. Writes ARTIFACTS_DIR/index.json.
+    """
+    from ..pipeline.plan import make_plan
+    from ..pipeline.runner import Status, run_pipeline
+    from ..recipe import load_recipe
+
+    plan = make_plan([load_recipe(p) for p in recipes], targets)
+    stdout = sys.stdout  # bound now: a library that redirects sys.stdout while a stage runs cannot swallow progress
+    run = run_pipeline(plan, output, jobs=jobs, dry_run=dry_run, report=lambda line: click.echo(line, file=stdout))
+    for gate in run.gates:
+        click.echo(gate.message)
+    counts: dict[Status, int] = {}
+    for outcome in run.outcomes.values():
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    summary = ", ".join(f"{n} {status.value}" for status, n in counts.items())
+    where = "" if dry_run else f" -> {output / 'index.json'}"
+    click.echo(
+        f"{'dry run' if dry_run else 'pipeline'}: {len(plan.stages)} stages ({summary}) in {run.seconds:.1f}s{where}"
+    )

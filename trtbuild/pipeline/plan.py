@@ -1,0 +1,147 @@
+"""The stage graph of one or more recipes: convert -> (quantize) -> build -> (eval), one stage per artifact.
+
+Every stage writes exactly one artifact, named by its path relative to ARTIFACTS_DIR (the stage id)::
+
+    <model>/checkpoint                          convert: the source in the model's dtype
+    <model>/<format>/checkpoint                 quantize: formats with a quantization section
+    <model>/<format>/<backend>/<arch>           build: an engine directory (manifest.json inside)
+    <model>/<format>/<backend>/<arch>.eval.json eval: recipes with an accuracy gate
+
+Recipes that ask for the same artifact share its stage; asking for it with different options is an error.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..configio import to_dict
+from ..errors import ConfigError
+from ..recipe import AccuracyGate, FormatSpec, Recipe, TargetSpec
+
+CHECKPOINT_DIR = "checkpoint"  # reserved: never a format name
+
+
+class StageKind(enum.Enum):
+    CONVERT = "convert"
+    QUANTIZE = "quantize"
+    BUILD = "build"
+    EVAL = "eval"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One node of the graph. ``options`` is plain JSON data: it goes into the cache key verbatim."""
+
+    kind: StageKind
+    id: str  # the artifact path relative to ARTIFACTS_DIR
+    deps: tuple[str, ...]  # ids of the stages whose artifacts this one reads, in argument order
+    options: dict[str, Any]
+    source: Path | None = None  # convert only: the model source file or folder
+    labels: dict[str, str] = field(default_factory=dict)  # model / format / backend / target, for index.json
+
+    def describe(self) -> str:
+        return f"{self.kind.value} {self.id}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Stages in dependency order, plus the recipes they came from."""
+
+    stages: list[Stage]
+    recipes: list[Recipe]
+
+    def by_id(self) -> dict[str, Stage]:
+        return {s.id: s for s in self.stages}
+
+
+def _matches(target: TargetSpec, filters: tuple[str, ...]) -> bool:
+    return not filters or target.arch in filters or target.label in filters or target.backend.value in filters
+
+
+def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Plan:
+    """The stages of ``recipes`` restricted to targets matching ``target_filters`` (arch, backend or backend/arch)."""
+    stages: dict[str, Stage] = {}
+    owner: dict[str, str] = {}
+
+    def add(stage: Stage, recipe: Recipe) -> str:
+        old = stages.get(stage.id)
+        if old is None:
+            stages[stage.id] = stage
+            owner[stage.id] = recipe.name
+        elif (old.kind, old.deps, old.options, old.source) != (stage.kind, stage.deps, stage.options, stage.source):
+            raise ConfigError(
+                f"recipes {owner[stage.id]} and {recipe.name} both make {stage.id}, with different "
+                "options (give the models or formats different names)"
+            )
+        return stage.id
+
+    matched = False
+    for recipe in recipes:
+        targets = [t for t in recipe.targets if _matches(t, target_filters)]
+        matched = matched or bool(targets)
+        if not targets:
+            continue
+        model = recipe.model.name
+        source = recipe.model.resolve()
+        ckpt = add(
+            Stage(
+                StageKind.CONVERT,
+                f"{model}/{CHECKPOINT_DIR}",
+                (),
+                {"dtype": recipe.model.dtype.value},
+                source=source,
+                labels={"model": model},
+            ),
+            recipe,
+        )
+        for fmt in recipe.formats:
+            fmt_ckpt = _format_checkpoint(recipe, fmt, ckpt, add)
+            for target in targets:
+                labels = {"model": model, "format": fmt.name, "backend": target.backend.value, "target": target.arch}
+                build_opts = {"build": to_dict(recipe.build_for(target)), "arch": target.arch}
+                engine = add(
+                    Stage(
+                        StageKind.BUILD, f"{model}/{fmt.name}/{target.label}", (fmt_ckpt,), build_opts, labels=labels
+                    ),
+                    recipe,
+                )
+                if recipe.accuracy_gate is not None:
+                    add(
+                        Stage(
+                            StageKind.EVAL,
+                            f"{engine}.eval.json",
+                            (engine,),
+                            eval_options(recipe.accuracy_gate),
+                            labels=labels,
+                        ),
+                        recipe,
+                    )
+    if target_filters and not matched:
+        raise ConfigError(f"--target {', '.join(target_filters)}: no recipe has such a target")
+    return Plan(list(stages.values()), recipes)
+
+
+def _format_checkpoint(recipe: Recipe, fmt: FormatSpec, ckpt: str, add: Any) -> str:
+    if fmt.name == CHECKPOINT_DIR:
+        raise ConfigError(f"recipe {recipe.name}: format name {CHECKPOINT_DIR!r} is reserved")
+    if fmt.quantization is None:
+        return ckpt
+    labels = {"model": recipe.model.name, "format": fmt.name}
+    return add(
+        Stage(
+            StageKind.QUANTIZE,
+            f"{recipe.model.name}/{fmt.name}/{CHECKPOINT_DIR}",
+            (ckpt,),
+            {"quantization": to_dict(fmt.quantization)},
+            labels=labels,
+        ),
+        recipe,
+    )
+
+
+def eval_options(gate: AccuracyGate) -> dict[str, Any]:
+    """What the eval stage measures (the gate's threshold is checked afterwards and is not part of the key)."""
+    return {"dataset": gate.dataset, "windows": gate.windows, "seq_len": gate.seq_len}

