@@ -316,3 +316,9 @@ def test_quantize_and_eval_stages(tmp_path):
         run([recipe], art)
     index = json.loads((art / "index.json").read_text())
     assert {a["status"] for a in index["artifacts"]} == {"cached"} and not index["accuracy_gate"][0]["passed"]
+
+    # The calibration text is a file: its content is an input of quantize (and of the evals that read it too).
+    Path(text).write_text(Path(text).read_text() + "\n\nMore text.\n")
+    dry = statuses(run([recipe], art, dry_run=True))
+    assert dry["tiny/int8_sq/checkpoint"] == "would run" and dry["tiny/checkpoint"] == "cached"
+    assert dry["tiny/fp32/onnxruntime/cpu"] == "cached" and dry["tiny/fp32/onnxruntime/cpu.eval.json"] == "would run"

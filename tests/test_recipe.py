@@ -61,10 +61,15 @@ def test_shipped_recipes_load():
 
 
 def test_recipe_round_trips_and_resolves_relative_paths(tmp_path):
-    recipe = load_recipe(write(tmp_path, GOOD))
+    (tmp_path / "calib.txt").write_text("text\n")
+    recipe = load_recipe(write(tmp_path, _set(GOOD, "formats.1.quantization.calib_dataset", "calib.txt")))
     assert recipe.model.path == tmp_path / "model-dir" and recipe.model.dtype is DType.FLOAT16
+    assert recipe.format("int8").quantization.calib_dataset == str(tmp_path / "calib.txt")  # a file: made absolute
+    assert recipe.accuracy_gate.dataset == "lee_news"  # a dataset name stays a name
     assert recipe.build.max_seq_len == 256 and recipe.build_for(recipe.targets[1]).backend is Backend.TENSORRT
-    assert recipe.format("int8").quantization == QuantConfig(QFormat.INT8_SQ, calib_size=8)
+    assert recipe.format("int8").quantization == QuantConfig(
+        QFormat.INT8_SQ, calib_size=8, calib_dataset=str(tmp_path / "calib.txt")
+    )
     assert from_dict(Recipe, recipe_to_dict(recipe), "recipe") == recipe
     assert recipe_quant_config(recipe, None).qformat is QFormat.INT8_SQ
     with pytest.raises(ConfigError, match="format 'fp32' has no quantization section"):

@@ -3,7 +3,8 @@
 A recipe names one model source, the formats to make of it (each an optional ``QuantConfig``), the engine targets
 (backend + hardware), the ``BuildConfig`` shared by every engine and an optional accuracy gate. ``trtbuild pipeline``
 runs every format x target of it; ``trtbuild convert/quantize/build --recipe`` take their defaults from it.
-``recipes/template.yaml`` documents every key. Relative model paths are relative to the recipe file.
+``recipes/template.yaml`` documents every key. Relative paths (the model source, calibration and evaluation texts
+given as files) are relative to the recipe file.
 """
 
 from __future__ import annotations
@@ -176,10 +177,28 @@ def load_recipe(path: Path) -> Recipe:
         recipe = from_dict(Recipe, data, "recipe")
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+    return _relative_to(recipe, path.parent)
+
+
+def _relative_to(recipe: Recipe, base: Path) -> Recipe:
+    """Resolve the recipe's relative paths (the model source, datasets given as files) against ``base``."""
+
+    def dataset(value: str) -> str:
+        return str(base / value) if not Path(value).is_absolute() and (base / value).is_file() else value
+
     model = recipe.model
     if model.path is not None and not model.path.is_absolute():
-        recipe = replace(recipe, model=replace(model, path=path.parent / model.path))
-    return recipe
+        model = replace(model, path=base / model.path)
+    formats = [
+        f
+        if f.quantization is None
+        else replace(f, quantization=replace(f.quantization, calib_dataset=dataset(f.quantization.calib_dataset)))
+        for f in recipe.formats
+    ]
+    gate = recipe.accuracy_gate
+    if gate is not None:
+        gate = replace(gate, dataset=dataset(gate.dataset))
+    return replace(recipe, model=model, formats=formats, accuracy_gate=gate)
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:

@@ -40,6 +40,7 @@ class Stage:
     deps: tuple[str, ...]  # ids of the stages whose artifacts this one reads, in argument order
     options: dict[str, Any]
     source: Path | None = None  # convert only: the model source file or folder
+    data_files: tuple[Path, ...] = ()  # other files it reads (datasets given as paths): their content is an input
     labels: dict[str, str] = field(default_factory=dict)  # model / format / backend / target, for index.json
 
     def describe(self) -> str:
@@ -71,7 +72,7 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
         if old is None:
             stages[stage.id] = stage
             owner[stage.id] = recipe.name
-        elif (old.kind, old.deps, old.options, old.source) != (stage.kind, stage.deps, stage.options, stage.source):
+        elif old != stage:  # same artifact, other options or inputs
             raise ConfigError(
                 f"recipes {owner[stage.id]} and {recipe.name} both make {stage.id}, with different "
                 "options (give the models or formats different names)"
@@ -108,17 +109,17 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
                     ),
                     recipe,
                 )
-                if recipe.accuracy_gate is not None:
-                    add(
-                        Stage(
-                            StageKind.EVAL,
-                            f"{engine}.eval.json",
-                            (engine,),
-                            eval_options(recipe.accuracy_gate),
-                            labels=labels,
-                        ),
-                        recipe,
+                gate = recipe.accuracy_gate
+                if gate is not None:
+                    eval_stage = Stage(
+                        StageKind.EVAL,
+                        f"{engine}.eval.json",
+                        (engine,),
+                        eval_options(gate),
+                        data_files=_data_files(gate.dataset),
+                        labels=labels,
                     )
+                    add(eval_stage, recipe)
     if target_filters and not matched:
         raise ConfigError(f"--target {', '.join(target_filters)}: no recipe has such a target")
     return Plan(list(stages.values()), recipes)
@@ -130,16 +131,15 @@ def _format_checkpoint(recipe: Recipe, fmt: FormatSpec, ckpt: str, add: Any) -> 
     if fmt.quantization is None:
         return ckpt
     labels = {"model": recipe.model.name, "format": fmt.name}
-    return add(
-        Stage(
-            StageKind.QUANTIZE,
-            f"{recipe.model.name}/{fmt.name}/{CHECKPOINT_DIR}",
-            (ckpt,),
-            {"quantization": to_dict(fmt.quantization)},
-            labels=labels,
-        ),
-        recipe,
-    )
+    stage_id = f"{recipe.model.name}/{fmt.name}/{CHECKPOINT_DIR}"
+    options = {"quantization": to_dict(fmt.quantization)}
+    files = _data_files(fmt.quantization.calib_dataset)
+    return add(Stage(StageKind.QUANTIZE, stage_id, (ckpt,), options, data_files=files, labels=labels), recipe)
+
+
+def _data_files(dataset: str) -> tuple[Path, ...]:
+    """A dataset given as a file path (not a dataset name) is read by the stage: its content joins the key."""
+    return (Path(dataset),) if Path(dataset).is_file() else ()
 
 
 def eval_options(gate: AccuracyGate) -> dict[str, Any]:

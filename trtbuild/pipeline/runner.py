@@ -103,10 +103,10 @@ class _Runner:
                 }
         else:
             inputs = {dep: self.digests[dep] for dep in stage.deps}
-        for name in ("calib_dataset", "dataset"):  # a dataset given as a file path is an input too
-            value = stage.options.get("quantization", stage.options).get(name)
-            if isinstance(value, str) and Path(value).is_file():
-                inputs[name] = self.hashes.sha256(Path(value))
+        for path in stage.data_files:
+            if not path.is_file():
+                raise StageError(f"{stage.describe()}: data file {path} not found")
+            inputs[f"file:{path.name}"] = self.hashes.sha256(path)
         return inputs
 
     def describe_key(self, stage: Stage) -> dict[str, Any]:
@@ -166,6 +166,7 @@ class _Runner:
         for stage in self.plan.stages:
             if any(outcomes[d].status is Status.WOULD_RUN for d in stage.deps):
                 outcomes[stage.id] = Outcome(stage, Status.WOULD_RUN, reason="an input will be rebuilt")
+                self._progress(stage, "would run (an input will be rebuilt)", count=True)
                 continue
             key = sha256_text(canonical_json(self.describe_key(stage)))
             rec, why = self.cached(stage, key)
@@ -199,7 +200,7 @@ class _Runner:
                     self._finish(outcome)
         for stage in pending:
             outcomes[stage.id] = Outcome(stage, Status.SKIPPED, reason="an earlier stage failed")
-        return outcomes
+        return {s.id: outcomes[s.id] for s in self.plan.stages}  # plan order, not completion order
 
     def _guarded(self, stage: Stage) -> Outcome:
         start = time.perf_counter()

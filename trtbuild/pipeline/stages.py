@@ -135,14 +135,19 @@ def _stage_to_dict(stage: Stage) -> dict[str, Any]:
     data = asdict(stage)
     data["kind"] = stage.kind.value
     data["source"] = None if stage.source is None else str(stage.source)
+    data["data_files"] = [str(p) for p in stage.data_files]
     return data
 
 
 def _stage_from_dict(data: dict[str, Any]) -> Stage:
-    source = data.pop("source")
     return Stage(
-        **{**data, "kind": StageKind(data["kind"]), "deps": tuple(data["deps"])},
-        source=None if source is None else Path(source),
+        kind=StageKind(data["kind"]),
+        id=data["id"],
+        deps=tuple(data["deps"]),
+        options=data["options"],
+        source=None if data["source"] is None else Path(data["source"]),
+        data_files=tuple(Path(p) for p in data["data_files"]),
+        labels=data["labels"],
     )
 
 
