@@ -21,7 +21,7 @@ import onnx
 from .artifacts.atomic import atomic_output_dir
 from .artifacts.manifest import cpu_target, sha256_file, write_manifest
 from .checkpoint import WEIGHTS_FILE
-from .config import Backend, BuildConfig, EngineIO, RuntimeConfig
+from .config import Backend, BuildConfig, EngineIO, PerplexityGate, RuntimeConfig
 from .configio import to_dict
 from .convert.convert import TOKENIZER_FILES
 from .errors import BuildError
@@ -36,6 +36,7 @@ class BuildResult:
     portable_op_counts: dict[str, int]
     engine_op_counts: dict[str, int]
     seconds: float
+    accuracy_gate: dict[str, float] | None = None  # perplexities and increase when built with a gate
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
@@ -44,11 +45,24 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
-def build_engine(ckpt_dir: Path, engine_dir: Path, build: BuildConfig, *, overwrite: bool = False) -> BuildResult:
-    """Build ``engine_dir`` from the checkpoint at ``ckpt_dir``."""
+def build_engine(
+    ckpt_dir: Path,
+    engine_dir: Path,
+    build: BuildConfig,
+    *,
+    overwrite: bool = False,
+    gate: PerplexityGate | None = None,
+) -> BuildResult:
+    """Build ``engine_dir`` from the checkpoint at ``ckpt_dir``.
+
+    With a ``gate``, the finished engine is evaluated against the reference engine before it is moved into place;
+    when its perplexity rose too far the build raises ``BuildError`` and leaves no engine directory.
+    """
     start = time.perf_counter()
     if build.backend is not Backend.ONNXRUNTIME:
         raise BuildError(f"backend {build.backend.value} is not available in this build stage")
+    if gate is not None and not (gate.ref_engine / "runtime_config.json").is_file():
+        raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
     from .quantize.layout import load_any_checkpoint
 
     model_cfg, weights = load_any_checkpoint(ckpt_dir)
@@ -77,6 +91,11 @@ def build_engine(ckpt_dir: Path, engine_dir: Path, build: BuildConfig, *, overwr
         for name in TOKENIZER_FILES:
             if (ckpt_dir / name).is_file():
                 shutil.copyfile(ckpt_dir / name, tmp / name)
+        gate_result = None
+        if gate is not None:
+            from .eval import check_gate
+
+            gate_result = check_gate(tmp, gate).as_dict()
         write_manifest(
             tmp,
             backend=build.backend.value,
@@ -84,5 +103,6 @@ def build_engine(ckpt_dir: Path, engine_dir: Path, build: BuildConfig, *, overwr
             build_options=to_dict(build),
             checkpoint={name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)},
             graph={"portable_op_counts": portable_counts, "engine_op_counts": engine_counts},
+            **({"accuracy_gate": gate_result} if gate_result is not None else {}),
         )
-    return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - start)
+    return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - start, gate_result)

@@ -182,6 +182,37 @@ class BuildConfig:
 
 
 @dataclass(frozen=True)
+class EvalConfig:
+    """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split."""
+
+    dataset: str = field(
+        default="lee_news", metadata={"help": "dataset name (its evaluation split) or text/JSONL path"}
+    )
+    windows: int = field(default=8, metadata={"help": "number of windows"})
+    seq_len: int = field(default=512, metadata={"help": "tokens per window"})
+
+    def __post_init__(self) -> None:
+        if self.windows <= 0:
+            raise ValueError("windows must be positive")
+        if self.seq_len < 2:
+            raise ValueError("seq_len must be at least 2")
+
+
+@dataclass(frozen=True)
+class PerplexityGate:
+    """``trtbuild build --accuracy-gate REF_ENGINE_DIR --max-ppl-increase PCT``: the build fails, leaving no engine,
+    when the new engine's perplexity is more than ``max_ppl_increase`` percent above the reference engine's."""
+
+    ref_engine: Path
+    max_ppl_increase: float  # percent: 1.0 allows perplexity up to 1.01 x the reference's
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_ppl_increase < 0:
+            raise ValueError("max_ppl_increase must be >= 0")
+
+
+@dataclass(frozen=True)
 class EngineIO:
     """Tensor names of an engine's graph inputs/outputs (one KV cache pair per layer)."""
 

@@ -13,8 +13,10 @@ from ..errors import TrtbuildError
 from .bench import bench
 from .build import build
 from .convert import convert
+from .eval import eval_command
 from .inspect import inspect
 from .pipeline import pipeline
+from .quantize import quantize
 from .run import run
 from .verify import verify
 
@@ -26,7 +28,9 @@ def cli() -> None:
 
 
 cli.add_command(convert)
+cli.add_command(quantize)
 cli.add_command(build)
+cli.add_command(eval_command)
 cli.add_command(run)
 cli.add_command(bench)
 cli.add_command(pipeline)

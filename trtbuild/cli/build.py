@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..config import BuildConfig
+from ..config import BuildConfig, PerplexityGate
+from ..configio import from_dict
 from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
@@ -17,7 +18,33 @@ from .options import config_with_defaults, dataclass_options, load_recipe_option
 @dataclass_options(BuildConfig)
 @recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
-def build(ckpt_dir: Path, output: Path, recipe: Path | None, overwrite: bool, **options: object) -> None:
+@click.option(
+    "--accuracy-gate",
+    "accuracy_gate",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="REF_ENGINE_DIR",
+    help="evaluate the new engine against this reference engine (perplexity, lee_news evaluation split, "
+    "8 x 512 tokens) and fail, leaving no engine, when it rose more than --max-ppl-increase",
+)
+@click.option(
+    "--max-ppl-increase",
+    "max_ppl_increase",
+    type=float,
+    default=1.0,
+    show_default=True,
+    metavar="PCT",
+    help="largest allowed perplexity increase over the reference engine, in percent",
+)
+def build(
+    ckpt_dir: Path,
+    output: Path,
+    recipe: Path | None,
+    overwrite: bool,
+    accuracy_gate: Path | None,
+    max_ppl_increase: float,
+    **options: object,
+) -> None:
     """Build an engine directory from a checkpoint.
 
     With --recipe, the recipe's build section supplies the defaults (and its backend, when all its targets share
@@ -31,9 +58,18 @@ def build(ckpt_dir: Path, output: Path, recipe: Path | None, overwrite: bool, **
         backends = {t.backend for t in spec.targets}
         defaults = replace(spec.build, backend=backends.pop()) if len(backends) == 1 else spec.build
     cfg = config_with_defaults(BuildConfig, options, defaults)
-    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite)
+    gate = None
+    if accuracy_gate is not None:
+        gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})
+    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
     click.echo(
         f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "
         f"({sum(result.engine_op_counts.values())} nodes; portable graph: {plugin_nodes} PagedAttention)"
     )
+    if result.accuracy_gate is not None:
+        g = result.accuracy_gate
+        click.echo(
+            f"accuracy gate passed: perplexity {g['perplexity']:.3f} vs {g['reference_perplexity']:.3f} "
+            f"({g['increase_pct']:+.2f}%, limit +{g['max_increase_pct']:g}%)"
+        )

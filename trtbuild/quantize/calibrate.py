@@ -45,17 +45,29 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig) -> dict[str, Any]:
     if qcfg.kv_cache_dtype in KV_NUM_BITS:
         kv = {"num_bits": KV_NUM_BITS[qcfg.kv_cache_dtype], "axis": None}
         config["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv})
-    for name in excluded_linears(cfg, qcfg.exclude):
+    excluded = excluded_linears(cfg, qcfg.exclude)
+    if "lm_head" not in excluded:  # modelopt's configs keep lm_head in float: enable it like the other linears
+        for entry in list(config["quant_cfg"]):
+            if entry.get("quantizer_name") in ("*weight_quantizer", "*input_quantizer"):
+                config["quant_cfg"].append(
+                    {**copy.deepcopy(entry), "quantizer_name": "lm_head." + entry["quantizer_name"][1:]}
+                )
+    for name in excluded:
         for module in hf_modules(name):
             config["quant_cfg"].append({"quantizer_name": f"{module}.*", "enable": False})
     return config
 
 
 def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarray, *, progress: bool = True) -> Any:
-    """Quantize ``model`` in place with modelopt, calibrating on ``samples`` ``[n, L]`` token ids; returns it."""
-    import modelopt.torch.quantization as mtq
+    """Quantize ``model`` in place with modelopt, calibrating on ``samples`` ``[n, L]`` token ids; returns it.
+
+    With no samples, modelopt calibrates the weights alone (weight-only round-to-nearest)."""
     import torch
     from tqdm import tqdm
+
+    with warnings.catch_warnings():  # modelopt warns that it was not tested with this transformers version
+        warnings.simplefilter("ignore")
+        import modelopt.torch.quantization as mtq
 
     passes = iter(range(1, 100))
 
@@ -67,7 +79,7 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
 
     with warnings.catch_warnings(), _quiet(progress):
         warnings.simplefilter("ignore")
-        mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop)
+        mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if len(samples) else None)
         unify_fused_groups(model, cfg)
     return model
 

@@ -5,7 +5,8 @@ A quantized checkpoint is a float checkpoint (``convert.layout``) whose quantize
 the KV cache is quantized. SmoothQuant/AWQ pre-quant scales are folded where a preceding op can absorb them
 exactly: into ``input_norm`` for ``attn.qkv``, into ``post_attn_norm`` for ``mlp.gate_up`` and into the up rows'
 weight scales of ``mlp.gate_up`` for ``mlp.down``; ``attn.out`` keeps an explicit ``pre_quant_scale`` (its input,
-the attention output, is only linear per KV head, which GQA shares across query heads).
+the attention output, is only linear per KV head, which GQA shares across query heads), and so does an untied
+``lm_head`` when it is not excluded (the final norm also feeds nothing else, but one Mul on a few rows is cheap).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .calibrate import excluded_linears
 from .formats import FORMATS, Numeric, unpack_int4
 from .hf_model import canonical_linears
 
-UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)  # canonical linears whose smoothing stays an explicit Mul
+UNFOLDED_PRE_QUANT_SCALE = ("attn.out", "lm_head")  # canonical linears whose smoothing stays an explicit Mul
 
 
 def quantized_linears(cfg: ModelConfig) -> list[str]:

@@ -25,7 +25,7 @@ from ..artifacts.atomic import atomic_output_dir
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import KVCacheDType, ModelConfig, QuantConfig
 from ..convert.convert import TOKENIZER_FILES, TORCH_DTYPES
-from ..errors import TrtbuildError
+from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
 from .formats import FORMATS, Numeric, export_linear
 from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
@@ -60,9 +60,11 @@ def quantize(
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise TrtbuildError(f"{out}: already exists (use --overwrite to replace it)")
     with _float_checkpoint(src) as ckpt_dir:
+        if (ckpt_dir / "config.json").is_file():
+            check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
         check_request(cfg, qcfg)
-        samples = calibration_samples(ckpt_dir, qcfg, cache_dir)
+        samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
         model = build_hf_model(cfg, weights)
         t = time.perf_counter()
         calibrate(model, cfg, qcfg, samples, progress=progress)
@@ -99,6 +101,19 @@ def _float_checkpoint(src: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="trtbuild-quantize-") as tmp:
         convert(src, Path(tmp) / "ckpt")
         yield Path(tmp) / "ckpt"
+
+
+def needs_data(qcfg: QuantConfig) -> bool:
+    """Whether calibration runs the model: weight-only round-to-nearest with a float KV cache reads weights only."""
+    spec = FORMATS[qcfg.qformat]
+    return spec.activations is not None or spec.smoothing or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
+
+
+def _load_config(ckpt_dir: Path) -> ModelConfig:
+    try:
+        return ModelConfig.load(ckpt_dir)
+    except ConfigError as e:
+        raise TrtbuildError(f"{ckpt_dir}: invalid checkpoint config: {e}") from None
 
 
 def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
@@ -174,9 +189,11 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
                 scale = tensors[p + "mlp.gate_up.weight_scale"]
                 assert scale.ndim >= 1, "per-tensor weight scales cannot absorb a pre-quant scale"
                 scale[i:] *= pqs if scale.ndim == 1 else pqs[:, None]
-        for linear in UNFOLDED_PRE_QUANT_SCALE:
-            if spec.smoothing and p + linear + ".weight_scale" in tensors:
-                tensors.setdefault(p + linear + ".pre_quant_scale", torch.ones(cfg.num_heads * cfg.head_size))
+    if spec.smoothing:  # a module whose smoothing search gave up has no pre-quant scale: use ones
+        for prefix in quantized_linears(cfg):
+            if prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
+                width = weights[prefix + ".weight"].shape[1]
+                tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
     if q.kv_cache_dtype in KV_NUM_BITS:
         for n in range(cfg.num_layers):
             attn = model.get_submodule(f"model.layers.{n}.self_attn")

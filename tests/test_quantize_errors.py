@@ -1,0 +1,68 @@
+"""Bad input to ``trtbuild quantize``: one clear error line, exit status 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from quantize_helpers import calib_file, tiny_checkpoint
+from test_cli_errors import assert_clean_failure, run_cli
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("qerr")
+    _, llama = tiny_checkpoint(root, "llama_gqa")
+    _, gpt2 = tiny_checkpoint(root, "gpt2")
+    (root / "empty.txt").write_text("\n\n  \n")
+    (root / "bad.jsonl").write_text('{"text": "fine"}\n{"txt": "no text key"}\n')
+    return {
+        "llama": llama,
+        "gpt2": gpt2,
+        "calib": calib_file(root),
+        "empty": root / "empty.txt",
+        "bad_jsonl": root / "bad.jsonl",
+        "missing": root / "missing.txt",
+    }
+
+
+CASES = {
+    "unknown qformat": (["--qformat", "int3"], "'int3' is not one of int8_sq, fp8, int8_wo, int4_wo, int4_awq"),
+    "group size": (
+        ["--qformat", "int4_awq", "--group-size", "48"],
+        "--group-size 48 does not divide the 64 in-features of layers.0.attn.qkv",
+    ),
+    "empty calibration file": (["--qformat", "int8_sq", "--calib-dataset", "{empty}"], "no text in the calibration"),
+    "missing calibration file": (["--qformat", "int8_sq", "--calib-dataset", "{missing}"], "no such dataset file"),
+    "bad jsonl": (["--qformat", "int8_sq", "--calib-dataset", "{bad_jsonl}"], "bad.jsonl:2: expected an object with"),
+    "architecture": (["--qformat", "fp8", "--src", "gpt2"], "architecture GPT2LMHeadModel is not supported"),
+    "nothing left": (["--qformat", "int8_wo", "--exclude", "*"], "leaves no linear layer to quantize"),
+    "bad size": (["--qformat", "int8_wo", "--calib-size", "0"], "calib_size must be positive"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_quantize_rejects(sources, tmp_path, case):
+    args, needle = CASES[case]
+    args = [a.format(**{k: str(v) for k, v in sources.items()}) for a in args]
+    src = sources["llama"]
+    if "--src" in args:
+        i = args.index("--src")
+        src = sources[args[i + 1]]
+        del args[i : i + 2]
+    if "--calib-dataset" not in args:
+        args += ["--calib-dataset", str(sources["calib"])]
+    out = tmp_path / "q"
+    assert_clean_failure(run_cli("quantize", src, "-o", out, *args), needle)
+    assert list(tmp_path.iterdir()) == []  # neither the output nor a temporary directory
+
+
+def test_quantize_refuses_quantized_source_and_existing_output(sources, tmp_path):
+    out = tmp_path / "q"
+    args = ["--qformat", "int8_wo", "--calib-dataset", sources["calib"], "--calib-size", "1", "--calib-seq-len", "8"]
+    proc = run_cli("quantize", sources["llama"], "-o", out, *args, "--quiet")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((out / "config.json").read_text())["quantization"]["qformat"] == "int8_wo"
+    assert_clean_failure(run_cli("quantize", out, "-o", tmp_path / "q2", *args), "already quantized")
+    assert_clean_failure(run_cli("quantize", sources["llama"], "-o", out, *args), "already exists")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]

@@ -1,0 +1,166 @@
+"""Every quantization format on a tiny random Llama: the engine agrees with modelopt's fake-quantized torch model,
+through prefill and decode steps of the paged cache, and onnxruntime runs it on its integer kernels."""
+
+from __future__ import annotations
+
+import collections
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from quantize_helpers import calib_file, tiny_checkpoint
+
+from trtbuild.build import build_engine
+from trtbuild.config import BuildConfig, KVCacheDType, QFormat, QuantConfig
+from trtbuild.quantize.layout import load_any_checkpoint
+from trtbuild.quantize.quantize import quantize
+from trtbuild.runtime.batch import StepBatch
+from trtbuild.runtime.ort_session import OrtSession
+
+# name -> (qformat, kv cache dtype)
+CASES = {
+    "int8_sq": (QFormat.INT8_SQ, KVCacheDType.FLOAT32),
+    "fp8": (QFormat.FP8, KVCacheDType.FLOAT32),
+    "int8_wo": (QFormat.INT8_WO, KVCacheDType.FLOAT32),
+    "int4_wo": (QFormat.INT4_WO, KVCacheDType.FLOAT32),
+    "int4_awq": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32),
+    "int8_wo+kv_int8": (QFormat.INT8_WO, KVCacheDType.INT8),
+    "fp8+kv_fp8": (QFormat.FP8, KVCacheDType.FP8),
+    "int8_sq+kv_fp8": (QFormat.INT8_SQ, KVCacheDType.FP8),
+}
+WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
+# Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
+EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}
+QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); lm_head stays float by default
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """name -> (fake-quantized torch model, quantized checkpoint, engine) for every case, made once."""
+    root = tmp_path_factory.mktemp("quant")
+    _, ckpt = tiny_checkpoint(root)
+    text = calib_file(root)
+    out = {}
+    for name, (qformat, kv) in CASES.items():
+        qcfg = QuantConfig(
+            qformat=qformat, kv_cache_dtype=kv, group_size=32, calib_dataset=str(text), calib_size=2, calib_seq_len=24
+        )
+        qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
+        result = quantize(ckpt, qckpt, qcfg, progress=False, keep_model=True)
+        build_engine(qckpt, engine, BuildConfig(max_seq_len=128, kv_block_size=4))
+        out[name] = (result.fake_quant_model, qckpt, engine)
+    return out
+
+
+def torch_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_engine_matches_modelopt_fake_quant(quantized, name):
+    model, _, engine = quantized[name]
+    qformat, _ = CASES[name]
+    session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT)
+    atol = 1e-4 if qformat in WEIGHT_ONLY else 1e-3
+    rng = np.random.default_rng(3)
+    seqs = [list(map(int, rng.integers(0, 97, n))) for n in (11, 5)]
+    tables = [[3, 7, 1, 9, 12], [5, 2, 8, 4, 11]]
+    logits = session.step(StepBatch.build(seqs, [0, 0], tables, all_logits=True))
+    ref = np.concatenate([torch_logits(model, s) for s in seqs])
+    np.testing.assert_allclose(logits, ref, atol=atol, rtol=0, err_msg=f"{name} prefill")
+    for step in range(3):  # decode through the (quantized) paged cache
+        new = [int(t) for t in rng.integers(0, 97, 2)]
+        starts = [len(s) for s in seqs]
+        for s, t in zip(seqs, new, strict=True):
+            s.append(t)
+        logits = session.step(StepBatch.build([[t] for t in new], starts, tables))
+        for i, s in enumerate(seqs):
+            np.testing.assert_allclose(
+                logits[i],
+                torch_logits(model, s)[-1],
+                atol=atol,
+                rtol=0,
+                err_msg=f"{name} decode step {step} sequence {i}",
+            )
+
+
+@pytest.mark.parametrize("name", ["int8_wo", "int4_awq"])
+def test_default_session_is_close_to_fake_quant(quantized, name):
+    """The default MatMulNBits accuracy level (int8 activations inside the kernel) stays close."""
+    model, _, engine = quantized[name]
+    ids = list(range(1, 30))
+    logits = OrtSession(engine, kv_cache_memory=1 << 20).step(
+        StepBatch.build([ids], [0], [[1, 2, 3, 4, 5, 6, 7, 8]], all_logits=True)
+    )
+    ref = torch_logits(model, ids)
+    assert np.abs(logits - ref).max() < 0.05 * np.abs(ref).max()
+
+
+# Optimized-graph op a quantized linear must become on onnxruntime's CPU provider.
+KERNELS = {
+    QFormat.INT8_SQ: "MatMulIntegerToFloat",
+    QFormat.INT8_WO: "MatMulNBits",
+    QFormat.INT4_WO: "MatMulNBits",
+    QFormat.INT4_AWQ: "MatMulNBits",
+}
+
+
+@pytest.mark.parametrize("name", ["int8_sq", "int8_wo", "int4_wo", "int4_awq", "fp8", "int8_sq+kv_fp8"])
+def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
+    _, _, engine = quantized[name]
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(
+        n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
+    )
+    qformat, _ = CASES[name]
+    if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
+        assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
+        assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
+    else:
+        assert ops[KERNELS[qformat]] == QUANTIZED_LINEARS, dict(ops)
+        assert ops["DequantizeLinear"] == 0 or name.endswith("kv_fp8")
+
+
+def test_checkpoint_layout(quantized):
+    """Names, dtypes and shapes of the quantized tensors; smoothing folded into the norms; config block."""
+    from safetensors import safe_open
+
+    def tensors(name):
+        with safe_open(str(quantized[name][1] / "rank0.safetensors"), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+
+    sq = tensors("int8_sq")
+    assert sq["layers.0.attn.qkv.weight"].dtype is torch.int8 and sq["layers.0.attn.qkv.weight"].shape == (128, 64)
+    assert sq["layers.0.attn.qkv.weight_scale"].shape == (128,)
+    assert sq["layers.0.attn.qkv.input_scale"].shape == ()
+    assert "layers.0.attn.qkv.pre_quant_scale" not in sq  # folded into input_norm
+    assert "layers.0.mlp.down.pre_quant_scale" not in sq  # folded into the up rows of gate_up
+    assert sq["layers.0.attn.out.pre_quant_scale"].shape == (64,)  # explicit Mul
+    assert sq["lm_head.weight"].dtype is torch.float32
+    fp8 = tensors("fp8+kv_fp8")
+    assert fp8["layers.1.mlp.down.weight"].dtype is torch.float8_e4m3fn
+    assert fp8["layers.1.mlp.down.weight_scale"].shape == ()
+    assert fp8["layers.1.attn.k_scale"].shape == () and float(fp8["layers.1.attn.v_scale"]) > 0
+    awq = tensors("int4_awq")
+    assert awq["layers.0.mlp.down.weight"].dtype is torch.uint8 and awq["layers.0.mlp.down.weight"].shape == (64, 48)
+    assert awq["layers.0.mlp.down.weight_scale"].shape == (64, 3)
+    cfg, weights = load_any_checkpoint(quantized["int4_awq"][1])
+    assert cfg.quantization.qformat is QFormat.INT4_AWQ and cfg.quantization.group_size == 32
+    assert weights["layers.0.mlp.down.weight"].dtype == ml_dtypes.int4
+    assert weights["layers.0.mlp.down.weight"].shape == (64, 96)
+    # unpacking inverts packing: the int4 values times their scales reproduce modelopt's fake-quantized weight
+    model = quantized["int4_awq"][0]
+    down = model.model.layers[0].mlp.down_proj
+    with torch.no_grad():
+        fq = down.weight_quantizer(down.weight).numpy()
+    w = weights["layers.0.mlp.down.weight"].astype(np.float32) * np.repeat(
+        weights["layers.0.mlp.down.weight_scale"], 32, 1
+    )
+    np.testing.assert_allclose(w, fq, atol=1e-6)

@@ -1,0 +1,61 @@
+"""``trtbuild quantize SRC -o QCKPT_DIR --qformat FORMAT [--kv-cache-dtype int8|fp8] [--group-size N] ...``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import QFormat, QuantConfig
+from .options import config_from_options, dataclass_options
+
+
+@click.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="checkpoint directory")
+@click.option(
+    "--qformat",
+    "qformat",
+    metavar="[" + "|".join(f.value for f in QFormat) + "]",
+    required=True,
+    help="quantization format",
+)
+@dataclass_options(QuantConfig, exclude=("qformat", "exclude"))
+@click.option(
+    "--exclude",
+    "exclude",
+    multiple=True,
+    metavar="PATTERN",
+    help="canonical linear kept in float, fnmatch pattern (e.g. 'layers.0.*', 'layers.*.mlp.down', 'lm_head'); "
+    "repeat for several; given patterns replace the default (lm_head)",
+)
+@click.option("--overwrite", is_flag=True, help="replace an existing output directory")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def quantize(
+    src: Path, output: Path, qformat: str, exclude: tuple[str, ...], overwrite: bool, quiet: bool, **options: object
+) -> None:
+    """Quantize a trtbuild checkpoint (or a Hugging Face folder / .gguf file) with modelopt calibration.
+
+    SRC is calibrated on --calib-size windows of --calib-seq-len tokens of the calibration split of
+    --calib-dataset (a dataset name: lee_news, shakespeare; or a .txt / .jsonl file). The result is a checkpoint
+    with quantized weights and scales under canonical names and a `quantization` block in config.json; build it
+    with `trtbuild build`.
+    """
+    from ..quantize.quantize import quantize as run_quantize
+
+    fixed: dict[str, object] = {"qformat": qformat}
+    if exclude:
+        fixed["exclude"] = list(exclude)
+    cfg = config_from_options(QuantConfig, options, **fixed)
+    result = run_quantize(src, output, cfg, overwrite=overwrite, progress=not quiet)
+    size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file()) / 2**20
+    kv = "" if cfg.kv_cache_dtype.value == "float32" else f" + {cfg.kv_cache_dtype.value} KV cache"
+    data = (
+        f"calibrated on {result.calib_samples} x {result.calib_tokens // result.calib_samples} tokens"
+        if result.calib_samples
+        else "weights only (no calibration data needed)"
+    )
+    click.echo(
+        f"quantized {result.config.architecture} to {cfg.qformat.value}{kv} -> {output} ({size:.1f} MiB): "
+        f"{data} in {result.calib_seconds:.1f}s, {result.seconds:.1f}s in all"
+    )
