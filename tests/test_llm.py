@@ -20,6 +20,7 @@ from trtbuild.errors import ConfigError, EngineError, RequestError
 from trtbuild.runtime.llm import LLM, SamplingParams, split_step
 from trtbuild.runtime.outputs import CompletionState
 from trtbuild.runtime.sequence import FinishReason, Sequence
+from trtbuild.runtime.tokenizer import IncrementalDetokenizer
 
 CHARS = [" ", *map(chr, range(97, 123)), *".,!?\n", *map(str, range(10)), *map(chr, range(65, 91))]
 WORDS = [" the", " cat", "ing", "st", "op", "STOP", " a", " is", " of"]
@@ -90,6 +91,8 @@ def test_concurrent_greedy_equals_each_alone(tiny_engines, name):
     together = llm.generate(prompts, params)
     alone = LLM(tiny_engines[name][2], enable_prefix_caching=False)
     assert ids(together) == [alone.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params, strict=True)]
+    chunked = LLM(tiny_engines[name][2], max_num_batched_tokens=16, max_num_seqs=5)  # chunked prefill, queueing
+    assert ids(chunked.generate(prompts, params)) == ids(together)
     assert [len(o.token_ids) for o in together] == [sp.max_tokens for sp in params]
     assert all(o.finish_reason is FinishReason.LENGTH for o in together)
     assert llm.stats.num_engine_calls > llm.stats.num_steps  # steps mixing prefills with decodes were split
@@ -213,6 +216,15 @@ def test_text_is_the_decoded_output_and_stream_deltas_concatenate(text_llm):
             assert stream.output.token_ids == o.token_ids
 
 
+def test_incremental_detokenizer_assembles_multibyte_characters(text_llm):
+    tok, v = text_llm.tokenizer, {t: i for i, t in enumerate(VOCAB)}
+    pieces = ["a", "<0xE6>", "<0x97>", "<0xA5>", " the", "<0xC3>", "<0xA9>", " a", "<0xF0>", "<0x9F>", "</s>"]
+    detok = IncrementalDetokenizer(tok, tok.encode("x y"))
+    assert [detok.append(v[p]) for p in pieces] == ["a", "", "", "日", " the", "", "é", " a", "", "", ""]
+    assert detok.flush() == "\ufffd\ufffd"  # an incomplete tail is emitted (as U+FFFD) only when the output ends
+    assert detok.flush() == ""
+
+
 def test_stop_strings_cut_exactly(text_llm):
     prompt = "the cat"
     greedy = dict(temperature=0.0, max_tokens=40, ignore_eos=True)
@@ -277,6 +289,8 @@ def test_chat_template(text_llm):
         text_llm.chat([{"role": "tool", "content": "x"}])
     with pytest.raises(RequestError, match="messages"):
         text_llm.chat_prompt([{"content": "no role"}])
+    with pytest.raises(RequestError, match="non-empty"):
+        text_llm.chat([])
 
 
 def test_chat_without_template_or_tokenizer(text_engine, engine, tmp_path):
@@ -355,6 +369,10 @@ def test_request_level_errors(llm):
     with pytest.raises(RequestError, match="n must be 1"):
         llm.generate_stream([1], SamplingParams(n=2))
     assert llm.generate([], SamplingParams()) == []
+    as_array = llm.generate(np.array([[3, 4, 5]]), SamplingParams(temperature=0.0, max_tokens=3))
+    assert (
+        as_array[0].token_ids == llm.generate([[3, 4, 5]], SamplingParams(temperature=0.0, max_tokens=3))[0].token_ids
+    )
 
 
 def test_engine_dir_errors(engine, text_engine, tmp_path):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
 from .ort_session import DEFAULT_KV_CACHE_MEMORY, OrtSession
-from .outputs import CompletionOutput, CompletionState, RequestMetrics, RequestOutput
+from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
@@ -75,31 +75,6 @@ def split_step(chunk_lens: Sequence[int]) -> list[list[int]]:
     return groups
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """Counters of the engine loop since the LLM was made or ``reset_stats`` was called."""
-
-    num_steps: int  # scheduler steps
-    num_engine_calls: int  # session.step calls (a step can be split into several)
-    num_computed_tokens: int  # tokens run through the model (prompt chunks, recomputes and decodes)
-    num_preemptions: int
-    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache at admission
-    prefix_cache_hits: int  # of those, tokens found there
-    peak_used_blocks: int  # KV-cache blocks in use at the fullest point (after a step's allocation)
-    num_blocks: int  # usable KV-cache blocks
-    waste_slots: int  # sum over steps of allocated KV slots not holding a computed token (after each step)
-    allocated_slots: int  # sum over steps of allocated KV slots (after each step)
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-    @property
-    def kv_waste(self) -> float:
-        """Fraction of allocated KV slots holding no token, averaged over steps (slot-weighted)."""
-        return self.waste_slots / self.allocated_slots if self.allocated_slots else 0.0
-
-
 class TextStream(Iterator[str]):
     """Text deltas of one streamed request (``LLM.generate_stream``); ``output`` holds the result once exhausted.
 
@@ -134,7 +109,8 @@ class LLM:
     """An engine directory served with continuous batching and paged attention (see the module docstring).
 
     ``max_num_seqs`` / ``max_num_batched_tokens`` default to the engine's ``max_batch_size`` / ``max_num_tokens``
-    and may only lower them. ``seed`` seeds the sampler for requests without their own seed.
+    and may only lower them. ``seed`` seeds the sampler for requests without their own seed. Not thread-safe:
+    drive one LLM from one thread.
     """
 
     def __init__(
@@ -191,6 +167,8 @@ class LLM:
         ``params`` is one ``SamplingParams`` for all prompts or one per prompt (default: ``SamplingParams()``).
         Raises ``RequestError`` before running anything when any prompt or params is invalid.
         """
+        if isinstance(prompts, np.ndarray):
+            prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and _is_token(prompts[0])):
             prompts = [prompts]  # one text prompt, or one token-id prompt
         prompts = list(prompts)
@@ -226,7 +204,7 @@ class LLM:
         self, messages: Messages | Sequence[Messages], params: SamplingParams | None = None
     ) -> list[RequestOutput]:
         """Reply to one conversation or a list of them, rendered with the engine's chat template."""
-        chats = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        chats = [messages] if not messages or isinstance(messages[0], Mapping) else list(messages)
         return self.generate([self.chat_prompt(m) for m in chats], params)
 
     def chat_prompt(self, messages: Messages) -> list[int]:

@@ -1,4 +1,4 @@
-"""What ``LLM`` returns (RequestOutput, CompletionOutput, RequestMetrics) and the per-completion state behind it.
+"""What ``LLM`` returns (RequestOutput, CompletionOutput, RequestMetrics, EngineStats) and the state behind it.
 
 ``CompletionState`` follows one scheduled sequence: it detokenizes each appended token, finds stop strings (the
 scheduler's stop hook), keeps the logprobs and timings, and hands out stream deltas that a stop string can never
@@ -84,6 +84,31 @@ class RequestOutput:
     @property
     def metrics(self) -> RequestMetrics:
         return self.outputs[0].metrics
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters of the engine loop since the LLM was made or ``reset_stats`` was called."""
+
+    num_steps: int  # scheduler steps
+    num_engine_calls: int  # session.step calls (a step can be split into several)
+    num_computed_tokens: int  # tokens run through the model (prompt chunks, recomputes and decodes)
+    num_preemptions: int
+    prefix_cache_queries: int  # prompt tokens looked up in the prefix cache at admission
+    prefix_cache_hits: int  # of those, tokens found there
+    peak_used_blocks: int  # KV-cache blocks in use at the fullest point (after a step's allocation)
+    num_blocks: int  # usable KV-cache blocks
+    waste_slots: int  # sum over steps of allocated KV slots not holding a computed token (after each step)
+    allocated_slots: int  # sum over steps of allocated KV slots (after each step)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @property
+    def kv_waste(self) -> float:
+        """Fraction of allocated KV slots holding no token, averaged over steps (slot-weighted)."""
+        return self.waste_slots / self.allocated_slots if self.allocated_slots else 0.0
 
 
 class CompletionState:
