@@ -366,6 +366,8 @@ def test_invalid_sampling_values(kwargs, match):
 def test_request_level_errors(llm):
     with pytest.raises(RequestError, match="got 1 SamplingParams for 2 prompts"):
         llm.generate([[1], [2]], [SamplingParams()])
+    with pytest.raises(RequestError, match="params must be a SamplingParams or a list of them, not str"):
+        llm.generate([[1]], "greedy")
     with pytest.raises(RequestError, match="n must be 1"):
         llm.generate_stream([1], SamplingParams(n=2))
     assert llm.generate([], SamplingParams()) == []

@@ -174,6 +174,8 @@ class LLM:
         prompts = list(prompts)
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
+        elif not isinstance(params, Sequence) or isinstance(params, str):
+            raise RequestError(f"params must be a SamplingParams or a list of them, not {type(params).__name__}")
         params = list(params)
         if len(params) != len(prompts):
             raise RequestError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
