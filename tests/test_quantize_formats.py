@@ -146,7 +146,9 @@ def test_checkpoint_layout(quantized):
     assert sq["lm_head.weight"].dtype is torch.float32
     fp8 = tensors("fp8+kv_fp8")
     assert fp8["layers.1.mlp.down.weight"].dtype is torch.float8_e4m3fn
-    assert fp8["layers.1.mlp.down.weight_scale"].shape == ()
+    assert fp8["layers.1.mlp.down.weight_scale"].shape == (64,)
+    qkv_scale = fp8["layers.1.attn.qkv.weight_scale"]  # per-tensor per source module: q | k | v rows
+    assert len(set(qkv_scale[:64].tolist())) == len(set(qkv_scale[64:96].tolist())) == 1
     assert fp8["layers.1.attn.k_scale"].shape == () and float(fp8["layers.1.attn.v_scale"]) > 0
     awq = tensors("int4_awq")
     assert awq["layers.0.mlp.down.weight"].dtype is torch.uint8 and awq["layers.0.mlp.down.weight"].shape == (64, 48)

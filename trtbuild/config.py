@@ -90,11 +90,17 @@ class QuantConfig:
     exclude: list[str] = field(
         default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
     )
+    smoothquant_alpha: float = field(
+        default=0.8,
+        metadata={"help": "int8_sq migration strength (0: none, 1: all of the activation range to weights)"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("group_size", "calib_size", "calib_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if not 0.0 <= self.smoothquant_alpha <= 1.0:
+            raise ValueError("smoothquant_alpha must be in [0, 1]")
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,12 @@ Checkpoint tensors of a quantized linear ``P`` (canonical prefix, e.g. ``layers.
 | tensor | int8_sq | fp8 | int8_wo | int4_wo / int4_awq |
 |---|---|---|---|---|
 | ``P.weight`` | int8 | float8_e4m3fn | int8 | uint8 ``[out, in/2]``: two int4 per byte, even column in the low nibble |
-| ``P.weight_scale`` (float32) | ``[out]`` | ``[]`` | ``[out]`` | ``[out, in/group]`` |
+| ``P.weight_scale`` (float32) | ``[out]`` | ``[out]`` (*) | ``[out]`` | ``[out, in/group]`` |
 | ``P.input_scale`` (float32) | ``[]`` | ``[]`` | — | — |
 | ``P.pre_quant_scale`` (float32) | ``[in]`` where not folded | — | — | ``[in]`` where not folded |
 
-``weight = q * weight_scale`` (per output channel, per tensor, or per block of ``group`` input features). The
+``weight = q * weight_scale`` (per output channel, or per block of ``group`` input features). (*) fp8 weights are
+quantized per tensor per source module: the scale vector is constant over each fused module's rows (q | k | v). The
 activation ``x`` is multiplied by ``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and, with an ``input_scale``,
 quantized per tensor: ``saturate(round(x / input_scale))``. Zero points are always 0 (symmetric).
 
@@ -99,7 +100,7 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str) -> dict[str
     out: dict[str, Any] = {}
     if spec.weights is Numeric.FP8:
         out[prefix + ".weight"] = q.to(torch.float8_e4m3fn)
-        out[prefix + ".weight_scale"] = scale[0].clone()  # unified per-tensor scale
+        out[prefix + ".weight_scale"] = scale.contiguous()  # each fused module's per-tensor scale, per row
     else:
         qi = torch.round(q).clamp(-spec.weights.bound - 1, spec.weights.bound).to(torch.int8)
         out[prefix + ".weight"] = pack_int4(qi) if spec.weights is Numeric.INT4 else qi

@@ -46,7 +46,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
             out[prefix + ".weight_scale"] = ((rows, cols // q.group_size), "F32")
         else:
             out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
-            out[prefix + ".weight_scale"] = (() if spec.weights is Numeric.FP8 else (rows,), "F32")
+            out[prefix + ".weight_scale"] = ((rows,), "F32")
         if spec.activations is not None:
             out[prefix + ".input_scale"] = ((), "F32")
         if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
