@@ -103,3 +103,20 @@ def test_build_rejects_bad_checkpoints(hf_llama, tmp_path):
     (ckpt / "config.json").write_text(json.dumps(cfg))
     assert_clean_failure(run_cli("build", ckpt, "-o", tmp_path / "e"), "num_layers: expected int")
     assert not (tmp_path / "e").exists()
+
+
+def test_tensorrt_backend_without_tensorrt_fails_cleanly(hf_llama, tmp_path):
+    pytest.importorskip("onnx")
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed here")
+    except ImportError:
+        pass
+    ckpt = tmp_path / "ckpt"
+    assert run_cli("convert", hf_llama, "-o", ckpt).returncode == 0
+    proc = run_cli("build", ckpt, "-o", tmp_path / "e", "--backend", "tensorrt", "--arch", "sm90")
+    assert_clean_failure(proc, "TensorRT is not installed: pip install 'trtbuild[tensorrt]'")
+    proc = run_cli("build", ckpt, "-o", tmp_path / "e", "--arch", "sm90")
+    assert_clean_failure(proc, "need --backend tensorrt")
+    assert not (tmp_path / "e").exists()

@@ -1,16 +1,18 @@
 """Stage 2, ``trtbuild build``: checkpoint -> portable graph -> backend engine directory (written atomically).
 
-ENGINE_DIR layout (onnxruntime backend)::
+ENGINE_DIR layout::
 
-    manifest.json           sha256 + size of every file, versions, build options, backend, target
+    manifest.json           sha256 + size of every file, versions, build options, backend, target, engines
     runtime_config.json     RuntimeConfig: model config, build options, engine file, I/O names
-    engines/onnxruntime-cpu/model.onnx (+ model.onnx.data)   the lowered graph, weights as external data
+    engines/onnxruntime-cpu/model.onnx (+ model.onnx.data)   onnxruntime: the lowered graph, external weights
+    engines/tensorrt-sm{XY}/engine.plan (+ cache_aliases.json) tensorrt: one serialized engine per GPU arch
     tokenizer.json, tokenizer_config.json, chat_template.jinja   copied from the checkpoint when present
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -21,7 +23,7 @@ import onnx
 from .artifacts.atomic import atomic_output_dir
 from .artifacts.manifest import cpu_target, sha256_file, write_manifest
 from .checkpoint import WEIGHTS_FILE
-from .config import Backend, BuildConfig, EngineIO, PerplexityGate, RuntimeConfig
+from .config import Backend, BuildConfig, EngineIO, PerplexityGate, RuntimeConfig, TensorRTConfig
 from .configio import to_dict
 from .convert.convert import TOKENIZER_FILES
 from .errors import BuildError
@@ -52,15 +54,21 @@ def build_engine(
     *,
     overwrite: bool = False,
     gate: PerplexityGate | None = None,
+    tensorrt: TensorRTConfig | None = None,
 ) -> BuildResult:
     """Build ``engine_dir`` from the checkpoint at ``ckpt_dir``.
 
     With a ``gate``, the finished engine is evaluated against the reference engine before it is moved into place;
     when its perplexity rose too far the build raises ``BuildError`` and leaves no engine directory.
+    ``tensorrt`` holds the TensorRT-only options (given with another backend, they are an error).
     """
     start = time.perf_counter()
-    if build.backend is not Backend.ONNXRUNTIME:
-        raise BuildError(f"backend {build.backend.value} is not available in this build stage")
+    if build.backend is Backend.TENSORRT:
+        if gate is not None:
+            raise BuildError("--accuracy-gate evaluates on the CPU engine; gate the onnxruntime build instead")
+        return _build_tensorrt(ckpt_dir, engine_dir, build, tensorrt or TensorRTConfig(), overwrite, start)
+    if tensorrt is not None and tensorrt != TensorRTConfig():
+        raise BuildError("TensorRT options (--arch, --hardware-compatibility, ...) need --backend tensorrt")
     if gate is not None and not (gate.ref_engine / "runtime_config.json").is_file():
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
     from .quantize.layout import load_any_checkpoint
@@ -106,3 +114,46 @@ def build_engine(
             **({"accuracy_gate": gate_result} if gate_result is not None else {}),
         )
     return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - start, gate_result)
+
+
+def _build_tensorrt(
+    ckpt_dir: Path, engine_dir: Path, build: BuildConfig, trt: TensorRTConfig, overwrite: bool, start: float
+) -> BuildResult:
+    """The tensorrt backend: portable graph -> TensorRT lowering -> one engine per GPU arch (see docs/tensorrt.md)."""
+    from .backends.tensorrt import build_tensorrt_engines, require_tensorrt
+
+    require_tensorrt()  # fail with the install hint before any heavy work
+    from .quantize.layout import load_any_checkpoint
+
+    model_cfg, weights = load_any_checkpoint(ckpt_dir)
+    if build.max_seq_len > model_cfg.max_position_embeddings:
+        build = replace(build, max_seq_len=model_cfg.max_position_embeddings)
+    io = EngineIO()
+    portable = emit_portable_graph(model_cfg, weights, build, io)
+    del weights
+    portable_counts = op_counts(portable)
+    with tempfile.TemporaryDirectory(prefix="trtbuild-portable-") as work:
+        portable_path = Path(work) / "portable.onnx"
+        onnx.save_model(portable, str(portable_path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location="portable.onnx.data", size_threshold=1024)  # fmt: skip
+        del portable
+        with atomic_output_dir(engine_dir, overwrite=overwrite) as tmp:
+            entries = build_tensorrt_engines(
+                portable_path, tmp, build, archs=trt.arch, hardware_compatibility=trt.hardware_compatibility.value,
+                version_compatible=trt.version_compatible, timing_cache=trt.timing_cache,
+                builder_optimization_level=trt.builder_optimization_level, plugin_impl=trt.plugin_impl.value,
+            )  # fmt: skip
+            RuntimeConfig(model=model_cfg, build=build, engine_file=entries[0].path, io=io).save(tmp)
+            for name in TOKENIZER_FILES:
+                if (ckpt_dir / name).is_file():
+                    shutil.copyfile(ckpt_dir / name, tmp / name)
+            write_manifest(
+                tmp,
+                backend=build.backend.value,
+                target=",".join(e.target for e in entries),
+                build_options={**to_dict(build), "tensorrt": to_dict(trt)},
+                engines=[e.to_dict() for e in entries],
+                checkpoint={name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)},
+                graph={"portable_op_counts": portable_counts},
+            )
+    return BuildResult(engine_dir, portable_counts, {}, time.perf_counter() - start)

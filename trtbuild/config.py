@@ -187,6 +187,47 @@ class BuildConfig:
             raise ValueError("opset must be >= 21")
 
 
+class HardwareCompatibility(enum.Enum):
+    """TensorRT hardware compatibility: ``NONE``: the build GPU only; ``AMPERE_PLUS``: every GPU from sm80."""
+
+    NONE = "none"
+    AMPERE_PLUS = "ampere+"
+
+
+class PluginImpl(enum.Enum):
+    """How the TensorRT engine runs the paged-attention plugin: embedded PTX (AOT), a Python callback (JIT), or AOT
+    when the installed TensorRT supports it (AUTO)."""
+
+    AUTO = "auto"
+    AOT = "aot"
+    JIT = "jit"
+
+
+@dataclass(frozen=True)
+class TensorRTConfig:
+    """TensorRT-only options of ``trtbuild build --backend tensorrt`` (each field is a CLI flag)."""
+
+    arch: list[str] = field(
+        default_factory=lambda: ["native"],
+        metadata={"help": "GPU architecture(s) to build for: native, sm80, sm86, sm89, sm90 (repeatable)"},
+    )
+    hardware_compatibility: HardwareCompatibility = field(
+        default=HardwareCompatibility.NONE, metadata={"help": "ampere+: one engine for every GPU from sm80"}
+    )
+    version_compatible: bool = field(default=False, metadata={"help": "engine loadable by later TensorRT versions"})
+    timing_cache: Path | None = field(default=None, metadata={"help": "timing cache file, read and updated"})
+    builder_optimization_level: int | None = field(
+        default=None, metadata={"help": "TensorRT builder optimization level 0-5 (TensorRT's default when unset)"}
+    )
+    plugin_impl: PluginImpl = field(default=PluginImpl.AUTO, metadata={"help": "paged-attention plugin implementation"})
+
+    def __post_init__(self) -> None:
+        if not self.arch:
+            raise ValueError("arch: give at least one GPU architecture")
+        if self.builder_optimization_level is not None and not 0 <= self.builder_optimization_level <= 5:
+            raise ValueError("builder_optimization_level must be between 0 and 5")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split."""

@@ -61,7 +61,7 @@ def build_tensorrt_engines(
         raise BuildError(f"plugin implementation must be one of {', '.join(PLUGIN_IMPLS)}")
     if not archs:
         raise BuildError("no --arch given")
-    trt = _import_tensorrt()
+    trt = require_tensorrt()
     local = local_compute_capability()
     targets = resolve_archs(archs, local, hardware_compatibility)
     assert local is not None  # resolve_archs refuses a machine without a GPU
@@ -132,7 +132,7 @@ def resolve_archs(
     return targets
 
 
-def _import_tensorrt() -> ModuleType:
+def require_tensorrt() -> ModuleType:
     try:
         import tensorrt
     except ImportError:

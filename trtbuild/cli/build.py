@@ -7,15 +7,16 @@ from pathlib import Path
 
 import click
 
-from ..config import BuildConfig, PerplexityGate
+from ..config import BuildConfig, PerplexityGate, TensorRTConfig
 from ..configio import from_dict
-from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import config_from_options, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
 @click.argument("ckpt_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="engine directory")
 @dataclass_options(BuildConfig)
+@dataclass_options(TensorRTConfig)
 @recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
 @click.option(
@@ -58,14 +59,15 @@ def build(
         backends = {t.backend for t in spec.targets}
         defaults = replace(spec.build, backend=backends.pop()) if len(backends) == 1 else spec.build
     cfg = config_with_defaults(BuildConfig, options, defaults)
+    trt = config_from_options(TensorRTConfig, options)
     gate = None
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})
-    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate)
+    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
     click.echo(
         f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "
-        f"({sum(result.engine_op_counts.values())} nodes; portable graph: {plugin_nodes} PagedAttention)"
+        f"(portable graph: {plugin_nodes} PagedAttention nodes)"
     )
     if result.accuracy_gate is not None:
         g = result.accuracy_gate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,6 +36,13 @@ def dataclass_options(cls: type, *, exclude: Iterable[str] = ()) -> Callable[[Ca
             tp, flag = hints[f.name], "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else None
             help_text = f.metadata.get("help", "")
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1:
+                tp = args[0]  # ``X | None``: an optional flag of type X
+            if typing.get_origin(tp) is list:  # repeatable flag; the dataclass default applies when none is given
+                (item,) = typing.get_args(tp)
+                fn = click.option(flag, f.name, type=item, multiple=True, default=None, help=help_text)(fn)
+                continue
             if isinstance(tp, type) and issubclass(tp, enum.Enum):
                 option = click.option(
                     flag,
@@ -63,7 +71,9 @@ def dataclass_options(cls: type, *, exclude: Iterable[str] = ()) -> Callable[[Ca
 def config_from_options(cls: type, kwargs: dict[str, Any], **fixed: Any) -> Any:
     """Build ``cls`` from the option values in ``kwargs`` (popped) plus ``fixed`` values, type-checked."""
     names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: kwargs.pop(k) for k in list(kwargs) if k in names and kwargs[k] is not None}
+    values = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+    # Unset flags (None, or an empty repeatable flag) leave the dataclass default in place.
+    values = {k: (list(v) if isinstance(v, tuple) else v) for k, v in values.items() if v is not None and v != ()}
     values.update({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in fixed.items()})
     return from_dict(cls, values, path="options")
 
