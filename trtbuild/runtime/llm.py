@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
-from .ort_session import DEFAULT_KV_CACHE_MEMORY, OrtSession
+from .ort_session import DEFAULT_KV_CACHE_MEMORY
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
 from .sequence import Sequence as Seq
+from .session import open_session
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
@@ -130,7 +131,7 @@ class LLM:
         if not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0:
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         try:
-            self.session = OrtSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+            self.session = open_session(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
         except ValueError as e:  # too few blocks for the memory given
             raise ConfigError(f"kv_cache_memory ({kv_cache_memory} bytes) is too small: {e}") from None
         self.tokenizer = Tokenizer.from_engine_dir(engine_dir)

@@ -6,11 +6,12 @@ manager/scheduler above it only hand out block ids. Every backend's session has 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
-from ..config import RuntimeConfig
+from ..config import Backend, RuntimeConfig
 from .batch import StepBatch
 
 
@@ -23,3 +24,25 @@ class EngineSession(Protocol):
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch``, writing its K/V into the cache; returns float32 logits ``[N, vocab]``."""
         ...
+
+
+def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None) -> EngineSession:
+    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily)."""
+    from ..errors import EngineError
+
+    engine_dir = Path(engine_dir)
+    if not (engine_dir / "runtime_config.json").is_file():
+        raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
+    try:
+        config = RuntimeConfig.load(engine_dir)
+    except Exception as e:
+        raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
+    if config.build.backend is Backend.TENSORRT:
+        from .kv_cache import num_blocks_for_memory
+        from .trt_session import TensorRTSession
+
+        blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, kv_cache_memory)
+        return TensorRTSession(engine_dir, num_blocks=blocks)
+    from .ort_session import OrtSession
+
+    return OrtSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
