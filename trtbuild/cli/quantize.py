@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..config import QFormat, QuantConfig
-from .options import config_from_options, dataclass_options
+from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
@@ -17,8 +17,8 @@ from .options import config_from_options, dataclass_options
     "--qformat",
     "qformat",
     metavar="[" + "|".join(f.value for f in QFormat) + "]",
-    required=True,
-    help="quantization format",
+    default=None,
+    help="quantization format (required unless --recipe gives it)",
 )
 @dataclass_options(QuantConfig, exclude=("qformat", "exclude"))
 @click.option(
@@ -29,24 +29,41 @@ from .options import config_from_options, dataclass_options
     help="canonical linear kept in float, fnmatch pattern (e.g. 'layers.0.*', 'layers.*.mlp.down', 'lm_head'); "
     "repeat for several; given patterns replace the default (lm_head)",
 )
+@recipe_option
+@click.option("--format", "format_name", default=None, help="the recipe format whose quantization section to use")
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def quantize(
-    src: Path, output: Path, qformat: str, exclude: tuple[str, ...], overwrite: bool, quiet: bool, **options: object
+    src: Path,
+    output: Path,
+    qformat: str | None,
+    exclude: tuple[str, ...],
+    recipe: Path | None,
+    format_name: str | None,
+    overwrite: bool,
+    quiet: bool,
+    **options: object,
 ) -> None:
     """Quantize a trtbuild checkpoint (or a Hugging Face folder / .gguf file) with modelopt calibration.
 
     SRC is calibrated on --calib-size windows of --calib-seq-len tokens of the calibration split of
     --calib-dataset (a dataset name: lee_news, shakespeare; or a .txt / .jsonl file). The result is a checkpoint
     with quantized weights and scales under canonical names and a `quantization` block in config.json; build it
-    with `trtbuild build`.
+    with `trtbuild build`. With --recipe [--format NAME], that format's quantization section supplies the
+    defaults; flags typed here override them.
     """
+    from ..errors import ConfigError
     from ..quantize.quantize import quantize as run_quantize
+    from ..recipe import recipe_quant_config
 
-    fixed: dict[str, object] = {"qformat": qformat}
+    spec = load_recipe_option(recipe)
+    defaults = recipe_quant_config(spec, format_name) if spec is not None else None
+    if qformat is None and defaults is None:
+        raise ConfigError("--qformat is required (or --recipe with a quantized format)")
+    fixed: dict[str, object] = {} if qformat is None else {"qformat": qformat}
     if exclude:
         fixed["exclude"] = list(exclude)
-    cfg = config_from_options(QuantConfig, options, **fixed)
+    cfg = config_with_defaults(QuantConfig, options, defaults, **fixed)
     result = run_quantize(src, output, cfg, overwrite=overwrite, progress=not quiet)
     size = sum(p.stat().st_size for p in output.rglob("*") if p.is_file()) / 2**20
     kv = "" if cfg.kv_cache_dtype.value == "float32" else f" + {cfg.kv_cache_dtype.value} KV cache"
