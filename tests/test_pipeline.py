@@ -38,6 +38,12 @@ def write_recipe(path: Path, model_name: str, model: Path, **extra) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def fixed_code_digest(monkeypatch):
+    """Runs in one test compare keys: a colleague saving a trtbuild file meanwhile must not change them."""
+    monkeypatch.setattr("trtbuild.pipeline.runner.code_digest", lambda hashes: "test-code")
+
+
 def run(recipes: list[Path], out: Path, **kwargs) -> PipelineRun:
     lines: list[str] = []
     result = run_pipeline(make_plan([load_recipe(r) for r in recipes]), out, report=lines.append, **kwargs)
@@ -59,7 +65,8 @@ def sources(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
-def test_second_run_is_all_cached_and_fast(sources, tmp_path):
+def test_second_run_is_all_cached_and_fast(sources, tmp_path, monkeypatch):
+    monkeypatch.undo()  # the second run is a separate process: both runs use the real code digest
     recipe = write_recipe(tmp_path / "a.yaml", "tiny", sources["llama_gqa"])
     art = tmp_path / "art"
     first = run([recipe], art)
@@ -164,7 +171,8 @@ def test_parallel_recipes_share_stages_and_conflicts_are_errors(sources, tmp_pat
         make_plan([load_recipe(a)], ("sm90",))
 
 
-def test_failed_stage_fails_clearly_and_keeps_finished_artifacts(sources, tmp_path):
+def test_failed_stage_fails_clearly_and_keeps_finished_artifacts(sources, tmp_path, monkeypatch):
+    monkeypatch.undo()  # runs in a subprocess too: the real code digest in both
     good = write_recipe(tmp_path / "good.yaml", "good", sources["llama_gqa"])
     art = tmp_path / "art"
     run([good], art)
@@ -213,7 +221,8 @@ def _medium_model(folder: Path) -> None:
 
 
 @pytest.mark.parametrize("stage", ["convert", "build"])
-def test_sigkill_mid_stage_leaves_nothing_complete_and_next_run_finishes(tmp_path, stage):
+def test_sigkill_mid_stage_leaves_nothing_complete_and_next_run_finishes(tmp_path, stage, monkeypatch):
+    monkeypatch.undo()  # runs in a subprocess too: the real code digest in both
     _medium_model(tmp_path / "src")
     recipe = write_recipe(tmp_path / "r.yaml", "med", tmp_path / "src")
     art = tmp_path / "art"
@@ -241,6 +250,53 @@ def test_sigkill_mid_stage_leaves_nothing_complete_and_next_run_finishes(tmp_pat
     assert verify_artifacts(art).ok and verify_engine_dir(art / "med/fp32/onnxruntime/cpu").ok
     leftovers = [p for p in art.rglob(".*") if ".tmp-" in p.name]
     assert not leftovers
+
+
+def test_tensorrt_targets_get_their_arch_and_fail_cleanly_without_tensorrt(sources, tmp_path):
+    trt = {"backend": "tensorrt", "arch": "sm90"}
+    recipe = write_recipe(
+        tmp_path / "t.yaml",
+        "tiny",
+        sources["llama_gqa"],
+        tensorrt={"version_compatible": True},
+        targets=[{"backend": "onnxruntime"}, trt],
+    )
+    plan = make_plan([load_recipe(recipe)])
+    (stage,) = [s for s in plan.stages if s.id == "tiny/fp32/tensorrt/sm90"]
+    assert stage.options["build"]["backend"] == "tensorrt"
+    assert stage.options["tensorrt"]["arch"] == ["sm90"] and stage.options["tensorrt"]["version_compatible"]
+    assert [s.id for s in make_plan([load_recipe(recipe)], ("cpu",)).stages] == [
+        "tiny/checkpoint",
+        "tiny/fp32/onnxruntime/cpu",
+    ]
+    pytest.importorskip("trtbuild.backends.tensorrt")
+    try:
+        import tensorrt  # noqa: F401
+
+        pytest.skip("TensorRT is installed: the build would run")
+    except ImportError:
+        pass
+    with pytest.raises(PipelineError, match="build tiny/fp32/tensorrt/sm90 failed: TensorRT is not installed"):
+        run([recipe], tmp_path / "art")
+    assert verify_engine_dir(tmp_path / "art/tiny/fp32/onnxruntime/cpu").ok
+
+
+def test_code_digest_covers_stage_code_only(tmp_path):
+    from trtbuild.pipeline.cache import FileHashCache, code_digest
+
+    class Edited(FileHashCache):
+        def __init__(self, edited: str) -> None:
+            super().__init__(tmp_path / "hashes.json")
+            self.edited = edited
+
+        def sha256(self, path: Path) -> str:
+            return "edited" if path.as_posix().endswith(self.edited) else super().sha256(path)
+
+    base = code_digest(FileHashCache(tmp_path / "hashes.json"))
+    assert code_digest(Edited("nothing")) == base
+    assert code_digest(Edited("trtbuild/quantize/quantize.py")) != base
+    assert code_digest(Edited("paged_attention/reference.py")) != base  # plugins are stage code too
+    assert code_digest(Edited("trtbuild/cli/pipeline.py")) == base  # orchestration is not
 
 
 def test_pipeline_refuses_a_busy_artifacts_dir(sources, tmp_path):
@@ -290,7 +346,7 @@ def test_quantize_and_eval_stages(tmp_path):
     write_char_tokenizer(tmp_path / "hf", model.config.vocab_size)  # convert copies it into the checkpoint
     text = str(calib_file(tmp_path))
     quant = {"qformat": "int8_sq", "calib_dataset": text, "calib_size": 4, "calib_seq_len": 16}
-    gate = {"baseline": "fp32", "max_ppl_increase": 50.0, "dataset": text, "windows": 2, "seq_len": 32}
+    gate = {"baseline": "fp32", "max_ppl_increase": 50.0, "eval": {"dataset": text, "windows": 2, "seq_len": 32}}
     formats = [{"name": "fp32"}, {"name": "int8_sq", "quantization": quant}]
     recipe = write_recipe(tmp_path / "q.yaml", "tiny", tmp_path / "hf", accuracy_gate=gate, formats=formats)
     art = tmp_path / "art"

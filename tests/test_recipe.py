@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from tiny_models import make_hf_model
 
 from trtbuild.cli import cli
-from trtbuild.config import Backend, DType, QFormat, QuantConfig
+from trtbuild.config import Backend, DType, QFormat, QuantConfig, TensorRTConfig
 from trtbuild.configio import from_dict
 from trtbuild.errors import ConfigError
 from trtbuild.recipe import BuiltinModel, Recipe, load_recipe, recipe_quant_config, recipe_to_dict
@@ -27,7 +27,8 @@ GOOD = {
     "formats": [{"name": "fp32"}, {"name": "int8", "quantization": {"qformat": "int8_sq", "calib_size": 8}}],
     "targets": [{"backend": "onnxruntime"}, {"backend": "tensorrt", "arch": "sm90"}],
     "build": {"max_seq_len": 256, "kv_block_size": 8},
-    "accuracy_gate": {"baseline": "fp32", "max_ppl_increase": 10.0, "windows": 2},
+    "accuracy_gate": {"baseline": "fp32", "max_ppl_increase": 10.0, "eval": {"windows": 2}},
+    "tensorrt": {"version_compatible": True},
 }
 
 
@@ -65,7 +66,8 @@ def test_recipe_round_trips_and_resolves_relative_paths(tmp_path):
     recipe = load_recipe(write(tmp_path, _set(GOOD, "formats.1.quantization.calib_dataset", "calib.txt")))
     assert recipe.model.path == tmp_path / "model-dir" and recipe.model.dtype is DType.FLOAT16
     assert recipe.format("int8").quantization.calib_dataset == str(tmp_path / "calib.txt")  # a file: made absolute
-    assert recipe.accuracy_gate.dataset == "lee_news"  # a dataset name stays a name
+    assert recipe.accuracy_gate.eval.dataset == "lee_news"  # a dataset name stays a name
+    assert recipe.tensorrt_for(recipe.targets[1]) == TensorRTConfig(arch=["sm90"], version_compatible=True)
     assert recipe.build.max_seq_len == 256 and recipe.build_for(recipe.targets[1]).backend is Backend.TENSORRT
     assert recipe.format("int8").quantization == QuantConfig(
         QFormat.INT8_SQ, calib_size=8, calib_dataset=str(tmp_path / "calib.txt")
@@ -105,6 +107,12 @@ BAD = {
         "tensorrt",
         "recipe.build.backend: set backends per target under recipe.targets",
     ),
+    "arch in tensorrt": (
+        "tensorrt.arch",
+        ["sm90"],
+        "recipe.tensorrt.arch: set GPU archs per target under recipe.targets",
+    ),
+    "nested eval": ("accuracy_gate.eval.windows", 0, "recipe.accuracy_gate.eval: windows must be positive"),
     "path and builtin": ("model.builtin", "smollm2", "recipe.model: give exactly one of 'path' and 'builtin'"),
     "bad builtin": ("model.builtin", "gpt5", "recipe.model.builtin: 'gpt5' is not one of smollm2"),
     "ort arch": ("targets.0.arch", "sm90", "recipe.targets[0]: onnxruntime engines have arch 'cpu', not 'sm90'"),

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .config import Backend, BuildConfig, DType, QuantConfig
+from .config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
 from .configio import from_dict, to_dict
 from .errors import ConfigError
 
@@ -96,20 +96,18 @@ class TargetSpec:
 
 @dataclass(frozen=True)
 class AccuracyGate:
-    """Evaluate every engine and fail the pipeline when a format's perplexity rises too far above the baseline's."""
+    """Evaluate every engine and fail the pipeline when a format's perplexity rises too far above the baseline's.
+
+    The shape of ``trtbuild build --accuracy-gate`` (``PerplexityGate``), with a baseline format for a reference.
+    """
 
     baseline: str  # the format every other format is compared with (same backend and target), e.g. "fp32"
     max_ppl_increase: float  # percent (as ``trtbuild build --max-ppl-increase``): 5.0 allows 1.05 x the baseline
-    dataset: str = "lee_news"  # eval dataset name or text/JSONL path (passed to ``trtbuild eval``)
-    windows: int = 8  # evaluation windows
-    seq_len: int = 512  # tokens per window
+    eval: EvalConfig = field(default_factory=EvalConfig)  # what ``trtbuild eval`` measures
 
     def __post_init__(self) -> None:
         if self.max_ppl_increase < 0:
             raise ValueError("max_ppl_increase must be >= 0")
-        for name in ("windows", "seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive")
 
 
 @dataclass(frozen=True)
@@ -121,6 +119,7 @@ class Recipe:
     formats: list[FormatSpec]
     targets: list[TargetSpec] = field(default_factory=lambda: [TargetSpec(Backend.ONNXRUNTIME)])
     build: BuildConfig = field(default_factory=BuildConfig)  # ``backend`` comes from each target
+    tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)  # TensorRT targets; ``arch`` from each target
     accuracy_gate: AccuracyGate | None = None
     format_version: int = RECIPE_FORMAT_VERSION
 
@@ -150,6 +149,9 @@ class Recipe:
     def build_for(self, target: TargetSpec) -> BuildConfig:
         return replace(self.build, backend=target.backend)
 
+    def tensorrt_for(self, target: TargetSpec) -> TensorRTConfig:
+        return replace(self.tensorrt, arch=[target.arch])
+
 
 def load_recipe(path: Path) -> Recipe:
     """Read and check a recipe file; every problem is a one-line ``ConfigError`` starting with the file name."""
@@ -170,9 +172,9 @@ def load_recipe(path: Path) -> Recipe:
         raise ConfigError(f"{path}: not valid YAML{where} ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: recipe: expected a mapping, got {type(data).__name__}")
-    build = data.get("build")
-    if isinstance(build, dict) and "backend" in build:
-        raise ConfigError(f"{path}: recipe.build.backend: set backends per target under recipe.targets")
+    for section, key, where in (("build", "backend", "backends"), ("tensorrt", "arch", "GPU archs")):
+        if isinstance(data.get(section), dict) and key in data[section]:
+            raise ConfigError(f"{path}: recipe.{section}.{key}: set {where} per target under recipe.targets")
     try:
         recipe = from_dict(Recipe, data, "recipe")
     except ConfigError as e:
@@ -197,14 +199,15 @@ def _relative_to(recipe: Recipe, base: Path) -> Recipe:
     ]
     gate = recipe.accuracy_gate
     if gate is not None:
-        gate = replace(gate, dataset=dataset(gate.dataset))
+        gate = replace(gate, eval=replace(gate.eval, dataset=dataset(gate.eval.dataset)))
     return replace(recipe, model=model, formats=formats, accuracy_gate=gate)
 
 
 def recipe_to_dict(recipe: Recipe) -> dict:
-    """The recipe as plain data (what ``load_recipe`` reads back), without the per-target ``build.backend``."""
+    """The recipe as plain data (what ``load_recipe`` reads back), without the per-target backend and arch."""
     data = to_dict(recipe)
     data["build"].pop("backend")
+    data["tensorrt"].pop("arch")
     return data
 
 

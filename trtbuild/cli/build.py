@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..config import BuildConfig, PerplexityGate, TensorRTConfig
+from ..config import Backend, BuildConfig, PerplexityGate, TensorRTConfig
 from ..configio import from_dict
-from .options import config_from_options, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
@@ -48,8 +48,8 @@ def build(
 ) -> None:
     """Build an engine directory from a checkpoint.
 
-    With --recipe, the recipe's build section supplies the defaults (and its backend, when all its targets share
-    one); flags given on the command line override them.
+    With --recipe, the recipe's build and tensorrt sections supply the defaults (and its backend, when all its
+    targets share one); flags given on the command line override them.
     """
     from ..build import build_engine
 
@@ -59,7 +59,8 @@ def build(
         backends = {t.backend for t in spec.targets}
         defaults = replace(spec.build, backend=backends.pop()) if len(backends) == 1 else spec.build
     cfg = config_with_defaults(BuildConfig, options, defaults)
-    trt = config_from_options(TensorRTConfig, options)
+    trt_defaults = spec.tensorrt if spec is not None and cfg.backend is Backend.TENSORRT else None
+    trt = config_with_defaults(TensorRTConfig, options, trt_defaults)
     gate = None
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})

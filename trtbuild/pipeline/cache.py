@@ -73,6 +73,28 @@ class FileHashCache:
         write_json_atomic(self.path, live)
 
 
+# Orchestration only: these modules decide which stages run, not what a stage writes.
+_NOT_STAGE_CODE = ("cli", "pipeline", "recipe.py", "demo.py")
+
+
+def code_digest(hashes: FileHashCache) -> str:
+    """One digest of trtbuild's Python sources that stages run (plugins included, orchestration excluded).
+
+    Part of every stage key: a changed converter, quantizer, graph emitter or runtime reruns the stages (and
+    released versions differ in ``__version__`` too). Cached file hashes make this a ``stat`` per file.
+    """
+    import trtbuild
+    import trtbuild.plugins
+
+    files = {}
+    for root in (Path(trtbuild.__file__).parent, Path(trtbuild.plugins.__file__).parent):
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel.split("/")[0] not in _NOT_STAGE_CODE:
+                files[f"{root.name}/{rel}"] = hashes.sha256(path)
+    return sha256_text(canonical_json(files))
+
+
 def tree_digest(files: dict[str, dict[str, Any]]) -> str:
     """One digest of a file table: names, sizes and contents (a renamed or added file changes it)."""
     return sha256_text(canonical_json(files))

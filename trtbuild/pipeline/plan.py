@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..config import Backend
 from ..configio import to_dict
 from ..errors import ConfigError
-from ..recipe import AccuracyGate, FormatSpec, Recipe, TargetSpec
+from ..recipe import FormatSpec, Recipe, TargetSpec
 
 CHECKPOINT_DIR = "checkpoint"  # reserved: never a format name
 
@@ -102,7 +103,9 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
             fmt_ckpt = _format_checkpoint(recipe, fmt, ckpt, add)
             for target in targets:
                 labels = {"model": model, "format": fmt.name, "backend": target.backend.value, "target": target.arch}
-                build_opts = {"build": to_dict(recipe.build_for(target)), "arch": target.arch}
+                build_opts = {"build": to_dict(recipe.build_for(target))}
+                if target.backend is Backend.TENSORRT:
+                    build_opts["tensorrt"] = to_dict(recipe.tensorrt_for(target))
                 engine = add(
                     Stage(
                         StageKind.BUILD, f"{model}/{fmt.name}/{target.label}", (fmt_ckpt,), build_opts, labels=labels
@@ -115,8 +118,8 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
                         StageKind.EVAL,
                         f"{engine}.eval.json",
                         (engine,),
-                        eval_options(gate),
-                        data_files=_data_files(gate.dataset),
+                        {"eval": to_dict(gate.eval)},  # the threshold is judged afterwards, not a stage input
+                        data_files=_data_files(gate.eval.dataset),
                         labels=labels,
                     )
                     add(eval_stage, recipe)
@@ -140,8 +143,3 @@ def _format_checkpoint(recipe: Recipe, fmt: FormatSpec, ckpt: str, add: Any) -> 
 def _data_files(dataset: str) -> tuple[Path, ...]:
     """A dataset given as a file path (not a dataset name) is read by the stage: its content joins the key."""
     return (Path(dataset),) if Path(dataset).is_file() else ()
-
-
-def eval_options(gate: AccuracyGate) -> dict[str, Any]:
-    """What the eval stage measures (the gate's threshold is checked afterwards and is not part of the key)."""
-    return {"dataset": gate.dataset, "windows": gate.windows, "seq_len": gate.seq_len}

@@ -1,9 +1,10 @@
 """Run a plan: each stage is cached by the content hash of its inputs and options, independent stages in parallel.
 
 A stage's key hashes its kind, options, the digests of the artifacts it reads (for convert: the source files), the
-trtbuild version and the package versions. Keys use input *content*, so a stage whose input was rebuilt to the same
-bytes stays cached. The first failure stops new stages from starting; stages already running finish and keep their
-artifacts; ``index.json`` is written either way. One pipeline at a time per ARTIFACTS_DIR (an ``flock``).
+trtbuild version and source (``code_digest``) and the package versions. Keys use input *content*, so a stage whose
+input was rebuilt to the same bytes stays cached. The first failure stops new stages from starting; stages already
+running finish and keep their artifacts; ``index.json`` is written either way. One pipeline at a time per
+ARTIFACTS_DIR (an ``flock``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from .cache import (
     FileHashCache,
     RecordStore,
     canonical_json,
+    code_digest,
     explain_key_change,
     sha256_text,
     source_files,
@@ -82,7 +84,7 @@ class _Runner:
         self.plan, self.dir, self.report, self.lock_fd = plan, artifacts_dir, report, lock_fd
         self.hashes = FileHashCache(artifacts_dir / STATE_DIR / "file-hashes.json")
         self.records = RecordStore(artifacts_dir)
-        self.versions = {"trtbuild": __version__, **package_versions()}
+        self.versions = {"trtbuild": __version__, "trtbuild_code": code_digest(self.hashes), **package_versions()}
         self.digests: dict[str, str] = {}  # stage id -> digest of its artifact, once complete
         self.total = len(plan.stages)
         self.done = 0

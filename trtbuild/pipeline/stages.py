@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import BuildConfig, DType, QuantConfig
+from ..config import BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
 from ..configio import from_dict
 from ..errors import TrtbuildError
 from .plan import Stage, StageKind
@@ -73,22 +73,23 @@ def _build(stage: Stage, ctx: StageContext) -> dict[str, Any]:
     from ..build import build_engine
 
     build = from_dict(BuildConfig, stage.options["build"], "build")
-    res = build_engine(ctx.path(stage.deps[0]), ctx.path(stage.id), build, overwrite=True)
+    trt = from_dict(TensorRTConfig, stage.options["tensorrt"], "tensorrt") if "tensorrt" in stage.options else None
+    res = build_engine(ctx.path(stage.deps[0]), ctx.path(stage.id), build, overwrite=True, tensorrt=trt)
     return {"portable_op_counts": res.portable_op_counts, "engine_op_counts": res.engine_op_counts}
 
 
 def _eval(stage: Stage, ctx: StageContext) -> dict[str, Any]:
-    opts = stage.options
+    cfg = from_dict(EvalConfig, stage.options["eval"], "eval")
     args = [
         "eval",
         str(ctx.path(stage.deps[0])),
         "--json",
         "--dataset",
-        opts["dataset"],
+        cfg.dataset,
         "--windows",
-        str(opts["windows"]),
+        str(cfg.windows),
         "--seq-len",
-        str(opts["seq_len"]),
+        str(cfg.seq_len),
     ]
     metrics = _last_json_object(_run_logged([*CLI, *args], "trtbuild eval", stage, ctx), stage, ctx)
     out = ctx.path(stage.id)
