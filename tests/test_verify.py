@@ -14,7 +14,7 @@ import yaml
 from tiny_models import make_hf_model
 
 from trtbuild.artifacts.inspect import inspect_path, render_text
-from trtbuild.artifacts.manifest import cpu_target, package_versions
+from trtbuild.artifacts.manifest import cpu_target, manifest_digest, package_versions
 from trtbuild.artifacts.verify import LocalVersions, verify_artifacts, verify_engine_dir
 from trtbuild.backends.engine_select import local_compute_capability
 from trtbuild.errors import TrtbuildError
@@ -51,6 +51,12 @@ def copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def resign(engine: Path, manifest: dict) -> None:
+    """Write ``manifest`` with a matching digest: what another trtbuild build would have written."""
+    manifest["digest"] = manifest_digest(manifest)
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+
+
 def flip(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset % len(data)] ^= 0xFF
@@ -83,8 +89,8 @@ def test_a_flipped_byte_in_any_artifact_file_is_caught(artifacts, tmp_path, wher
         report = verify_artifacts(art)
         assert not report.ok, rel
         assert any(str(path) in p or "manifest.json" in p for p in report.problems), (rel, report.problems)
-        if rel.startswith(ENGINE):  # the engine directory alone catches it too (manifest.json via index.json)
-            assert not verify_engine_dir(art / ENGINE).ok, rel
+        if rel.startswith(ENGINE):  # the engine directory alone catches it too (manifest.json by its digest)
+            assert not verify_engine_dir(art / ENGINE, use_index=False).ok, rel
         path.write_bytes(original)
     assert verify_artifacts(art).ok
 
@@ -121,7 +127,7 @@ def test_version_and_target_mismatches(artifacts, tmp_path):
 
     manifest = json.loads((engine / "manifest.json").read_text())  # and through the CLI, with this machine's facts
     manifest["versions"]["onnxruntime"] = "1.0.0"
-    (engine / "manifest.json").write_text(json.dumps(manifest))
+    resign(engine, manifest)
     proc = subprocess.run([*TRTBUILD, "verify", str(engine)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert (
@@ -143,7 +149,7 @@ def test_tensorrt_engines_are_checked_against_this_machine(artifacts, tmp_path):
             "plugin_version": "1",
         }
     ]
-    (engine / "manifest.json").write_text(json.dumps(manifest))
+    resign(engine, manifest)
     problems = verify_engine_dir(engine).problems
     assert problems == ["tensorrt sm90, TensorRT 10.9.0, plugin 1: needs an NVIDIA GPU, this machine has none"]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import platform
 import sys
 from pathlib import Path
@@ -58,8 +59,16 @@ def write_manifest(directory: Path, **sections: Any) -> dict[str, Any]:
         **sections,
         "files": file_table(directory),
     }
+    manifest["digest"] = manifest_digest(manifest)
     write_json(directory / MANIFEST, manifest)
     return manifest
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's content without its own ``digest`` entry (canonical JSON): a changed byte anywhere
+    in ``manifest.json`` no longer matches the digest it carries."""
+    body = {k: v for k, v in manifest.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .manifest import MANIFEST, MANIFEST_VERSION, cpu_target, package_versions, sha256_file
+from .manifest import MANIFEST, MANIFEST_VERSION, cpu_target, manifest_digest, package_versions, sha256_file
 
 INDEX = "index.json"  # written by ``trtbuild pipeline`` (trtbuild.pipeline.index)
 _INDEX_SEARCH_DEPTH = 6  # <model>/<format>/<backend>/<target> sits four levels below ARTIFACTS_DIR
@@ -148,6 +148,9 @@ def _read_manifest(engine_dir: Path, report: Report) -> dict[str, Any] | None:
         report.problems.append(
             f"{path}: manifest version {manifest.get('manifest_version')!r}, this trtbuild reads {MANIFEST_VERSION}"
         )
+        return None
+    if manifest.get("digest") != manifest_digest(manifest):
+        report.problems.append(f"{path}: content does not match its digest (the manifest was modified)")
         return None
     return manifest
 
