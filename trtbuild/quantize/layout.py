@@ -86,6 +86,9 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
                 t = f.get_tensor(name)
                 if tuple(t.shape) != shape:
                     raise BuildError(f"{path}: tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+                want = {"F8_E4M3": torch.float8_e4m3fn, "U8": torch.uint8, "I8": torch.int8}.get(dtype)
+                if (want is not None and t.dtype is not want) or (want is None and not t.dtype.is_floating_point):
+                    raise BuildError(f"{path}: tensor {name} has dtype {t.dtype}, expected {dtype}")
                 if t.dtype is torch.float8_e4m3fn:
                     weights[name] = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
                 elif dtype == "U8":
