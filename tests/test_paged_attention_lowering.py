@@ -7,11 +7,11 @@ import math
 import numpy as np
 import onnxruntime as ort
 import pytest
-from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache
 
 from trtbuild.backends.ort_lowering import lower_for_onnxruntime
 from trtbuild.config import EngineIO
 from trtbuild.graph.builder import FLOAT, INT64, GraphBuilder
+from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache
 from trtbuild.runtime.kv_cache import slot_mapping
 
 IO = EngineIO()
