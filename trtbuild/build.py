@@ -23,7 +23,7 @@ import onnx
 from .artifacts.atomic import atomic_output_dir
 from .artifacts.manifest import cpu_target, sha256_file, write_manifest
 from .checkpoint import WEIGHTS_FILE
-from .config import Backend, BuildConfig, EngineIO, PerplexityGate, RuntimeConfig, TensorRTConfig
+from .config import Backend, BuildConfig, EngineIO, ModelConfig, PerplexityGate, RuntimeConfig, TensorRTConfig
 from .configio import to_dict
 from .convert.convert import TOKENIZER_FILES
 from .errors import BuildError
@@ -45,6 +45,17 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
     """Node count per op type (``domain::Op`` for custom domains), sorted by type."""
     c = Counter(f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
     return dict(sorted(c.items()))
+
+
+def portable_graph(ckpt_dir: Path, build: BuildConfig) -> tuple[ModelConfig, BuildConfig, EngineIO, onnx.ModelProto]:
+    """Load a (float or quantized) checkpoint and emit its portable graph; ``max_seq_len`` is capped by the model."""
+    from .quantize.layout import load_any_checkpoint
+
+    model_cfg, weights = load_any_checkpoint(ckpt_dir)
+    if build.max_seq_len > model_cfg.max_position_embeddings:
+        build = replace(build, max_seq_len=model_cfg.max_position_embeddings)
+    io = EngineIO()
+    return model_cfg, build, io, emit_portable_graph(model_cfg, weights, build, io)
 
 
 def build_engine(
@@ -71,14 +82,7 @@ def build_engine(
         raise BuildError("TensorRT options (--arch, --hardware-compatibility, ...) need --backend tensorrt")
     if gate is not None and not (gate.ref_engine / "runtime_config.json").is_file():
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
-    from .quantize.layout import load_any_checkpoint
-
-    model_cfg, weights = load_any_checkpoint(ckpt_dir)
-    if build.max_seq_len > model_cfg.max_position_embeddings:
-        build = replace(build, max_seq_len=model_cfg.max_position_embeddings)
-    io = EngineIO()
-    portable = emit_portable_graph(model_cfg, weights, build, io)
-    del weights
+    model_cfg, build, io, portable = portable_graph(ckpt_dir, build)
     from .backends.ort_lowering import lower_for_onnxruntime
 
     engine = lower_for_onnxruntime(portable, io)
@@ -123,14 +127,7 @@ def _build_tensorrt(
     from .backends.tensorrt import build_tensorrt_engines, require_tensorrt
 
     require_tensorrt()  # fail with the install hint before any heavy work
-    from .quantize.layout import load_any_checkpoint
-
-    model_cfg, weights = load_any_checkpoint(ckpt_dir)
-    if build.max_seq_len > model_cfg.max_position_embeddings:
-        build = replace(build, max_seq_len=model_cfg.max_position_embeddings)
-    io = EngineIO()
-    portable = emit_portable_graph(model_cfg, weights, build, io)
-    del weights
+    model_cfg, build, io, portable = portable_graph(ckpt_dir, build)
     portable_counts = op_counts(portable)
     with tempfile.TemporaryDirectory(prefix="trtbuild-portable-") as work:
         portable_path = Path(work) / "portable.onnx"

@@ -58,6 +58,7 @@ class GraphBuilder:
         domain: str = "",
         **attrs: object,
     ) -> list[str]:
+        """Add a node with ``outputs`` outputs (a count, or explicit names) and return their names."""
         node_name = self._fresh(name or op_type)
         outs = [f"{node_name}/out{i}" for i in range(outputs)] if isinstance(outputs, int) else list(outputs)
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=node_name, domain=domain, **attrs))
