@@ -279,3 +279,27 @@ def test_real_emitted_graph(arch: str, tmp_path: Path) -> None:
     assert len(names) == 1 + 2 * cfg.num_layers
     for want, got in zip(run(portable, step, names), run(lowered, step, names), strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_quantized_kv_cache_is_refused_not_silently_dropped():
+    """The TensorRT plugin does not read KV-cache scales yet: lowering such a graph must fail loudly."""
+    model = _quantized_kv_model()
+    with pytest.raises(BuildError, match="quantized KV cache"):
+        lower_for_tensorrt(model, BuildConfig(max_seq_len=64, kv_block_size=4))
+
+
+def _quantized_kv_model() -> onnx.ModelProto:
+    from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE
+
+    names = ["qkv", "key_cache.0", "value_cache.0", "positions", "block_tables", "query_start_loc"]
+    types = [TensorProto.FLOAT, TensorProto.INT8, TensorProto.INT8] + [TensorProto.INT64] * 3
+    shapes = [["T", 32], ["NB", "BS", 2, 8], ["NB", "BS", 2, 8], ["T"], ["B", "M"], ["B1"]]
+    inputs = [helper.make_tensor_value_info(n, t, s) for n, t, s in zip(names, types, shapes, strict=True)]
+    scales = [helper.make_tensor(n, TensorProto.FLOAT, [], [0.1]) for n in ("k_scale", "v_scale")]
+    node = helper.make_node(
+        OP_TYPE, [*names, "", "k_scale", "v_scale"], ["out", "kc_out", "vc_out"], domain=DOMAIN, name="attn",
+        num_heads=2, num_kv_heads=1, head_size=8, scale=0.35, rotary_interleaved=0, kv_cache_dtype=TensorProto.INT8,
+    )  # fmt: skip
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["T", 16])]
+    graph = helper.make_graph([node], "g", inputs, outputs, scales)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])

@@ -78,6 +78,12 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
             continue
         if len(node.input) < 6 or len(node.output) != 3 or not all(node.output):
             raise BuildError(f"{node.name}: a {OP_TYPE} node needs 6-7 inputs and 3 outputs (see the op README)")
+        kv_dtype = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "kv_cache_dtype"), 1)
+        if kv_dtype != onnx.TensorProto.FLOAT or len([i for i in node.input[7:] if i]):
+            raise BuildError(
+                "a quantized KV cache (--kv-cache-dtype int8|fp8) is not supported by the TensorRT backend yet; "
+                "build this checkpoint with --backend onnxruntime, or quantize without --kv-cache-dtype"
+            )
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         missing = [a for a in REQUIRED_ATTRS if a not in attrs]
         if missing:
