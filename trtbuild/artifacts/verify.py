@@ -131,17 +131,28 @@ def verify_artifacts(artifacts_dir: Path, local: LocalVersions | None = None) ->
     return report
 
 
-def _read_manifest(engine_dir: Path, report: Report) -> dict[str, Any] | None:
-    path = engine_dir / MANIFEST
+def _read_json(path: Path, report: Report, missing: str) -> dict[str, Any] | None:
+    """``path``'s JSON object, or None with a problem recorded (``missing`` says what an absent file means)."""
     if not path.is_file():
-        report.problems.append(f"{path}: missing (an incomplete or interrupted build, or not an engine directory)")
+        report.problems.append(f"{path}: missing ({missing})")
         return None
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         report.problems.append(f"{path}: corrupt ({type(e).__name__})")
         return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+    if not isinstance(data, dict):
+        report.problems.append(f"{path}: corrupt (not a JSON object)")
+        return None
+    return data
+
+
+def _read_manifest(engine_dir: Path, report: Report) -> dict[str, Any] | None:
+    path = engine_dir / MANIFEST
+    manifest = _read_json(path, report, "an incomplete or interrupted build, or not an engine directory")
+    if manifest is None:
+        return None
+    if not isinstance(manifest.get("files"), dict):
         report.problems.append(f"{path}: corrupt (no file table)")
         return None
     if manifest.get("manifest_version") != MANIFEST_VERSION:
@@ -208,15 +219,10 @@ def _check_versions_and_target(manifest: dict[str, Any], local: LocalVersions, r
 
 
 def _read_index(path: Path, report: Report) -> dict[str, Any] | None:
-    if not path.is_file():
-        report.problems.append(f"{path}: missing (not a pipeline artifacts directory)")
+    index = _read_json(path, report, "not a pipeline artifacts directory")
+    if index is None:
         return None
-    try:
-        index = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        report.problems.append(f"{path}: corrupt ({type(e).__name__})")
-        return None
-    if not isinstance(index, dict) or not isinstance(index.get("artifacts"), list):
+    if not isinstance(index.get("artifacts"), list):
         report.problems.append(f"{path}: corrupt (no artifact list)")
         return None
     return index
