@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -38,19 +39,28 @@ def make_case(rng, lens_new, lens_ctx, hq, hkv, d, block_size, num_blocks):
     return qkv, kc, vc, pos, bt, qsl
 
 
-def single_op_session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray | None):
+def lowered_single_op(
+    attrs: PagedAttentionAttrs, cos_sin: np.ndarray | None, kv_scales: tuple[float, float] | None = None
+) -> onnx.ModelProto:
+    """A graph of one plugin node (caches of ``attrs.kv_cache_dtype``; scales as inputs 7/8 when given), lowered."""
     g = GraphBuilder(23)
-    hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
+    hq, hkv, d, kv = attrs.num_heads, attrs.num_kv_heads, attrs.head_size, attrs.kv_cache_dtype
     qkv = g.add_input("qkv", FLOAT, ["T", (hq + 2 * hkv) * d])
-    kc = g.add_input("key_cache.0", FLOAT, ["NB", "BS", hkv, d])
-    vc = g.add_input("value_cache.0", FLOAT, ["NB", "BS", hkv, d])
+    kc = g.add_input("key_cache.0", kv, ["NB", "BS", hkv, d])
+    vc = g.add_input("value_cache.0", kv, ["NB", "BS", hkv, d])
     pos = g.add_input("positions", INT64, ["T"])
     bt = g.add_input("block_tables", INT64, ["B", "M"])
     qsl = g.add_input("query_start_loc", INT64, ["B1"])
     cs = g.initializer("rotary.cos_sin_cache", cos_sin) if cos_sin is not None else ""
+    inputs, extra = [qkv, kc, vc, pos, bt, qsl, cs], {}
+    if kv_scales is not None:
+        k_scale, v_scale = kv_scales
+        inputs += [g.initializer("k_scale", np.array(k_scale, np.float32))]
+        inputs += [g.initializer("v_scale", np.array(v_scale, np.float32))]
+        extra["kv_cache_dtype"] = kv
     g.op_multi(
         OP_TYPE,
-        [qkv, kc, vc, pos, bt, qsl, cs],
+        inputs,
         domain=DOMAIN,
         outputs=["out", "kc_out", "vc_out"],
         num_heads=hq,
@@ -58,13 +68,20 @@ def single_op_session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray | None):
         head_size=d,
         scale=attrs.scale,
         rotary_interleaved=int(attrs.rotary_interleaved),
+        **extra,
     )
     g.add_output("out", FLOAT, ["T", hq * d])
-    g.add_output("kc_out", FLOAT, ["NB", "BS", hkv, d])
-    g.add_output("vc_out", FLOAT, ["NB", "BS", hkv, d])
+    g.add_output("kc_out", kv, ["NB", "BS", hkv, d])
+    g.add_output("vc_out", kv, ["NB", "BS", hkv, d])
     lowered = lower_for_onnxruntime(g.model(), IO)
     assert not [n for n in lowered.graph.node if n.domain == DOMAIN]
-    return ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
+    return lowered
+
+
+def single_op_session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray | None) -> ort.InferenceSession:
+    return ort.InferenceSession(
+        lowered_single_op(attrs, cos_sin).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
 
 
 CASES = [

@@ -9,16 +9,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto
-from test_paged_attention_lowering import make_case
+from test_paged_attention_lowering import lowered_single_op, make_case
 
-from trtbuild.backends.ort_lowering import lower_for_onnxruntime
-from trtbuild.config import EngineIO
-from trtbuild.graph.builder import FLOAT, INT64, GraphBuilder
 from trtbuild.plugins.paged_attention import (
-    DOMAIN,
     KV_FP8,
     KV_INT8,
-    OP_TYPE,
     PagedAttentionAttrs,
     dequantize_kv,
     paged_attention,
@@ -31,33 +26,7 @@ STORAGE = {KV_INT8: np.int8, KV_FP8: ml_dtypes.float8_e4m3fn}
 
 
 def session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray, k_scale: float, v_scale: float):
-    g = GraphBuilder(23)
-    hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
-    qkv = g.add_input("qkv", FLOAT, ["T", (hq + 2 * hkv) * d])
-    kc = g.add_input("key_cache.0", attrs.kv_cache_dtype, ["NB", "BS", hkv, d])
-    vc = g.add_input("value_cache.0", attrs.kv_cache_dtype, ["NB", "BS", hkv, d])
-    pos = g.add_input("positions", INT64, ["T"])
-    bt = g.add_input("block_tables", INT64, ["B", "M"])
-    qsl = g.add_input("query_start_loc", INT64, ["B1"])
-    cs = g.initializer("rotary.cos_sin_cache", cos_sin)
-    ks = g.initializer("k_scale", np.array(k_scale, np.float32))
-    vs = g.initializer("v_scale", np.array(v_scale, np.float32))
-    g.op_multi(
-        OP_TYPE,
-        [qkv, kc, vc, pos, bt, qsl, cs, ks, vs],
-        domain=DOMAIN,
-        outputs=["out", "kc_out", "vc_out"],
-        num_heads=hq,
-        num_kv_heads=hkv,
-        head_size=d,
-        scale=attrs.scale,
-        rotary_interleaved=0,
-        kv_cache_dtype=attrs.kv_cache_dtype,
-    )
-    g.add_output("out", FLOAT, ["T", hq * d])
-    g.add_output("kc_out", attrs.kv_cache_dtype, ["NB", "BS", hkv, d])
-    g.add_output("vc_out", attrs.kv_cache_dtype, ["NB", "BS", hkv, d])
-    lowered = lower_for_onnxruntime(g.model(), EngineIO())
+    lowered = lowered_single_op(attrs, cos_sin, (k_scale, v_scale))
     if attrs.kv_cache_dtype == KV_FP8:  # onnxruntime reads an fp8 cache as its uint8 bit patterns
         assert {i.name: i.type.tensor_type.elem_type for i in lowered.graph.input}["key_cache.0"] == TensorProto.UINT8
     return ort.InferenceSession(lowered.SerializeToString(), providers=["CPUExecutionProvider"])
