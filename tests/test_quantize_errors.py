@@ -30,7 +30,7 @@ CASES = {
     "unknown qformat": (["--qformat", "int3"], "'int3' is not one of int8_sq, fp8, int8_wo, int4_wo, int4_awq"),
     "group size": (
         ["--qformat", "int4_awq", "--group-size", "48"],
-        "--group-size 48 does not divide the 64 in-features of layers.0.attn.qkv",
+        "--group-size 48 is not a power of two >= 16",
     ),
     "empty calibration file": (["--qformat", "int8_sq", "--calib-dataset", "{empty}"], "no text in the calibration"),
     "missing calibration file": (["--qformat", "int8_sq", "--calib-dataset", "{missing}"], "no such dataset file"),

@@ -20,16 +20,18 @@ from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
 from trtbuild.runtime.ort_session import OrtSession
 
-# name -> (qformat, kv cache dtype)
+# name -> (qformat, kv cache dtype, int4 group size). The tiny model's in-features are 64 (qkv, gate_up, out) and
+# 96 (down): group 64 leaves mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
 CASES = {
-    "int8_sq": (QFormat.INT8_SQ, KVCacheDType.FLOAT32),
-    "fp8": (QFormat.FP8, KVCacheDType.FLOAT32),
-    "int8_wo": (QFormat.INT8_WO, KVCacheDType.FLOAT32),
-    "int4_wo": (QFormat.INT4_WO, KVCacheDType.FLOAT32),
-    "int4_awq": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32),
-    "int8_wo+kv_int8": (QFormat.INT8_WO, KVCacheDType.INT8),
-    "fp8+kv_fp8": (QFormat.FP8, KVCacheDType.FP8),
-    "int8_sq+kv_fp8": (QFormat.INT8_SQ, KVCacheDType.FP8),
+    "int8_sq": (QFormat.INT8_SQ, KVCacheDType.FLOAT32, 32),
+    "fp8": (QFormat.FP8, KVCacheDType.FLOAT32, 32),
+    "int8_wo": (QFormat.INT8_WO, KVCacheDType.FLOAT32, 32),
+    "int4_wo": (QFormat.INT4_WO, KVCacheDType.FLOAT32, 32),
+    "int4_awq": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32, 32),
+    "int4_awq_g64_partial": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32, 64),
+    "int8_wo+kv_int8": (QFormat.INT8_WO, KVCacheDType.INT8, 32),
+    "fp8+kv_fp8": (QFormat.FP8, KVCacheDType.FP8, 32),
+    "int8_sq+kv_fp8": (QFormat.INT8_SQ, KVCacheDType.FP8, 32),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
@@ -44,9 +46,9 @@ def quantized(tmp_path_factory):
     _, ckpt = tiny_checkpoint(root)
     text = calib_file(root)
     out = {}
-    for name, (qformat, kv) in CASES.items():
+    for name, (qformat, kv, group) in CASES.items():
         qcfg = QuantConfig(
-            qformat=qformat, kv_cache_dtype=kv, group_size=32, calib_dataset=str(text), calib_size=2, calib_seq_len=24
+            qformat=qformat, kv_cache_dtype=kv, group_size=group, calib_dataset=str(text), calib_size=2, calib_seq_len=24
         )
         qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
         result = quantize(ckpt, qckpt, qcfg, progress=False, keep_model=True)
@@ -63,7 +65,7 @@ def torch_logits(model, ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("name", list(CASES))
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
-    qformat, _ = CASES[name]
+    qformat, _, _ = CASES[name]
     session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT)
     atol = 1e-4 if qformat in WEIGHT_ONLY else 1e-3
     rng = np.random.default_rng(3)
@@ -88,7 +90,12 @@ def test_engine_matches_modelopt_fake_quant(quantized, name):
             )
 
 
-@pytest.mark.parametrize("name", ["int8_wo", "int4_awq"])
+# Largest logit error of the default session, as a fraction of the largest logit: int8 activations in blocks of 16
+# (int8_wo) or of the group, 32 (int4; AWQ's explicit pre-quant Mul before attn.out widens that activation's range).
+DEFAULT_SESSION_TOLERANCE = {"int8_wo": 0.05, "int4_awq": 0.1}
+
+
+@pytest.mark.parametrize("name", list(DEFAULT_SESSION_TOLERANCE))
 def test_default_session_is_close_to_fake_quant(quantized, name):
     """The default MatMulNBits accuracy level (int8 activations inside the kernel) stays close."""
     model, _, engine = quantized[name]
@@ -97,7 +104,7 @@ def test_default_session_is_close_to_fake_quant(quantized, name):
         StepBatch.build([ids], [0], [[1, 2, 3, 4, 5, 6, 7, 8]], all_logits=True)
     )
     ref = torch_logits(model, ids)
-    assert np.abs(logits - ref).max() < 0.05 * np.abs(ref).max()
+    assert np.abs(logits - ref).max() < DEFAULT_SESSION_TOLERANCE[name] * np.abs(ref).max()
 
 
 # Optimized-graph op a quantized linear must become on onnxruntime's CPU provider.
@@ -109,7 +116,9 @@ KERNELS = {
 }
 
 
-@pytest.mark.parametrize("name", ["int8_sq", "int8_wo", "int4_wo", "int4_awq", "fp8", "int8_sq+kv_fp8"])
+@pytest.mark.parametrize(
+    "name", ["int8_sq", "int8_wo", "int4_wo", "int4_awq", "int4_awq_g64_partial", "fp8", "int8_sq+kv_fp8"]
+)
 def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     _, _, engine = quantized[name]
     opts = ort.SessionOptions()
@@ -119,13 +128,31 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     ops = collections.Counter(
         n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
     )
-    qformat, _ = CASES[name]
+    qformat, _, _ = CASES[name]
     if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
         assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
     else:
         assert ops[KERNELS[qformat]] == QUANTIZED_LINEARS, dict(ops)
         assert ops["DequantizeLinear"] == 0 or name.endswith("kv_fp8")
+
+
+def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
+    """The portable graph keeps per-channel int8 weights; the onnxruntime engine restates them in blocks of 16
+    in-features (same codes, scale repeated), which MatMulNBits also uses to quantize its activations."""
+    from trtbuild.build import portable_graph
+
+    _, qckpt, engine = quantized["int8_wo"]
+    _, _, _, portable = portable_graph(qckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
+    weight_dq = [n for n in portable.graph.node if n.op_type == "DequantizeLinear" and n.name.endswith("weight_dq")]
+    assert len(weight_dq) == QUANTIZED_LINEARS
+    assert all({a.name: a.i for a in n.attribute} == {"axis": 1} for n in weight_dq)
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    fused = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
+    blocks = {a.i for n in fused if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+    assert blocks == {16}
 
 
 def test_checkpoint_layout(quantized):
@@ -153,6 +180,9 @@ def test_checkpoint_layout(quantized):
     awq = tensors("int4_awq")
     assert awq["layers.0.mlp.down.weight"].dtype is torch.uint8 and awq["layers.0.mlp.down.weight"].shape == (64, 48)
     assert awq["layers.0.mlp.down.weight_scale"].shape == (64, 3)
+    partial = tensors("int4_awq_g64_partial")  # 96 in-features at group 64: a full and a half group
+    assert partial["layers.0.mlp.down.weight_scale"].shape == (64, 2)
+    assert partial["layers.0.attn.qkv.weight_scale"].shape == (128, 1)
     cfg, weights = load_any_checkpoint(quantized["int4_awq"][1])
     assert cfg.quantization.qformat is QFormat.INT4_AWQ and cfg.quantization.group_size == 32
     assert weights["layers.0.mlp.down.weight"].dtype == ml_dtypes.int4

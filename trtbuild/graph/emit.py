@@ -52,7 +52,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     for n in range(cfg.num_layers):
         p = f"layers.{n}."
         h = _norm(g, cfg, weights, x, p + "input_norm")
-        qkv = _linear(g, weights, h, p + "attn.qkv")
+        qkv = _linear(g, cfg, weights, h, p + "attn.qkv")
         kc = g.add_input(io.key_cache.format(layer=n), cache_type, cache_shape)
         vc = g.add_input(io.value_cache.format(layer=n), cache_type, cache_shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
@@ -75,7 +75,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         )[0]
         g.add_output(kc_out, cache_type, cache_shape)
         g.add_output(vc_out, cache_type, cache_shape)
-        x = g.op("Add", [x, _linear(g, weights, attn, p + "attn.out")], name=p + "attn.residual")
+        x = g.op("Add", [x, _linear(g, cfg, weights, attn, p + "attn.out")], name=p + "attn.residual")
         h = _norm(g, cfg, weights, x, p + "post_attn_norm")
         x = g.op("Add", [x, _mlp(g, cfg, weights, h, p + "mlp")], name=p + "mlp.residual")
 
@@ -84,17 +84,18 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     if cfg.tie_word_embeddings:
         logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)
     else:
-        logits = _linear(g, weights, x, "lm_head")
+        logits = _linear(g, cfg, weights, x, "lm_head")
     g.rename_output(logits, io.logits)
     g.add_output(io.logits, FLOAT, ["num_logits", cfg.vocab_size])
     return g.model()
 
 
-def _linear(g: GraphBuilder, weights: Weights, x: str, prefix: str) -> str:
+def _linear(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
     if prefix + ".weight_scale" in weights:  # a quantized checkpoint's linear: Q/DQ (trtbuild.quantize.formats)
         from ..quantize.formats import emit_quantized_linear
 
-        return emit_quantized_linear(g, weights, x, prefix)
+        assert cfg.quantization is not None
+        return emit_quantized_linear(g, weights, x, prefix, cfg.quantization.group_size)
     w = g.initializer(prefix + ".weight", np.ascontiguousarray(weights[prefix + ".weight"].T))
     y = g.op("MatMul", [x, w], name=prefix)
     if prefix + ".bias" in weights:
@@ -112,11 +113,11 @@ def _norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: s
 
 def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
     if cfg.mlp is MlpKind.SWIGLU:
-        gate_up = _linear(g, weights, x, prefix + ".gate_up")
+        gate_up = _linear(g, cfg, weights, x, prefix + ".gate_up")
         i = cfg.intermediate_size
         gate, up = g.op_multi("Split", [gate_up, g.const([i, i])], outputs=2, name=prefix + ".split", axis=-1)
         act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=prefix + ".sigmoid")], name=prefix + ".silu")
         h = g.op("Mul", [act, up], name=prefix + ".gated")
     else:
-        h = g.op("Gelu", [_linear(g, weights, x, prefix + ".up")], name=prefix + ".gelu", approximate="tanh")
-    return _linear(g, weights, h, prefix + ".down")
+        h = g.op("Gelu", [_linear(g, cfg, weights, x, prefix + ".up")], name=prefix + ".gelu", approximate="tanh")
+    return _linear(g, cfg, weights, h, prefix + ".down")

@@ -5,7 +5,7 @@ Checkpoint tensors of a quantized linear ``P`` (canonical prefix, e.g. ``layers.
 | tensor | int8_sq | fp8 | int8_wo | int4_wo / int4_awq |
 |---|---|---|---|---|
 | ``P.weight`` | int8 | float8_e4m3fn | int8 | uint8 ``[out, in/2]``: two int4 per byte, even column in the low nibble |
-| ``P.weight_scale`` (float32) | ``[out]`` | ``[out]`` (*) | ``[out]`` | ``[out, in/group]`` |
+| ``P.weight_scale`` (float32) | ``[out]`` | ``[out]`` (*) | ``[out]`` | ``[out, ceil(in/group)]`` |
 | ``P.input_scale`` (float32) | ``[]`` | ``[]`` | — | — |
 | ``P.pre_quant_scale`` (float32) | ``[in]`` where not folded | — | — | ``[in]`` where not folded |
 
@@ -84,10 +84,11 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str) -> dict[str
             fq = m.weight_quantizer(w).float()
             amax = m.weight_quantizer.amax.detach().float()
         out_f, in_f = w.shape
-        if spec.blocked:
-            scale = amax.reshape(out_f, -1) / spec.weights.bound  # [out, in/group]
-            group = in_f // scale.shape[1]
-            q = fq / scale.repeat_interleave(group, dim=1)
+        if spec.blocked:  # [out, ceil(in/group)]: a partial last group is zero-padded by modelopt, as ONNX's is
+            scale = amax.reshape(out_f, -1) / spec.weights.bound
+            group = m.weight_quantizer.block_sizes[-1]
+            assert scale.shape[1] == -(-in_f // group), (prefix, tuple(scale.shape), group)
+            q = fq / scale.repeat_interleave(group, dim=1)[:, :in_f]
         elif amax.numel() == 1:
             scale = (amax.reshape(()) / spec.weights.bound).expand(out_f)
             q = fq / scale[:, None]
@@ -139,11 +140,12 @@ def is_quantized_linear(weights: dict[str, np.ndarray], prefix: str) -> bool:
     return prefix + ".weight_scale" in weights
 
 
-def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix: str) -> str:
+def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix: str, group_size: int) -> str:
     """``y = x @ W.T (+ b)`` with ``W`` and (when calibrated) ``x`` as Q/DQ; returns the output name.
 
     The format follows from the tensors: the weight's dtype (int8, float8_e4m3fn, int4), the scale's rank (blocked
-    when 2-D) and the presence of ``input_scale`` / ``pre_quant_scale``.
+    along in-features by ``group_size`` when 2-D; the last block may be partial, as ONNX's blocked
+    DequantizeLinear and onnxruntime's MatMulNBits allow) and the presence of ``input_scale`` / ``pre_quant_scale``.
     """
     w = weights[prefix + ".weight"]
     scale = np.asarray(weights[prefix + ".weight_scale"], dtype=np.float32)
@@ -157,10 +159,10 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
         xq = g.op("QuantizeLinear", [x, s, zp], name=prefix + ".input_q")
         x = g.op("DequantizeLinear", [xq, s, zp], name=prefix + ".input_dq")
     wt = g.initializer(prefix + ".weight", np.ascontiguousarray(w.T))  # [in, out]
-    if scale.ndim == 2:  # [out, in/group] -> blocked along the in axis of [in, out]
-        group = w.shape[1] // scale.shape[1]
+    if scale.ndim == 2:  # [out, ceil(in/group)] -> blocked along the in axis of [in, out]
+        assert scale.shape[1] == -(-w.shape[1] // group_size), (prefix, scale.shape, group_size)
         st = g.initializer(prefix + ".weight_scale", np.ascontiguousarray(scale.T))
-        wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=0, block_size=group)
+        wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=0, block_size=group_size)
     else:
         st = g.initializer(prefix + ".weight_scale", scale)
         wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=1)

@@ -43,7 +43,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
         rows, cols = out[prefix + ".weight"][0]
         if spec.weights is Numeric.INT4:
             out[prefix + ".weight"] = ((rows, cols // 2), "U8")
-            out[prefix + ".weight_scale"] = ((rows, cols // q.group_size), "F32")
+            out[prefix + ".weight_scale"] = ((rows, -(-cols // q.group_size)), "F32")  # last group may be partial
         else:
             out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
             out[prefix + ".weight_scale"] = ((rows,), "F32")

@@ -1,7 +1,7 @@
 """Stage ``trtbuild quantize``: a float checkpoint (or HF folder / GGUF) -> a quantized checkpoint, atomically.
 
 1. load the float checkpoint (converting an HF folder or GGUF file into a temporary one first);
-2. check the request against the architecture (supported family, int4 group size dividing every in-features);
+2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``);
 5. export every quantized linear (``formats.py``), fold pre-quant scales (``layout.py`` says where), add KV scales;
@@ -128,25 +128,12 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     linears = [n for n in canonical_linears(cfg) if n not in excluded]
     if not linears:
         raise TrtbuildError(f"--exclude {' '.join(qcfg.exclude)} leaves no linear layer to quantize")
-    if FORMATS[qcfg.qformat].blocked:
-        shapes = {
-            "attn.qkv": cfg.hidden_size,
-            "attn.out": cfg.num_heads * cfg.head_size,
-            "mlp.gate_up": cfg.hidden_size,
-            "mlp.down": cfg.intermediate_size,
-            "lm_head": cfg.hidden_size,
-        }
-        for name in linears:
-            in_features = shapes[name.split(".", 2)[-1] if name.startswith("layers.") else name]
-            if in_features % qcfg.group_size or qcfg.group_size % 2:
-                raise TrtbuildError(
-                    f"--group-size {qcfg.group_size} does not divide the {in_features} in-features "
-                    f"of {name} (pick an even divisor, e.g. {_divisor(in_features)}, or --exclude it)"
-                )
-
-
-def _divisor(n: int) -> int:
-    return max(d for d in (16, 32, 64, 128) if n % d == 0) if n % 16 == 0 else 2
+    group = qcfg.group_size
+    if FORMATS[qcfg.qformat].blocked and (group < 16 or group & (group - 1)):
+        raise TrtbuildError(
+            f"--group-size {group} is not a power of two >= 16 (what onnxruntime's MatMulNBits and TensorRT's "
+            "blocked int4 take); in-features that are not a multiple of it end in a partial group"
+        )
 
 
 def calibration_samples(ckpt_dir: Path, qcfg: QuantConfig, cache_dir: Path | None = None) -> np.ndarray:
