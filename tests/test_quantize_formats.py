@@ -48,7 +48,12 @@ def quantized(tmp_path_factory):
     out = {}
     for name, (qformat, kv, group) in CASES.items():
         qcfg = QuantConfig(
-            qformat=qformat, kv_cache_dtype=kv, group_size=group, calib_dataset=str(text), calib_size=2, calib_seq_len=24
+            qformat=qformat,
+            kv_cache_dtype=kv,
+            group_size=group,
+            calib_dataset=str(text),
+            calib_size=2,
+            calib_seq_len=24,
         )
         qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
         result = quantize(ckpt, qckpt, qcfg, progress=False, keep_model=True)
