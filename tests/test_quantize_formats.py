@@ -4,6 +4,7 @@ through prefill and decode steps of the paged cache, and onnxruntime runs it on 
 from __future__ import annotations
 
 import collections
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -20,18 +21,29 @@ from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
 from trtbuild.runtime.ort_session import OrtSession
 
-# name -> (qformat, kv cache dtype, int4 group size). The tiny model's in-features are 64 (qkv, gate_up, out) and
-# 96 (down): group 64 leaves mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
+
+class Case(NamedTuple):
+    qformat: QFormat
+    kv: KVCacheDType = KVCacheDType.FLOAT32
+    group: int = 32
+    model: str = "llama_gqa"  # in-features 64 (qkv, gate_up, out) and 96 (down); untied lm_head
+    exclude: tuple[str, ...] = ("lm_head",)
+
+
+# Group 64 leaves llama_gqa's mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
+# qwen2_bias has q/k/v biases and a tied lm_head, which `exclude=()` quantizes (int8 weight-only, its own copy).
 CASES = {
-    "int8_sq": (QFormat.INT8_SQ, KVCacheDType.FLOAT32, 32),
-    "fp8": (QFormat.FP8, KVCacheDType.FLOAT32, 32),
-    "int8_wo": (QFormat.INT8_WO, KVCacheDType.FLOAT32, 32),
-    "int4_wo": (QFormat.INT4_WO, KVCacheDType.FLOAT32, 32),
-    "int4_awq": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32, 32),
-    "int4_awq_g64_partial": (QFormat.INT4_AWQ, KVCacheDType.FLOAT32, 64),
-    "int8_wo+kv_int8": (QFormat.INT8_WO, KVCacheDType.INT8, 32),
-    "fp8+kv_fp8": (QFormat.FP8, KVCacheDType.FP8, 32),
-    "int8_sq+kv_fp8": (QFormat.INT8_SQ, KVCacheDType.FP8, 32),
+    "int8_sq": Case(QFormat.INT8_SQ),
+    "fp8": Case(QFormat.FP8),
+    "int8_wo": Case(QFormat.INT8_WO),
+    "int4_wo": Case(QFormat.INT4_WO),
+    "int4_awq": Case(QFormat.INT4_AWQ),
+    "int4_awq_g64_partial": Case(QFormat.INT4_AWQ, group=64),
+    "int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8),
+    "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8),
+    "int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8),
+    "int4_awq+head": Case(QFormat.INT4_AWQ, exclude=()),
+    "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=()),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
@@ -43,20 +55,21 @@ QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); lm_head stays flo
 def quantized(tmp_path_factory):
     """name -> (fake-quantized torch model, quantized checkpoint, engine) for every case, made once."""
     root = tmp_path_factory.mktemp("quant")
-    _, ckpt = tiny_checkpoint(root)
+    checkpoints = {name: tiny_checkpoint(root, name)[1] for name in {case.model for case in CASES.values()}}
     text = calib_file(root)
     out = {}
-    for name, (qformat, kv, group) in CASES.items():
+    for name, case in CASES.items():
         qcfg = QuantConfig(
-            qformat=qformat,
-            kv_cache_dtype=kv,
-            group_size=group,
+            qformat=case.qformat,
+            kv_cache_dtype=case.kv,
+            group_size=case.group,
+            exclude=list(case.exclude),
             calib_dataset=str(text),
             calib_size=2,
             calib_seq_len=24,
         )
         qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
-        result = quantize(ckpt, qckpt, qcfg, progress=False, keep_model=True)
+        result = quantize(checkpoints[case.model], qckpt, qcfg, progress=False, keep_model=True)
         build_engine(qckpt, engine, BuildConfig(max_seq_len=128, kv_block_size=4))
         out[name] = (result.fake_quant_model, qckpt, engine)
     return out
@@ -70,7 +83,7 @@ def torch_logits(model, ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("name", list(CASES))
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
-    qformat, _, _ = CASES[name]
+    qformat = CASES[name].qformat
     session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT)
     atol = 1e-4 if qformat in WEIGHT_ONLY else 1e-3
     rng = np.random.default_rng(3)
@@ -133,7 +146,7 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     ops = collections.Counter(
         n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
     )
-    qformat, _, _ = CASES[name]
+    qformat = CASES[name].qformat
     if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
         assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
@@ -201,3 +214,27 @@ def test_checkpoint_layout(quantized):
         weights["layers.0.mlp.down.weight_scale"], 32, 1
     )
     np.testing.assert_allclose(w, fq, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["int4_awq+head", "int8_sq+tied_head"])
+def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
+    """Not excluded, the LM head is int8 per channel in every format; a tied one gets its own copy (the embedding
+    stays float) and runs on MatMulNBits in 16-wide blocks."""
+    from safetensors import safe_open
+
+    _, qckpt, engine = quantized[name]
+    with safe_open(str(qckpt / "rank0.safetensors"), framework="pt") as f:
+        head, scale, embed = (f.get_tensor(n) for n in ("lm_head.weight", "lm_head.weight_scale", "embed.weight"))
+        assert "lm_head.input_scale" not in f.keys() and "lm_head.pre_quant_scale" not in f.keys()  # noqa: SIM118
+    assert head.dtype is torch.int8 and head.shape == embed.shape and scale.shape == (embed.shape[0],)
+    assert embed.dtype is torch.float32
+    if name.endswith("tied_head"):  # the int8 head reproduces the shared float weight to within half a step
+        err = (head.float() * scale[:, None] - embed).abs().max(dim=1).values
+        assert bool((err <= scale * 0.5 + 1e-7).all())
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    head_ops = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
+    head_ops = [n for n in head_ops if n.name.startswith("lm_head")]
+    assert [n.op_type for n in head_ops] == ["MatMulNBits"]
+    assert {a.name: a.i for a in head_ops[0].attribute}["block_size"] == 16

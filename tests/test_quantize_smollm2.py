@@ -1,9 +1,10 @@
 """Acceptance of every quantization format on the real SmolLM2-135M (slow: calibration and builds take minutes).
 
-Reference: the float32 engine of the dequantized GGUF. Perplexity on 4 windows x 256 tokens of the lee_news
-evaluation split; calibration on 16 x 256 tokens of its (disjoint) calibration split. SmolLM2's 576-wide hidden
-size takes no 128-wide int4 group, so int4 is judged at group 64 (the GGUF's own grid is 32-wide Q4_1). Gates that
-these formats do not meet on this model are marked xfail with the measured figure (see docs/quantization.md).
+Reference: the float32 engine of the dequantized GGUF. Perplexity on 8 windows x 512 tokens of the lee_news
+evaluation split (``trtbuild eval``'s default); calibration on 16 x 256 tokens of its (disjoint) calibration split
+(4 x 256 for AWQ). int4 is judged at group 128, as the issue asks: SmolLM2's 576 in-features end in a half group.
+Gates these formats do not meet on this model are marked xfail with the measured figure (docs/quantization.md
+has the evidence: on this 135M model int4 at group 128 costs 2.5-8.7% for *each* linear kind on its own).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from trtbuild.eval import evaluate
 
 pytestmark = pytest.mark.slow
 
-EVAL = EvalConfig(dataset="lee_news", windows=4, seq_len=256)
+EVAL = EvalConfig(dataset="lee_news", windows=8, seq_len=512)
 BUILD = BuildConfig(max_seq_len=512, max_batch_size=4)
 CALIB = dict(calib_dataset="lee_news", calib_size=16, calib_seq_len=256)
 
@@ -58,15 +59,15 @@ def increase(ppl: float, ref: float) -> float:
 
 
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]  # down_proj's input (silu(gate) * up) has the activation outliers
-AWQ_CALIB = dict(calib_size=4, calib_seq_len=256)  # AWQ-lite's search costs ~15 CPU-minutes at 16 x 256
+AWQ_CALIB = dict(calib_size=4, calib_seq_len=256)  # AWQ-full's searches cost ~3 CPU-minutes at 4 x 256
 
 # name -> (QuantConfig fields, the issue's target increase in %, the bound measured here that guards regressions)
 FORMATS = {
-    "int8_wo": (dict(qformat=QFormat.INT8_WO), 0.5, 0.5),  # measured +0.18%
-    "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 2.5),  # measured +1.6% (per-tensor static activations)
-    "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, exclude=DOWN_FLOAT), 1.0, 1.0),  # measured -0.2%
-    "fp8": (dict(qformat=QFormat.FP8), 1.0, 3.5),  # measured +2.8% (per-tensor E4M3 weights and activations)
-    "int4_awq_g64": (dict(qformat=QFormat.INT4_AWQ, group_size=64, **AWQ_CALIB), 4.0, None),  # measured +27%
+    "int8_wo": (dict(qformat=QFormat.INT8_WO), 0.5, 0.5),  # measured +0.29%
+    "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 5.0),  # measured +3.9% (per-tensor static activations)
+    "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, exclude=DOWN_FLOAT), 1.0, 1.0),  # recipe; measured +0.84%
+    "fp8": (dict(qformat=QFormat.FP8), 1.0, 3.5),  # measured +2.7% (per-tensor E4M3 weights and activations)
+    "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB), 4.0, 30.0),  # measured +27%
 }
 
 
@@ -91,6 +92,6 @@ def test_int8_kv_cache_on_top_of_its_weights(perplexity):
 
 
 def test_int4_awq_beats_round_to_nearest(perplexity):
-    rtn = perplexity("int4_wo_g64", qformat=QFormat.INT4_WO, group_size=64)
-    awq = perplexity("int4_awq_g64", **FORMATS["int4_awq_g64"][0])  # calibrated on 4 x 256 tokens only
+    rtn = perplexity("int4_wo_g128", qformat=QFormat.INT4_WO, group_size=128)  # measured +58.6%
+    awq = perplexity("int4_awq_g128", **FORMATS["int4_awq_g128"][0])  # calibrated on 4 x 256 tokens only
     assert awq < rtn

@@ -55,7 +55,7 @@ def test_shipped_recipes_load():
             assert fmt.quantization is not None and fmt.quantization.qformat.value == fmt.name
             assert recipe.accuracy_gate is not None and recipe.accuracy_gate.baseline == "fp32"
     int4 = load_recipe(RECIPES / "smollm2-int4_awq.yaml").format("int4_awq").quantization
-    assert 576 % int4.group_size == 0 and 1536 % int4.group_size == 0  # SmolLM2's in-features
+    assert int4.group_size == 128  # the issue judges int4 at group 128 (SmolLM2's 576 in-features end half-full)
     template = load_recipe(RECIPES / "template.yaml")  # documents every key: each one is set there
     assert template.model.path == RECIPES / "../models/my-hf-folder"
     assert "backend" not in yaml.safe_load((RECIPES / "template.yaml").read_text())["build"]

@@ -81,7 +81,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
 
     x = g.op("Gather", [x, logits_idx], name="logits_rows")
     x = _norm(g, cfg, weights, x, "final_norm")
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and "lm_head.weight_scale" not in weights:  # a quantized tied head has its own copy
         logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)
     else:
         logits = _linear(g, cfg, weights, x, "lm_head")

@@ -64,6 +64,15 @@ FORMATS: dict[QFormat, FormatSpec] = {
     QFormat.INT4_AWQ: FormatSpec(QFormat.INT4_AWQ, Numeric.INT4, None, True, "INT4_AWQ_CFG", True),
 }
 
+# The LM head, when quantized (``--exclude`` without ``lm_head``), is int8 weight-only in every format
+# (``calibrate.quantize_lm_head``): the vocabulary projection does not take int4 or per-tensor activations well.
+HEAD_FORMAT = FORMATS[QFormat.INT8_WO]
+
+
+def linear_format(qformat: QFormat, prefix: str) -> FormatSpec:
+    """How the canonical linear ``prefix`` of a ``qformat`` checkpoint is quantized."""
+    return HEAD_FORMAT if prefix == "lm_head" else FORMATS[qformat]
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # Offline: modelopt-calibrated torch modules -> checkpoint tensors.

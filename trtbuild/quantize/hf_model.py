@@ -38,9 +38,9 @@ def check_quantizable(cfg: ModelConfig) -> None:
 
 
 def canonical_linears(cfg: ModelConfig) -> list[str]:
-    """Every linear a checkpoint of ``cfg`` holds, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``)."""
-    names = [f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LINEARS]
-    return names if cfg.tie_word_embeddings else [*names, "lm_head"]
+    """Every linear of ``cfg``, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``). A tied
+    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy."""
+    return [*(f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LINEARS), "lm_head"]
 
 
 def hf_modules(prefix: str) -> list[str]:

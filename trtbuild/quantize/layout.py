@@ -5,8 +5,9 @@ A quantized checkpoint is a float checkpoint (``convert.layout``) whose quantize
 the KV cache is quantized. SmoothQuant/AWQ pre-quant scales are folded where a preceding op can absorb them
 exactly: into ``input_norm`` for ``attn.qkv``, into ``post_attn_norm`` for ``mlp.gate_up`` and into the up rows'
 weight scales of ``mlp.gate_up`` for ``mlp.down``; ``attn.out`` keeps an explicit ``pre_quant_scale`` (its input,
-the attention output, is only linear per KV head, which GQA shares across query heads), and so does an untied
-``lm_head`` when it is not excluded (the final norm also feeds nothing else, but one Mul on a few rows is cheap).
+the attention output, is only linear per KV head, which GQA shares across query heads). A quantized ``lm_head``
+(not excluded) is int8 weight-only in every format (``formats.HEAD_FORMAT``); a tied one gets its own int8
+``lm_head.weight`` while ``embed.weight`` stays float.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from ..config import KVCacheDType, ModelConfig
 from ..convert.layout import expected_tensors
 from ..errors import BuildError, ConfigError
 from .calibrate import excluded_linears
-from .formats import FORMATS, Numeric, unpack_int4
+from .formats import Numeric, linear_format, unpack_int4
 from .hf_model import canonical_linears
 
-UNFOLDED_PRE_QUANT_SCALE = ("attn.out", "lm_head")  # canonical linears whose smoothing stays an explicit Mul
+UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)  # canonical linears whose smoothing stays an explicit Mul
 
 
 def quantized_linears(cfg: ModelConfig) -> list[str]:
@@ -38,9 +39,9 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
     q = cfg.quantization
     assert q is not None
     out = {name: (shape, "F32") for name, shape in expected_tensors(cfg).items()}
-    spec = FORMATS[q.qformat]
     for prefix in quantized_linears(cfg):
-        rows, cols = out[prefix + ".weight"][0]
+        spec = linear_format(q.qformat, prefix)
+        rows, cols = (cfg.vocab_size, cfg.hidden_size) if prefix == "lm_head" else out[prefix + ".weight"][0]
         if spec.weights is Numeric.INT4:
             out[prefix + ".weight"] = ((rows, cols // 2), "U8")
             out[prefix + ".weight_scale"] = ((rows, -(-cols // q.group_size)), "F32")  # last group may be partial

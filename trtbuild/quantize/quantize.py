@@ -27,7 +27,7 @@ from ..config import KVCacheDType, ModelConfig, QuantConfig
 from ..convert.convert import TOKENIZER_FILES, TORCH_DTYPES
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
-from .formats import FORMATS, Numeric, export_linear
+from .formats import FORMATS, Numeric, export_linear, linear_format
 from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
 from .layout import UNFOLDED_PRE_QUANT_SCALE
 
@@ -159,8 +159,8 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     tensors: dict[str, Any] = {}
     for prefix in quantized_linears(cfg):
         modules = [model.get_submodule(m) for m in hf_modules(prefix)]
-        tensors.update(export_linear(spec, modules, prefix))
-        floats.pop(prefix + ".weight")
+        tensors.update(export_linear(linear_format(q.qformat, prefix), modules, prefix))
+        floats.pop(prefix + ".weight", None)  # a tied lm_head has no tensor of its own: the quantized one is new
     i = cfg.intermediate_size
     for n in range(cfg.num_layers):
         p = f"layers.{n}."
@@ -179,7 +179,7 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     if spec.smoothing:  # a module whose smoothing search gave up has no pre-quant scale: use ones
         for prefix in quantized_linears(cfg):
             if prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
-                width = weights[prefix + ".weight"].shape[1]
+                width = model.get_submodule(hf_modules(prefix)[0]).in_features
                 tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
     if q.kv_cache_dtype in KV_NUM_BITS:
         for n in range(cfg.num_layers):
