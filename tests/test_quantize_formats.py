@@ -238,3 +238,17 @@ def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
     head_ops = [n for n in head_ops if n.name.startswith("lm_head")]
     assert [n.op_type for n in head_ops] == ["MatMulNBits"]
     assert {a.name: a.i for a in head_ops[0].attribute}["block_size"] == 16
+
+
+def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
+    """onnxruntime runs a partial last group (above); the TensorRT lowering takes whole groups only."""
+    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.build import portable_graph
+    from trtbuild.errors import BuildError
+
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    _, _, _, whole = portable_graph(quantized["int4_awq"][1], build)
+    assert sum(n.op_type == "DequantizeLinear" for n in lower_for_tensorrt(whole, build).graph.node) == 8
+    _, _, _, partial = portable_graph(quantized["int4_awq_g64_partial"][1], build)
+    with pytest.raises(BuildError, match="int4 groups of 64 do not divide its 96 in-features"):
+        lower_for_tensorrt(partial, build)

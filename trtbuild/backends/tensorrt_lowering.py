@@ -60,6 +60,7 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
     if not plugins:
         raise BuildError(f"the portable graph has no {DOMAIN}::{OP_TYPE} node; was it built by trtbuild?")
     initializers = {init.name: init for init in graph.initializer}
+    _check_whole_blocks(graph, initializers)
     graph_inputs = {vi.name: vi for vi in graph.input}
     graph_outputs = {vi.name for vi in graph.output}
     casts: dict[tuple[str, int], str] = {}
@@ -178,6 +179,24 @@ def profile_shapes(model: onnx.ModelProto, build: BuildConfig) -> dict[str, tupl
                 raise BuildError(f"graph input {vi.name!r}: no TensorRT profile range for dimension {dim.dim_param!r}")
         shapes[vi.name] = tuple(tuple(d[i] for d in dims) for i in range(3))
     return shapes
+
+
+def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> None:
+    """Refuse blocked ``DequantizeLinear`` weights whose last block is partial (ONNX and onnxruntime allow it; the
+    TensorRT block quantization this backend was written against takes whole blocks only, unverified here)."""
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        block = attrs.get("block_size", 0)
+        if weight is None or not block:
+            continue
+        axis = attrs.get("axis", 1) % len(weight.dims)
+        if weight.dims[axis] % block:
+            raise BuildError(
+                f"{node.name}: int4 groups of {block} do not divide its {weight.dims[axis]} in-features; the TensorRT "
+                "backend takes whole groups only: quantize with a --group-size dividing every in-features "
+                "(e.g. 64 for SmolLM2), or build with --backend onnxruntime"
+            )
 
 
 def _pin_block_size(graph: onnx.GraphProto, names: set[str], block_size: int) -> None:
