@@ -27,7 +27,8 @@ from .options import config_with_defaults, dataclass_options, load_recipe_option
     multiple=True,
     metavar="PATTERN",
     help="canonical linear kept in float, fnmatch pattern (e.g. 'layers.0.*', 'layers.*.mlp.down', 'lm_head'); "
-    "repeat for several; given patterns replace the default (lm_head)",
+    "repeat for several; given patterns replace the default (lm_head); `--exclude none` quantizes every linear "
+    "(a quantized lm_head is int8 weight-only in every format)",
 )
 @recipe_option
 @click.option("--format", "format_name", default=None, help="the recipe format whose quantization section to use")
