@@ -42,6 +42,7 @@ VARIANTS: dict[str, Variant] = {
     "int8_wo+kv_int8": Variant({"qformat": QFormat.INT8_WO, "kv_cache_dtype": KVCacheDType.INT8}),
     "int8_sq": Variant({"qformat": QFormat.INT8_SQ}, 1.0),
     "int8_sq_down_float": Variant({"qformat": QFormat.INT8_SQ, "exclude": DOWN_FLOAT}, 1.0),
+    "int8_sq_down_float+head": Variant({"qformat": QFormat.INT8_SQ, "exclude": DOWN_FLOAT[1:]}, 1.0),
     "fp8": Variant({"qformat": QFormat.FP8}, 1.0),
     "int4_wo_g128": Variant({"qformat": QFormat.INT4_WO, "group_size": 128}),
     "int4_awq_g128": Variant({"qformat": QFormat.INT4_AWQ, "group_size": 128}, 4.0, AWQ_CALIB),
