@@ -11,8 +11,10 @@ is compared with the float model's. Runs in torch (no engine build): about 15 s 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import math
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -70,7 +72,7 @@ def main() -> None:
         for kind in kinds:
             config["quant_cfg"].append({"quantizer_name": f"*{kind}.weight_quantizer", "enable": True})
         model = build_hf_model(cfg, weights)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):  # modelopt prints its progress
             warnings.simplefilter("ignore")
             mtq.quantize(model, config, None)
         ppl = perplexity(model)
