@@ -83,7 +83,9 @@ class QuantConfig:
 
     qformat: QFormat = field(metadata={"help": "quantization format"})
     kv_cache_dtype: KVCacheDType = field(default=KVCacheDType.FLOAT32, metadata={"help": "KV cache storage dtype"})
-    group_size: int = field(default=128, metadata={"help": "int4 block size along in-features"})
+    group_size: int = field(
+        default=128, metadata={"help": "int4 block size along in-features: a power of two >= 16 (last may be partial)"}
+    )
     calib_dataset: str = field(default="lee_news", metadata={"help": "calibration dataset name or text/JSONL path"})
     calib_size: int = field(default=64, metadata={"help": "calibration samples"})
     calib_seq_len: int = field(default=512, metadata={"help": "tokens per calibration sample"})
