@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-from tiny_models import TINY_CONFIGS
+from tiny_models import TINY_CONFIGS, hf_logits
 
 from trtbuild.runtime.batch import StepBatch
 from trtbuild.runtime.ort_session import OrtSession
@@ -26,11 +25,6 @@ class BlockTables:
         while len(table) * self.block_size < length:
             table.append(int(self.free.pop()))
         return table
-
-
-def hf_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
 
 
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))

@@ -13,6 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from quantize_helpers import calib_file, tiny_checkpoint
+from tiny_models import hf_logits
 
 from trtbuild.build import build_engine
 from trtbuild.config import BuildConfig, KVCacheDType, QFormat, QuantConfig
@@ -75,11 +76,6 @@ def quantized(tmp_path_factory):
     return out
 
 
-def torch_logits(model, ids: list[int]) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
@@ -90,7 +86,7 @@ def test_engine_matches_modelopt_fake_quant(quantized, name):
     seqs = [list(map(int, rng.integers(0, 97, n))) for n in (11, 5)]
     tables = [[3, 7, 1, 9, 12], [5, 2, 8, 4, 11]]
     logits = session.step(StepBatch.build(seqs, [0, 0], tables, all_logits=True))
-    ref = np.concatenate([torch_logits(model, s) for s in seqs])
+    ref = np.concatenate([hf_logits(model, s) for s in seqs])
     np.testing.assert_allclose(logits, ref, atol=atol, rtol=0, err_msg=f"{name} prefill")
     for step in range(3):  # decode through the (quantized) paged cache
         new = [int(t) for t in rng.integers(0, 97, 2)]
@@ -101,7 +97,7 @@ def test_engine_matches_modelopt_fake_quant(quantized, name):
         for i, s in enumerate(seqs):
             np.testing.assert_allclose(
                 logits[i],
-                torch_logits(model, s)[-1],
+                hf_logits(model, s)[-1],
                 atol=atol,
                 rtol=0,
                 err_msg=f"{name} decode step {step} sequence {i}",
@@ -121,7 +117,7 @@ def test_default_session_is_close_to_fake_quant(quantized, name):
     logits = OrtSession(engine, kv_cache_memory=1 << 20).step(
         StepBatch.build([ids], [0], [[1, 2, 3, 4, 5, 6, 7, 8]], all_logits=True)
     )
-    ref = torch_logits(model, ids)
+    ref = hf_logits(model, ids)
     assert np.abs(logits - ref).max() < DEFAULT_SESSION_TOLERANCE[name] * np.abs(ref).max()
 
 

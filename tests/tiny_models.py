@@ -83,3 +83,11 @@ def make_hf_model(name: str, folder: Path, seed: int = 0):
                 p.add_(0.1 * torch.randn_like(p))
     model.save_pretrained(str(folder), safe_serialization=True)
     return model
+
+
+def hf_logits(model, ids: list[int]):
+    """The transformers model's float32 logits ``[len(ids), vocab]`` (numpy) for one sequence."""
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
