@@ -60,10 +60,9 @@ def quantize(
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise TrtbuildError(f"{out}: already exists (use --overwrite to replace it)")
     with _float_checkpoint(src) as ckpt_dir:
-        if (ckpt_dir / "config.json").is_file():
+        if (ckpt_dir / "config.json").is_file():  # else load_checkpoint says what is missing
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
-        check_request(cfg, qcfg)
         samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
         model = build_hf_model(cfg, weights)
         t = time.perf_counter()
