@@ -79,13 +79,12 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
             continue
         if len(node.input) < 6 or len(node.output) != 3 or not all(node.output):
             raise BuildError(f"{node.name}: a {OP_TYPE} node needs 6-7 inputs and 3 outputs (see the op README)")
-        kv_dtype = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "kv_cache_dtype"), 1)
-        if kv_dtype != onnx.TensorProto.FLOAT or len([i for i in node.input[7:] if i]):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("kv_cache_dtype", onnx.TensorProto.FLOAT) != onnx.TensorProto.FLOAT or any(node.input[7:]):
             raise BuildError(
                 "a quantized KV cache (--kv-cache-dtype int8|fp8) is not supported by the TensorRT backend yet; "
                 "build this checkpoint with --backend onnxruntime, or quantize without --kv-cache-dtype"
             )
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         missing = [a for a in REQUIRED_ATTRS if a not in attrs]
         if missing:
             raise BuildError(f"{node.name}: missing attribute(s) {', '.join(missing)}")
@@ -185,10 +184,12 @@ def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.Ten
     """Refuse blocked ``DequantizeLinear`` weights whose last block is partial (ONNX and onnxruntime allow it; the
     TensorRT block quantization this backend was written against takes whole blocks only, unverified here)."""
     for node in graph.node:
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if weight is None:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         block = attrs.get("block_size", 0)
-        if weight is None or not block:
+        if not block:
             continue
         axis = attrs.get("axis", 1) % len(weight.dims)
         if weight.dims[axis] % block:
