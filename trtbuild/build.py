@@ -11,7 +11,6 @@ ENGINE_DIR layout::
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from collections import Counter
@@ -25,7 +24,7 @@ from .artifacts.manifest import cpu_target, sha256_file, write_manifest
 from .checkpoint import WEIGHTS_FILE
 from .config import Backend, BuildConfig, EngineIO, ModelConfig, PerplexityGate, RuntimeConfig, TensorRTConfig
 from .configio import to_dict
-from .convert.convert import TOKENIZER_FILES
+from .convert.convert import copy_tokenizer_files
 from .errors import BuildError
 from .graph.emit import emit_portable_graph
 
@@ -101,9 +100,7 @@ def build_engine(
             size_threshold=1024,
         )
         RuntimeConfig(model=model_cfg, build=build, engine_file=ORT_ENGINE, io=io).save(tmp)
-        for name in TOKENIZER_FILES:
-            if (ckpt_dir / name).is_file():
-                shutil.copyfile(ckpt_dir / name, tmp / name)
+        copy_tokenizer_files(ckpt_dir, tmp)
         gate_result = None
         if gate is not None:
             from .eval import check_gate
@@ -114,11 +111,16 @@ def build_engine(
             backend=build.backend.value,
             target=cpu_target(),
             build_options=to_dict(build),
-            checkpoint={name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)},
+            checkpoint=_checkpoint_digests(ckpt_dir),
             graph={"portable_op_counts": portable_counts, "engine_op_counts": engine_counts},
             **({"accuracy_gate": gate_result} if gate_result is not None else {}),
         )
     return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - start, gate_result)
+
+
+def _checkpoint_digests(ckpt_dir: Path) -> dict[str, str]:
+    """sha256 of the checkpoint files an engine was built from (recorded in its manifest)."""
+    return {name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)}
 
 
 def _build_tensorrt(
@@ -142,16 +144,14 @@ def _build_tensorrt(
                 builder_optimization_level=trt.builder_optimization_level, plugin_impl=trt.plugin_impl.value,
             )  # fmt: skip
             RuntimeConfig(model=model_cfg, build=build, engine_file=entries[0].path, io=io).save(tmp)
-            for name in TOKENIZER_FILES:
-                if (ckpt_dir / name).is_file():
-                    shutil.copyfile(ckpt_dir / name, tmp / name)
+            copy_tokenizer_files(ckpt_dir, tmp)
             write_manifest(
                 tmp,
                 backend=build.backend.value,
                 target=",".join(e.target for e in entries),
                 build_options={**to_dict(build), "tensorrt": to_dict(trt)},
                 engines=[e.to_dict() for e in entries],
-                checkpoint={name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)},
+                checkpoint=_checkpoint_digests(ckpt_dir),
                 graph={"portable_op_counts": portable_counts},
             )
     return BuildResult(engine_dir, portable_counts, {}, time.perf_counter() - start)

@@ -28,6 +28,13 @@ TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DTyp
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
+def copy_tokenizer_files(src: Path, dest: Path) -> None:
+    """Copy the ``TOKENIZER_FILES`` that ``src`` has into ``dest`` (each stage passes them along)."""
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dest / name)
+
+
 @dataclass(frozen=True)
 class ConvertResult:
     config: ModelConfig
@@ -128,9 +135,7 @@ def _with_generation_eos(cfg: ModelConfig, reader: HFReader | GGUFReader) -> Mod
 
 def _write_tokenizer(reader: HFReader | GGUFReader, out: Path) -> None:
     if isinstance(reader, HFReader):
-        for name in TOKENIZER_FILES:
-            if (reader.folder / name).is_file():
-                shutil.copyfile(reader.folder / name, out / name)
+        copy_tokenizer_files(reader.folder, out)
         return
     from transformers import AutoTokenizer  # GGUF: transformers rebuilds tokenizer.json from the metadata
 

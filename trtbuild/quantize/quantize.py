@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ import numpy as np
 from ..artifacts.atomic import atomic_output_dir
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import KVCacheDType, ModelConfig, QuantConfig
-from ..convert.convert import TOKENIZER_FILES, TORCH_DTYPES
+from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
 from .formats import FORMATS, Numeric, export_linear, linear_format
@@ -76,9 +75,7 @@ def quantize(
 
             save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
             new_cfg.save(tmp)
-            for name in TOKENIZER_FILES:
-                if (ckpt_dir / name).is_file():
-                    shutil.copyfile(ckpt_dir / name, tmp / name)
+            copy_tokenizer_files(ckpt_dir, tmp)
     return QuantizeResult(
         new_cfg,
         int(samples.shape[0]),
