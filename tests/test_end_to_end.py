@@ -71,3 +71,18 @@ def test_prefill_and_decode_match_transformers(tiny_engines, name):
             np.testing.assert_allclose(
                 logits[i], hf_logits(model, seqs[s])[-1], atol=ATOL, rtol=0, err_msg=f"{name} step {step} sequence {s}"
             )
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_engine_graph_uses_fused_onnxruntime_ops(tiny_engines, name):
+    """The lowering's fused forms are what the engine holds (the logits tests above check their numerics)."""
+    import onnx
+
+    from trtbuild.config import RuntimeConfig
+
+    _, _, engine_dir = tiny_engines[name]
+    graph = onnx.load(str(engine_dir / RuntimeConfig.load(engine_dir).engine_file), load_external_data=False).graph
+    ops = {n.op_type for n in graph.node}
+    assert "Attention" in ops and "ScatterND" not in ops and "PagedAttention" not in ops
+    assert "RMSNormalization" not in ops  # RMS norms become onnxruntime's (Skip)SimplifiedLayerNormalization
+    assert ("SkipSimplifiedLayerNormalization" in ops) == ("LayerNormalization" not in ops)  # GPT-2: LayerNorm

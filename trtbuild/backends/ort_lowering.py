@@ -1,14 +1,17 @@
 """Lower ``trtbuild::PagedAttention`` to standard ONNX ops that ONNX Runtime runs natively on the CPU.
 
-ONNX Runtime has no CPU paged-attention kernel and a Python custom op costs ~18 µs per call, so each plugin node
-is expanded into a static subgraph (no Python in the hot path):
+ONNX Runtime has no CPU paged-attention kernel and a Python custom op costs ~18-47 µs per call, so each plugin
+node is expanded into a static subgraph of opset-23 ops (no Python in the hot path), kept short because every node
+costs a few µs of dispatch on top of its work (about 20 nodes a layer; the first form of this lowering had ~60):
 
 1. metadata shared by all layers, computed once per step: each token's sequence ``b_t`` and row ``r_t`` in a
-   ``[B, Sq]`` padded query layout (Sq = longest query chunk), each token's slot in the gathered context, and the
-   causal mask ``j <= position`` over the gathered context of ``M * BS`` positions;
-2. per layer: split QKV, rotate q/k, gather the layer's cache blocks through ``block_tables``, scatter this step's
-   keys/values into the gathered context (the cache itself is read-only to the graph), batched GQA attention,
-   gather the valid query rows back to ``[T, Hq * D]``.
+   ``[B, Sq]`` padded query layout (Sq = longest query chunk; a padding row repeats its sequence's last token),
+   each token's (sequence, block column, offset) in the gathered context, the boolean causal mask
+   ``j <= position`` over the gathered context of ``M * BS`` positions, and the rotary rows of the step's positions;
+2. per layer: split QKV; one ``RotaryEmbedding`` over q and k together (every head of a token turns by the same
+   angles); gather the layer's cache blocks through ``block_tables`` and scatter this step's keys/values into them
+   (the cache itself is read-only to the graph); one opset-23 ``Attention`` (GQA, boolean mask) over the padded
+   queries ``[B, Sq, Hq * D]`` and the context ``[B, M * BS, Hkv * D]``; ``GatherND`` back to ``[T, Hq * D]``.
 
 The cache write becomes two graph outputs per layer, ``new_keys.{n}`` / ``new_values.{n}`` (``[T, Hkv, D]``,
 keys rotated), which the runtime stores at the step's slots after the run (``OrtSession``).
@@ -30,8 +33,6 @@ from onnx import TensorProto, helper
 from ..config import EngineIO
 from ..graph.builder import GraphBuilder
 from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
-
-NEG_INF = float("-inf")
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelProto:
@@ -113,72 +114,51 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     tok = b.op("Range", [c(0), b.op("Squeeze", [t, c([0])]), c(1)], name="meta.token")  # [T]
     starts = b.op("Slice", [qsl, c([0]), c([-1]), c([0])], name="meta.starts")  # [B]
     ends = b.op("Slice", [qsl, c([1]), c([2**62]), c([0])], name="meta.ends")  # [B]
+    lens = b.op("Sub", [ends, starts], name="meta.lens")  # [B]
     ge = b.op("GreaterOrEqual", [b.op("Unsqueeze", [tok, c([1])]), b.op("Unsqueeze", [ends, c([0])])])
     seq = b.op("ReduceSum", [b.op("Cast", [ge], to=TensorProto.INT64), c([1])], keepdims=0, name="meta.seq")  # [T]
     row = b.op("Sub", [tok, b.op("Gather", [starts, seq])], name="meta.row")  # [T]
-    sq = b.op("ReduceMax", [b.op("Sub", [ends, starts]), c([0])], keepdims=1, name="meta.Sq")  # [1]
-    nseq = b.op("Shape", [starts], name="meta.B")  # [1]
-    q_index = b.op("Add", [b.op("Mul", [seq, sq]), row], name="meta.q_index")  # [T] row in [B*Sq]
-    q_index2 = b.op("Unsqueeze", [q_index, c([1])], name="meta.q_index2")  # [T, 1]
-    bsq = b.op("Mul", [nseq, sq], name="meta.BSq")
-    pad_pos = b.op(
-        "ScatterND",
-        [
-            b.op("ConstantOfShape", [bsq], value=helper.make_tensor("z", TensorProto.INT64, [1], [0])),
-            q_index2,
-            positions,
-        ],
-    )
-    qpos = b.op("Reshape", [pad_pos, b.op("Concat", [nseq, sq], axis=0)], name="meta.qpos")  # [B, Sq]
+    sq = b.op("ReduceMax", [lens, c([0])], keepdims=1, name="meta.Sq")  # [1]
+    # Padded query layout [B, Sq]: row r of sequence b is token starts[b] + min(r, len_b - 1), so padding rows
+    # repeat the sequence's last token (their outputs are dropped; their mask rows are never empty).
+    r = b.op("Range", [c(0), b.op("Squeeze", [sq, c([0])]), c(1)], name="meta.rows")  # [Sq]
+    last = b.op("Unsqueeze", [b.op("Sub", [lens, c(1)]), c([1])], name="meta.last_row")  # [B, 1]
+    pad_index = b.op(
+        "Add", [b.op("Unsqueeze", [starts, c([1])]), b.op("Min", [b.op("Unsqueeze", [r, c([0])]), last])]
+    )  # [B, Sq]
     nblk = b.op("Slice", [b.op("Shape", [block_tables]), c([1]), c([2]), c([0])], name="meta.M")
     bs = b.op("Slice", [b.op("Shape", [key_cache]), c([1]), c([2]), c([0])], name="meta.BS")
     sctx = b.op("Mul", [nblk, bs], name="meta.Sctx")  # [1]
+    # Keys of a step: the gathered cache context [B, Sctx] then the step's own padded rows [B, Sq]. A query attends
+    # to the cached positions before its sequence's first new token, and to the new rows up to its own.
     j = b.op("Range", [c(0), b.op("Squeeze", [sctx, c([0])]), c(1)], name="meta.ctx_pos")  # [Sctx]
-    allowed = b.op("LessOrEqual", [b.op("Reshape", [j, c([1, 1, -1])]), b.op("Unsqueeze", [qpos, c([2])])])
-    mask = b.op("Unsqueeze", [allowed, c([1, 2])], name="meta.mask")  # [B, 1, 1, Sq, Sctx]
-    kv_index = b.op("Add", [b.op("Mul", [seq, sctx]), positions])
+    first = b.op("Gather", [positions, starts], name="meta.first_pos")  # [B]
+    cached = b.op("Less", [b.op("Unsqueeze", [j, c([0, 1])]), b.op("Unsqueeze", [first, c([1, 2])])])  # [B, 1, Sctx]
+    causal = b.op("LessOrEqual", [b.op("Unsqueeze", [r, c([0, 1])]), b.op("Unsqueeze", [r, c([0, 2])])])  # [1,Sq,Sq]
+    nseq = b.op("Shape", [starts], name="meta.B")
+    allowed = b.op(
+        "Concat",
+        [
+            b.op("Expand", [cached, b.op("Concat", [nseq, sq, sctx], axis=0)]),
+            b.op("Expand", [causal, b.op("Concat", [nseq, sq, sq], axis=0)]),
+        ],
+        axis=2,
+    )  # [B, Sq, Sctx + Sq]
+    additive = b.op("Where", [allowed, c(0.0, dtype="float32"), c(float("-inf"), dtype="float32")])
+    mask = b.op("Unsqueeze", [additive, c([1])], name="meta.mask")  # [B, 1, Sq, Sctx + Sq], 0 or -inf
     meta = {
-        "q_index": q_index,
-        "q_index2": q_index2,
-        "kv_index2": b.op("Unsqueeze", [kv_index, c([1])], name="meta.kv_index2"),
-        "B": nseq,
-        "Sq": sq,
-        "BSq": bsq,
-        "Sctx": sctx,
+        "q_rows": b.op(
+            "Concat", [b.op("Unsqueeze", [x, c([1])]) for x in (seq, row)], axis=1, name="meta.q_rows"
+        ),  # [T, 2]: each token's (sequence, row) in the padded layout
+        "pad_index": pad_index,
         "mask": mask,
-        "T": t,
     }
     if cos_sin:
         rows = b.op("Gather", [cos_sin, positions], name="meta.rope_rows")  # [T, R]
         cos, sin = b.op_multi("Split", [rows], outputs=2, axis=1, num_outputs=2, name="meta.rope_split")
-        meta["cos"] = b.op("Unsqueeze", [cos, c([1])], name="meta.cos")  # [T, 1, R/2]
-        meta["sin"] = b.op("Unsqueeze", [sin, c([1])], name="meta.sin")
+        meta["cos"] = b.op("Unsqueeze", [cos, c([0])], name="meta.cos")  # [1, T, R/2]
+        meta["sin"] = b.op("Unsqueeze", [sin, c([0])], name="meta.sin")
     return meta
-
-
-def _rotate(b: GraphBuilder, x: str, meta: dict, head_size: int, rotary_dim: int, interleaved: bool, name: str) -> str:
-    """RoPE on ``x [T, H, D]`` over its first ``rotary_dim`` dims."""
-    c, half = b.const, rotary_dim // 2
-    cos, sin = meta["cos"], meta["sin"]
-    rot, rest = x, ""
-    if rotary_dim < head_size:
-        rot, rest = b.op_multi(
-            "Split", [x, c([rotary_dim, head_size - rotary_dim])], outputs=2, axis=2, name=name + ".part"
-        )
-    if interleaved:
-        pairs = b.op("Reshape", [rot, c([0, 0, half, 2])], name=name + ".pairs")
-        x1, x2 = b.op_multi("Split", [pairs], outputs=2, axis=3, num_outputs=2, name=name + ".split")
-        x1, x2 = b.op("Squeeze", [x1, c([3])]), b.op("Squeeze", [x2, c([3])])
-    else:
-        x1, x2 = b.op_multi("Split", [rot], outputs=2, axis=2, num_outputs=2, name=name + ".split")
-    o1 = b.op("Sub", [b.op("Mul", [x1, cos]), b.op("Mul", [x2, sin])], name=name + ".o1")
-    o2 = b.op("Add", [b.op("Mul", [x2, cos]), b.op("Mul", [x1, sin])], name=name + ".o2")
-    if interleaved:
-        both = b.op("Concat", [b.op("Unsqueeze", [o1, c([3])]), b.op("Unsqueeze", [o2, c([3])])], axis=3)
-        out = b.op("Reshape", [both, c([0, 0, rotary_dim])], name=name + ".merged")
-    else:
-        out = b.op("Concat", [o1, o2], axis=2, name=name + ".merged")
-    return b.op("Concat", [out, rest], axis=2, name=name + ".full") if rest else out
 
 
 def _dequantize_cache(b: GraphBuilder, blocks: str, scale: str, kv_type: int, name: str) -> str:
@@ -195,63 +175,54 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     c, p = b.const, node.name
     hq, hkv, d = int(_attr(node, "num_heads")), int(_attr(node, "num_kv_heads")), int(_attr(node, "head_size"))
     scale, interleaved = float(_attr(node, "scale")), bool(_attr(node, "rotary_interleaved"))
-    g = hq // hkv
     qkv, key_cache, value_cache = node.input[0], node.input[1], node.input[2]
     block_tables, cos_sin = node.input[4], node.input[6] if len(node.input) > 6 else ""
-    q, k, v = b.op_multi("Split", [qkv, c([hq * d, hkv * d, hkv * d])], outputs=3, axis=1, name=p + ".split")
-    q = b.op("Reshape", [q, c([0, hq, d])], name=p + ".q")
-    k = b.op("Reshape", [k, c([0, hkv, d])], name=p + ".k")
-    kv_type = _kv_cache_dtype(node)
-    scales = {"k": node.input[7], "v": node.input[8]} if kv_type != KV_FLOAT else {}
-    if kv_type == KV_FLOAT:
-        v = b.op("Reshape", [v, c([0, hkv, d])], outputs=[new_values], name=p + ".v")
+    if cos_sin:  # one RotaryEmbedding over q and k together: the same angles for every head of a token
+        qk, v = b.op_multi("Split", [qkv, c([(hq + hkv) * d, hkv * d])], outputs=2, axis=1, name=p + ".split")
+        qk = b.op(
+            "RotaryEmbedding",
+            [b.op("Unsqueeze", [qk, c([0])]), meta["cos"], meta["sin"]],
+            interleaved=int(interleaved),
+            num_heads=hq + hkv,
+            rotary_embedding_dim=meta["rotary_dim"],
+            name=p + ".rope",
+        )
+        qk = b.op("Squeeze", [qk, c([0])], name=p + ".rope_out")
+        q, k = b.op_multi("Split", [qk, c([hq * d, hkv * d])], outputs=2, axis=1, name=p + ".split_qk")
     else:
-        v = b.op("Reshape", [v, c([0, hkv, d])], name=p + ".v")
-    if cos_sin:
-        rotary_dim = meta["rotary_dim"]
-        q = _rotate(b, q, meta, d, rotary_dim, interleaved, p + ".rope_q")
-        k = _rotate(b, k, meta, d, rotary_dim, interleaved, p + ".rope_k")
+        q, k, v = b.op_multi("Split", [qkv, c([hq * d, hkv * d, hkv * d])], outputs=3, axis=1, name=p + ".split")
+    kv_type = _kv_cache_dtype(node)
+    shape3 = c([0, hkv, d])
     if kv_type == KV_FLOAT:
-        k = b.op("Identity", [k], outputs=[new_keys], name=p + ".new_keys")
+        b.op("Reshape", [k, shape3], outputs=[new_keys], name=p + ".new_keys")
+        b.op("Reshape", [v, shape3], outputs=[new_values], name=p + ".new_values")
+        scales = {}
     else:  # quantize for the cache; attend over the dequantized values like every later step will
+        scales = {"k": node.input[7], "v": node.input[8]}
         zero = np.array(0, dtype=ml_dtypes.float8_e4m3fn if kv_type == KV_FP8 else np.int8)
         zp = b.const(zero, dtype=zero.dtype)
-        kq = b.op("QuantizeLinear", [k, scales["k"], zp], outputs=[new_keys], name=p + ".k_quant")
-        vq = b.op("QuantizeLinear", [v, scales["v"], zp], outputs=[new_values], name=p + ".v_quant")
+        kq = b.op("QuantizeLinear", [k, scales["k"], zp], name=p + ".k_quant")  # [T, Hkv * D]
+        vq = b.op("QuantizeLinear", [v, scales["v"], zp], name=p + ".v_quant")
+        b.op("Reshape", [kq, shape3], outputs=[new_keys], name=p + ".new_keys")
+        b.op("Reshape", [vq, shape3], outputs=[new_values], name=p + ".new_values")
         k = b.op("DequantizeLinear", [kq, scales["k"], zp], name=p + ".k_dequant")
         v = b.op("DequantizeLinear", [vq, scales["v"], zp], name=p + ".v_dequant")
 
-    def context(cache: str, new: str, tag: str) -> str:  # [B, Sctx, Hkv, D] with this step's rows written
+    def keys(cache: str, new: str, tag: str) -> str:  # [B, Sctx + Sq, Hkv * D]: cached context, then new rows
         blocks = b.op("Gather", [cache, block_tables], name=f"{p}.{tag}_gather")  # [B, M, BS, Hkv, D]
         if kv_type != KV_FLOAT:
             blocks = _dequantize_cache(b, blocks, scales[tag], kv_type, f"{p}.{tag}")
-        flat = b.op("Reshape", [blocks, c([-1, hkv, d])], name=f"{p}.{tag}_flat")
-        written = b.op("ScatterND", [flat, meta["kv_index2"], new], name=f"{p}.{tag}_write")
-        return b.op(
-            "Reshape", [written, b.op("Concat", [meta["B"], meta["Sctx"], c([hkv, d])], axis=0)], name=f"{p}.{tag}_ctx"
-        )
+        context = b.op("Reshape", [blocks, c([0, -1, hkv * d])], name=f"{p}.{tag}_ctx")  # [B, Sctx, Hkv * D]
+        rows = b.op("Gather", [new, meta["pad_index"]], name=f"{p}.{tag}_pad")  # [B, Sq, Hkv * D]
+        return b.op("Concat", [context, rows], axis=1, name=f"{p}.{tag}_all")
 
-    kt = b.op("Transpose", [context(key_cache, k, "k")], perm=[0, 2, 3, 1], name=p + ".kT")  # [B, Hkv, D, Sctx]
-    vv = b.op("Transpose", [context(value_cache, v, "v")], perm=[0, 2, 1, 3], name=p + ".vT")  # [B, Hkv, Sctx, D]
-    q = b.op("Mul", [q, c([scale], dtype="float32")], name=p + ".q_scaled")
-    zeros = b.op(
-        "ConstantOfShape",
-        [b.op("Concat", [meta["BSq"], c([hq, d])], axis=0)],
-        value=helper.make_tensor("z", TensorProto.FLOAT, [1], [0.0]),
-        name=p + ".q_zeros",
-    )
-    qp = b.op("ScatterND", [zeros, meta["q_index2"], q], name=p + ".q_pad")  # [B*Sq, Hq, D]
-    qp = b.op("Reshape", [qp, b.op("Concat", [meta["B"], meta["Sq"], c([hkv, g, d])], axis=0)], name=p + ".q5")
-    qp = b.op("Transpose", [qp], perm=[0, 2, 3, 1, 4], name=p + ".qT")  # [B, Hkv, G, Sq, D]
-    qp = b.op("Reshape", [qp, c([0, 0, -1, d])], name=p + ".q4")  # [B, Hkv, G*Sq, D]
-    scores = b.op("MatMul", [qp, kt], name=p + ".scores")  # [B, Hkv, G*Sq, Sctx]
-    s5 = b.op("Reshape", [scores, b.op("Concat", [meta["B"], c([hkv, g]), meta["Sq"], meta["Sctx"]], axis=0)])
-    masked = b.op("Where", [meta["mask"], s5, c([NEG_INF], dtype="float32")], name=p + ".masked")
-    probs = b.op("Softmax", [masked], axis=-1, name=p + ".softmax")
-    shape4 = b.op("Concat", [meta["B"], c([hkv, -1]), meta["Sctx"]], axis=0)
-    probs = b.op("Reshape", [probs, shape4], name=p + ".probs")  # [B, Hkv, G*Sq, Sctx]
-    o = b.op("MatMul", [probs, vv], name=p + ".pv")  # [B, Hkv, G*Sq, D]
-    o = b.op("Reshape", [o, b.op("Concat", [meta["B"], c([hkv, g]), meta["Sq"], c([d])], axis=0)], name=p + ".o5")
-    o = b.op("Transpose", [o], perm=[0, 3, 1, 2, 4], name=p + ".oT")  # [B, Sq, Hkv, G, D]
-    o = b.op("Reshape", [o, c([-1, hq * d])], name=p + ".o_flat")  # [B*Sq, Hq*D]
-    b.op("Gather", [o, meta["q_index"]], outputs=[node.output[0]], name=p + ".out")
+    qp = b.op("Gather", [q, meta["pad_index"]], name=p + ".q_pad")  # [B, Sq, Hq * D]
+    o = b.op(
+        "Attention",
+        [qp, keys(key_cache, k, "k"), keys(value_cache, v, "v"), meta["mask"]],
+        q_num_heads=hq,
+        kv_num_heads=hkv,
+        scale=scale,
+        name=p + ".attention",
+    )  # [B, Sq, Hq * D]
+    b.op("GatherND", [o, meta["q_rows"]], outputs=[node.output[0]], name=p + ".out")  # [T, Hq * D]
