@@ -278,6 +278,11 @@ class EngineIO:
     new_values: str = "new_values.{layer}"
 
 
+# Name prefix of every node the onnxruntime lowering of ``trtbuild::PagedAttention`` adds (its per-step metadata
+# included); ``trtbuild bench --profile`` counts kernels under it as attention.
+ORT_LOWERED_NODE_PREFIX = "ort/"
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Everything the runner needs to drive an engine, written as ``ENGINE_DIR/runtime_config.json``."""

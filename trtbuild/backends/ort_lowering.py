@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..config import EngineIO
+from ..config import ORT_LOWERED_NODE_PREFIX, EngineIO
 from ..graph.builder import GraphBuilder
 from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
 
@@ -41,7 +41,7 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     plugins = [n for n in graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if not plugins:
         return model
-    b = GraphBuilder(opset=_opset(model), prefix="ort/")
+    b = GraphBuilder(opset=_opset(model), prefix=ORT_LOWERED_NODE_PREFIX)
     first = plugins[0]
     widths = {init.name: int(init.dims[1]) for init in graph.initializer if len(init.dims) == 2}
     meta = _metadata(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +69,7 @@ class BenchResult:
     prefix_cache_hit_rate: float
     steps: int
     engine_calls: int
+    profile: dict[str, float] | None = None  # --profile: seconds per part of the run (see runtime/profile.py)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -79,19 +80,30 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(finite, q)) if finite else math.nan
 
 
-def run_bench(llm: Any, workload: BenchWorkload) -> BenchResult:
-    """Run ``workload`` through ``llm`` (an ``LLM``) after a short warm-up; timings and engine counters."""
+def run_bench(llm: Any, workload: BenchWorkload, *, profile: bool = False) -> BenchResult:
+    """Run ``workload`` through ``llm`` (an ``LLM``) after a short warm-up; timings and engine counters.
+
+    ``profile``: also split the run's time into the runner's phases, the session's work and (when ``llm`` was
+    made with ``profile_kernels=True``) onnxruntime's kernels by kind (``BenchResult.profile``)."""
+    from ..runtime.profile import Breakdown, SessionTimes
     from ..runtime.sampling import SamplingParams
 
     prompts = workload.prompts(llm.vocab_size)
     warm_up = [*prompts[0][: workload.shared_prefix_len], 1, 2, 3]  # also puts the shared prefix in the cache
     llm.generate([warm_up], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))
     llm.reset_stats()
+    session_times = getattr(llm.session, "times", SessionTimes())
+    before = replace(session_times)
     params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
     duration = time.perf_counter() - start
     stats = llm.stats
+    breakdown = None
+    if profile:
+        kernel_times = getattr(llm.session, "kernel_times", None)
+        kernels = kernel_times(skip_runs=before.calls) if kernel_times and llm.profile_kernels else None
+        breakdown = Breakdown.build(duration, stats.num_steps, llm.phase_times, session_times.since(before), kernels)
     metrics = [o.metrics for o in outputs]
     prompt_tokens = sum(len(p) for p in prompts)
     output_tokens = sum(m.num_output_tokens for m in metrics)
@@ -115,6 +127,7 @@ def run_bench(llm: Any, workload: BenchWorkload) -> BenchResult:
         prefix_cache_hit_rate=round(stats.prefix_cache_hit_rate, 4),
         steps=stats.num_steps,
         engine_calls=stats.num_engine_calls,
+        profile=breakdown.as_dict() if breakdown else None,
     )
 
 
@@ -134,6 +147,12 @@ def run_bench(llm: Any, workload: BenchWorkload) -> BenchResult:
 @click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompts")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="split the time into the runner's work, onnxruntime's kernels by kind and the rest "
+    "(runs onnxruntime's profiler: a few percent slower)",
+)
 @engine_options
 def bench(
     engine_dir: Path,
@@ -145,6 +164,7 @@ def bench(
     no_prefix_caching: bool,
     seed: int,
     as_json: bool,
+    profile: bool,
     kv_cache_memory: int,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
@@ -163,8 +183,9 @@ def bench(
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=not no_prefix_caching,
         num_threads=num_threads,
+        profile_kernels=profile,
     )
-    result = run_bench(llm, workload)
+    result = run_bench(llm, workload, profile=profile)
     if as_json:
         fields = {**asdict(workload), **asdict(result)}
         click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()}))
@@ -185,3 +206,15 @@ def bench(
     click.echo(f"  preemptions    {r.preemptions:10d}")
     click.echo(f"  prefix cache   {100 * r.prefix_cache_hit_rate:10.1f}% of prompt tokens hit")
     click.echo(f"  steps          {r.steps:10d}               {r.engine_calls} engine calls")
+    if r.profile is not None:
+        _print_profile(r)
+
+
+def _print_profile(r: BenchResult) -> None:
+    from ..runtime.profile import Breakdown
+
+    breakdown = Breakdown(r.duration_s, r.steps, r.profile or {})
+    click.echo(f"  where the time goes ({r.steps} steps):")
+    click.echo(f"    {'part':58s} {'s':>8s} {'ms/step':>9s} {'%':>6s}")
+    for part, seconds, per_step, pct in breakdown.rows():
+        click.echo(f"    {part:58s} {seconds:8.2f} {per_step:9.2f} {pct:6.1f}")

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import ConfigError, EngineError, RequestError
 from .ort_session import DEFAULT_KV_CACHE_MEMORY
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
+from .profile import PhaseTimes
 from .sampling import Sampler, SamplingParams, TokenLogprobs
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
@@ -124,6 +125,7 @@ class LLM:
         enable_prefix_caching: bool = True,
         num_threads: int | None = None,
         seed: int | None = None,
+        profile_kernels: bool = False,
     ) -> None:
         engine_dir = Path(engine_dir)
         if not engine_dir.is_dir():
@@ -131,9 +133,12 @@ class LLM:
         if not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0:
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         try:
-            self.session = open_session(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+            self.session = open_session(
+                engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+            )
         except ValueError as e:  # too few blocks for the memory given
             raise ConfigError(f"kv_cache_memory ({kv_cache_memory} bytes) is too small: {e}") from None
+        self.profile_kernels = profile_kernels
         self.tokenizer = Tokenizer.from_engine_dir(engine_dir)
         base = SchedulerConfig.for_session(self.session, enable_prefix_caching=enable_prefix_caching)
         limits = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
@@ -236,6 +241,7 @@ class LLM:
         kv = self.scheduler.kv_cache
         self._base = (self.scheduler.num_preemptions, kv.prefix_cache_queries, kv.prefix_cache_hits)
         self._steps = self._calls = self._computed = self._peak_blocks = self._waste = self._allocated = 0
+        self.phase_times = PhaseTimes()  # the engine loop's time by phase (trtbuild bench --profile)
 
     # ------------------------------------------------------------------------------------------------- requests
 
@@ -319,21 +325,29 @@ class LLM:
             self._cancel(cancelled)
         if not self.scheduler.has_unfinished():
             return
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler planned an empty step with requests pending")  # a bug, not user input
         kv = self.scheduler.kv_cache
         self._peak_blocks = max(self._peak_blocks, kv.num_used_blocks)
+        t1 = time.perf_counter()
         logits = self._run(out)
+        t2 = time.perf_counter()
         sampled = self.sampler.sample(logits[out.sample_rows], out.sample_seqs)
         for seq, lp in zip(out.sample_seqs, sampled.logprobs, strict=True):
             state = self._states[seq.request_id]
             if state.logprobs is not None and lp is not None:
                 state.logprobs.append(lp)
-        self._now = time.perf_counter()
+        self._now = t3 = time.perf_counter()
         finished = self.scheduler.update_from_output(out, sampled.token_ids)
         for seq in finished:
             self._states.pop(seq.request_id).finish(self._now)
+        phases = self.phase_times
+        phases.schedule += t1 - t0
+        phases.engine += t2 - t1
+        phases.sample += t3 - t2
+        phases.update += time.perf_counter() - t3
         self._steps += 1
         self._computed += out.num_batched_tokens
         self._waste += kv.kv_waste_slots()

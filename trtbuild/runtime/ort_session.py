@@ -7,6 +7,7 @@ small metadata inputs, runs, then writes the step's new keys/values into the cac
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from ..config import RuntimeConfig
 from ..errors import EngineError
 from .batch import StepBatch
 from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
+from .profile import KernelTimes, SessionTimes, read_ort_profile
 
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
 
@@ -31,9 +33,11 @@ class OrtSession:
         kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY,
         num_threads: int | None = None,
         session_config: Mapping[str, str] | None = None,
+        profile_kernels: bool = False,
     ) -> None:
         """``session_config``: extra onnxruntime session config entries, e.g.
-        ``{"session.qdq_matmulnbits_accuracy_level": "0"}`` for float (not int8) activations in ``MatMulNBits``."""
+        ``{"session.qdq_matmulnbits_accuracy_level": "0"}`` for float (not int8) activations in ``MatMulNBits``.
+        ``profile_kernels``: run onnxruntime's profiler (a few percent slower); ``kernel_times()`` reads it."""
         engine_dir = Path(engine_dir)
         if not (engine_dir / "runtime_config.json").is_file():
             raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
@@ -46,6 +50,9 @@ class OrtSession:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = num_threads or min(os.cpu_count() or 1, 8)
         opts.inter_op_num_threads = 1
+        if profile_kernels:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / "trtbuild-ort-profile")
         for key, value in (session_config or {}).items():
             opts.add_session_config_entry(key, value)
         path = engine_dir / self.config.engine_file
@@ -63,6 +70,8 @@ class OrtSession:
                 value = ort.OrtValue.ortvalue_from_numpy(arr)
                 self._cache_values.append(value)
                 self._binding.bind_ortvalue_input(name.format(layer=n), value)
+        self.times = SessionTimes()
+        self._profiling = profile_kernels
         self._outputs = [io.logits] + [
             name.format(layer=n) for n in range(model.num_layers) for name in (io.new_keys, io.new_values)
         ]
@@ -70,6 +79,7 @@ class OrtSession:
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch``; store its K/V in the cache; return logits ``[len(logits_indices), vocab]``."""
         io, binding = self.config.io, self._binding
+        t0 = time.perf_counter()
         for name, arr in (
             (io.input_ids, batch.input_ids),
             (io.positions, batch.positions),
@@ -80,9 +90,31 @@ class OrtSession:
             binding.bind_cpu_input(name, np.ascontiguousarray(arr, dtype=np.int64))
         for name in self._outputs:
             binding.bind_output(name, "cpu")
+        t1 = time.perf_counter()
         self._session.run_with_iobinding(binding)
+        t2 = time.perf_counter()
         outs = binding.get_outputs()
         slots = slot_mapping(batch.positions, batch.query_start_loc, batch.block_tables, self.cache.block_size)
         for n in range(self.config.model.num_layers):
             self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
-        return outs[0].numpy()
+        logits = outs[0].numpy()
+        times = self.times
+        times.bind, times.run, times.cache_write = (
+            times.bind + t1 - t0,
+            times.run + t2 - t1,
+            times.cache_write + time.perf_counter() - t2,
+        )
+        times.calls += 1
+        return logits
+
+    def kernel_times(self, skip_runs: int = 0) -> KernelTimes:
+        """onnxruntime's kernel times by kind since the session opened, less its first ``skip_runs`` runs (needs
+        ``profile_kernels``; ends profiling)."""
+        if not self._profiling:
+            raise EngineError("kernel times need a session opened with profile_kernels=True")
+        path = Path(self._session.end_profiling())
+        self._profiling = False
+        try:
+            return read_ort_profile(path, skip_runs)
+        finally:
+            path.unlink(missing_ok=True)

@@ -26,8 +26,12 @@ class EngineSession(Protocol):
         ...
 
 
-def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None) -> EngineSession:
-    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily)."""
+def open_session(
+    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None, profile_kernels: bool = False
+) -> EngineSession:
+    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily).
+
+    ``profile_kernels``: onnxruntime sessions run its profiler (``OrtSession.kernel_times``); others ignore it."""
     from ..errors import EngineError
 
     engine_dir = Path(engine_dir)
@@ -45,4 +49,6 @@ def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | N
         return TensorRTSession(engine_dir, num_blocks=blocks)
     from .ort_session import OrtSession
 
-    return OrtSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+    return OrtSession(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
