@@ -126,13 +126,16 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     pad_index = b.op(
         "Add", [b.op("Unsqueeze", [starts, c([1])]), b.op("Min", [b.op("Unsqueeze", [r, c([0])]), last])]
     )  # [B, Sq]
-    nblk = b.op("Slice", [b.op("Shape", [block_tables]), c([1]), c([2]), c([0])], name="meta.M")
     bs = b.op("Slice", [b.op("Shape", [key_cache]), c([1]), c([2]), c([0])], name="meta.BS")
-    sctx = b.op("Mul", [nblk, bs], name="meta.Sctx")  # [1]
-    # Keys of a step: the gathered cache context [B, Sctx] then the step's own padded rows [B, Sq]. A query attends
-    # to the cached positions before its sequence's first new token, and to the new rows up to its own.
-    j = b.op("Range", [c(0), b.op("Squeeze", [sctx, c([0])]), c(1)], name="meta.ctx_pos")  # [Sctx]
+    # Keys of a step: the cached context of each sequence (only the block-table columns that hold a position before
+    # some sequence's first new token: none for a batch of fresh prompts), then the step's own padded rows [B, Sq].
+    # A query attends to the cached positions before its sequence's first new token, and to its new rows up to its own.
     first = b.op("Gather", [positions, starts], name="meta.first_pos")  # [B]
+    max_first = b.op("ReduceMax", [first, c([0])], keepdims=1)  # [1]
+    ncached = b.op("Div", [b.op("Add", [max_first, b.op("Sub", [bs, c([1])])]), bs], name="meta.M_cached")  # ceil
+    cached_tables = b.op("Slice", [block_tables, c([0]), ncached, c([1])], name="meta.cached_tables")  # [B, Mc]
+    sctx = b.op("Mul", [ncached, bs], name="meta.Sctx")  # [1]
+    j = b.op("Range", [c(0), b.op("Squeeze", [sctx, c([0])]), c(1)], name="meta.ctx_pos")  # [Sctx]
     cached = b.op("Less", [b.op("Unsqueeze", [j, c([0, 1])]), b.op("Unsqueeze", [first, c([1, 2])])])  # [B, 1, Sctx]
     causal = b.op("LessOrEqual", [b.op("Unsqueeze", [r, c([0, 1])]), b.op("Unsqueeze", [r, c([0, 2])])])  # [1,Sq,Sq]
     nseq = b.op("Shape", [starts], name="meta.B")
@@ -151,6 +154,7 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
             "Concat", [b.op("Unsqueeze", [x, c([1])]) for x in (seq, row)], axis=1, name="meta.q_rows"
         ),  # [T, 2]: each token's (sequence, row) in the padded layout
         "pad_index": pad_index,
+        "cached_tables": cached_tables,
         "mask": mask,
     }
     if cos_sin:
@@ -176,7 +180,7 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     hq, hkv, d = int(_attr(node, "num_heads")), int(_attr(node, "num_kv_heads")), int(_attr(node, "head_size"))
     scale, interleaved = float(_attr(node, "scale")), bool(_attr(node, "rotary_interleaved"))
     qkv, key_cache, value_cache = node.input[0], node.input[1], node.input[2]
-    block_tables, cos_sin = node.input[4], node.input[6] if len(node.input) > 6 else ""
+    cos_sin = node.input[6] if len(node.input) > 6 else ""
     if cos_sin:  # one RotaryEmbedding over q and k together: the same angles for every head of a token
         qk, v = b.op_multi("Split", [qkv, c([(hq + hkv) * d, hkv * d])], outputs=2, axis=1, name=p + ".split")
         qk = b.op(
@@ -209,7 +213,7 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
         v = b.op("DequantizeLinear", [vq, scales["v"], zp], name=p + ".v_dequant")
 
     def keys(cache: str, new: str, tag: str) -> str:  # [B, Sctx + Sq, Hkv * D]: cached context, then new rows
-        blocks = b.op("Gather", [cache, block_tables], name=f"{p}.{tag}_gather")  # [B, M, BS, Hkv, D]
+        blocks = b.op("Gather", [cache, meta["cached_tables"]], name=f"{p}.{tag}_gather")  # [B, Mc, BS, Hkv, D]
         if kv_type != KV_FLOAT:
             blocks = _dequantize_cache(b, blocks, scales[tag], kv_type, f"{p}.{tag}")
         context = b.op("Reshape", [blocks, c([0, -1, hkv * d])], name=f"{p}.{tag}_ctx")  # [B, Sctx, Hkv * D]

@@ -7,6 +7,10 @@ with the residual ``Add`` before it (its fusions know only its own ops, and only
 - ``Add(a, b) -> RMSNormalization`` becomes one ``com.microsoft.SkipSimplifiedLayerNormalization(a, b, scale)``
   whose fourth output is the sum ``a + b``, which the residual stream reads on (two nodes -> one, one pass over
   the activations instead of two);
+- ``Add(a, b) -> Gather(rows) -> RMSNormalization`` (the last layer's residual, then the rows whose logits are
+  wanted, then the final norm) becomes ``Gather(a, rows), Gather(b, rows) -> SkipSimplifiedLayerNormalization``:
+  the add runs on the wanted rows only, and no ``Add`` is left after the last linear, which onnxruntime would
+  otherwise fuse with it into a float ``Gemm`` (losing an int8 ``MatMulIntegerToFloat``);
 - any other ``RMSNormalization`` becomes ``SimplifiedLayerNormalization`` (the same kernel family).
 
 Same math, float32 throughout: ``x / sqrt(mean(x^2, axis=-1) + eps) * scale`` with ``x = a + b``. Only adds of two
@@ -27,7 +31,20 @@ def use_ort_norms(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     producers = {o: n for n in graph.node for o in n.output}
-    fused_adds: set[int] = set()
+    consumers: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    graph_outputs = {o.name for o in graph.output}
+
+    def residual_add(name: str) -> onnx.NodeProto | None:
+        """The ``Add`` of two computed tensors producing ``name``, if this pass may fold it away."""
+        add = producers.get(name)
+        if add is None or add.op_type != "Add" or initializers.intersection(add.input):
+            return None
+        return add if consumers.get(name, 0) == 1 and name not in graph_outputs else None
+
+    fused: set[int] = set()  # ids of nodes folded into a fused norm
     out: list[onnx.NodeProto] = []
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -41,8 +58,24 @@ def use_ort_norms(model: onnx.ModelProto) -> onnx.ModelProto:
             continue
         eps = attrs.get("epsilon", 1e-5)
         add = producers.get(node.input[0])
-        if add is not None and add.op_type == "Add" and not initializers.intersection(add.input):
-            fused_adds.add(id(add))
+        gather = add if add is not None and add.op_type == "Gather" and _axis(add) == 0 else None
+        if gather is not None and (add := residual_add(gather.input[0])) is not None:  # add, rows, norm
+            fused.update((id(add), id(gather)))
+            rows = [f"{gather.output[0]}/{k}" for k in ("a", "b")]
+            for x, y in zip(add.input, rows, strict=True):
+                out.append(helper.make_node("Gather", [x, gather.input[1]], [y], name=y, axis=0))
+            out.append(
+                helper.make_node(
+                    "SkipSimplifiedLayerNormalization",
+                    [*rows, node.input[1]],
+                    [node.output[0]],
+                    name=node.name,
+                    domain=MS_DOMAIN,
+                    epsilon=eps,
+                )
+            )
+        elif add is not None and add.op_type == "Add" and not initializers.intersection(add.input):
+            fused.add(id(add))
             out.append(
                 helper.make_node(
                     "SkipSimplifiedLayerNormalization",
@@ -64,9 +97,13 @@ def use_ort_norms(model: onnx.ModelProto) -> onnx.ModelProto:
                     epsilon=eps,
                 )
             )
-    kept = [n for n in out if id(n) not in fused_adds]
+    kept = [n for n in out if id(n) not in fused]
     del graph.node[:]
     graph.node.extend(kept)
-    if fused_adds and not any(o.domain == MS_DOMAIN for o in model.opset_import):
+    if fused and not any(o.domain == MS_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return model
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "axis"), 0)
