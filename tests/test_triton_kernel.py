@@ -222,7 +222,9 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
             k = compile_ptx(PagedAttentionAttrs(6, 2, 64, 0.125, True), has_rope=True, arch=arch, float_type=ftype)
             entry = re.search(r"\\.entry\\s+(\\w+)\\(([^)]*)\\)", k.ptx, re.S)
             params = entry.group(2).count(".param")
-            print(arch, k.name, entry.group(1), re.search(r"\\.target (\\w+)", k.ptx).group(1), params, k.num_threads)
+            mma = "mma" in k.ptx  # tensor-core instructions (mma.sync on sm_80, wgmma on sm_90)
+            target = re.search(r"\\.target (\\w+)", k.ptx).group(1)
+            print(arch, k.name, entry.group(1), target, params, k.num_threads, int(mma), k.block_q)
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
@@ -230,10 +232,12 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.strip().splitlines()]
     assert [line[0] for line in lines] == ["80", "90"]
-    for arch, name, entry, target, params, threads in lines:
+    for arch, name, entry, target, params, threads, mma, block_q in lines:
         assert name == entry == "_paged_attention_kernel"
         assert target.startswith(f"sm_{arch}")
-        # 10 pointers + 4 int32 scalars in TensorRT's (inputs, scalars, outputs) order, then Triton's two scratch
+        # 10 pointers + 7 int32 scalars in TensorRT's (inputs, scalars, outputs) order, then Triton's two scratch
         # pointers, which TensorRT's AOT launcher leaves null (the kernel uses no scratch: checked in compile_ptx).
-        assert int(params) == 16
+        assert int(params) == 19
         assert int(threads) % 32 == 0
+        assert int(block_q) == 64 // 3  # AOT tiling: 64 rows = 21 tokens x 3 query heads per kv head
+    assert lines[0][6] == "1"  # fp16 on sm_80 runs QK^T and PV on tensor cores

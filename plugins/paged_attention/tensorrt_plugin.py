@@ -15,8 +15,9 @@ What :func:`register` declares (TensorRT >= 10.6; AOT needs a release whose ``te
   fp32 cos/sin table, linear layout. bf16 is not declared.
 - ``@trtp.impl`` (JIT: the engine calls back into Python): runs the fused Triton kernel on TensorRT's stream through
   torch tensors that view TensorRT's buffers.
-- ``@trtp.aot_impl`` (no Python at run time): compiles the fused Triton kernel to PTX for the target arch and
-  returns it with the launch grid ``(T, num_kv_heads)`` and the four int32 scalars as symbolic shape expressions.
+- ``@trtp.aot_impl`` (no Python at run time): compiles the fused single-launch Triton kernel (query tiles on tensor
+  cores, no split-KV: TensorRT's AOT launch is one kernel) to PTX for the target arch and returns it with the launch
+  grid ``(T // block_q + B, num_kv_heads)`` and the seven int32 scalars as symbolic shape expressions.
   The PTX keeps Triton's two trailing scratch-pointer parameters, which TensorRT's launcher leaves null; the kernel
   uses no scratch (``compile_ptx`` refuses otherwise).
 
@@ -191,17 +192,22 @@ def _register_aot(trtp: Any) -> None:
             cos_sin_type=_triton_type(cos_sin_cache.dtype),
             ptx_version=_state["ptx_version"],
         )
+        num_seqs = query_start_loc.shape_expr[0] - 1
         launch = trtp.KernelLaunchParams()
-        launch.grid_x = qkv.shape_expr[0]
+        launch.grid_x = qkv.shape_expr[0] // kernel.block_q + num_seqs  # query tiles (see triton_kernel)
         launch.grid_y = int(num_kv_heads)
         launch.block_x = kernel.num_threads
         launch.shared_mem = kernel.shared_mem
-        # The kernel's int32 scalars, in order: num_seqs, max_blocks, block_size, rotary dim.
+        # The kernel's int32 scalars, in order: num_tokens, num_seqs, max_blocks, num_blocks, block_size, rotary
+        # dim, rotary table rows (the kernel clamps every metadata-derived index with them).
         scalars = (
-            query_start_loc.shape_expr[0] - 1,
+            qkv.shape_expr[0],
+            num_seqs,
             block_tables.shape_expr[1],
+            key_cache.shape_expr[0],
             key_cache.shape_expr[1],
             cos_sin_cache.shape_expr[1] if has_rope else 0,
+            cos_sin_cache.shape_expr[0] if has_rope else 1,
         )
         extra_args = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in scalars])
         return kernel.name.encode(), kernel.ptx.encode(), launch, extra_args
