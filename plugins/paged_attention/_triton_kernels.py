@@ -76,7 +76,11 @@ def _to_cache(x, scale_ptr, KV_QUANT: tl.constexpr, CACHE_TY: tl.constexpr):
         return ((y + ROUND_MAGIC) - ROUND_MAGIC).to(tl.int8)
     elif KV_QUANT == 2:
         y = _clamp(tl.math.div_rn(x, tl.load(scale_ptr).to(tl.float32)), -448.0, 448.0)
-        return y.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        # Round to the E4M3 grid in fp32 (spacing 2**(e - 3) in binade e, 2**-9 among subnormals), so the final
+        # cast is exact: the same bits on every GPU and in the interpreter (whose own fp8 rounding is off).
+        binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
+        step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
+        return (((y / step + ROUND_MAGIC) - ROUND_MAGIC) * step).to(tl.float8e4nv)
     else:
         return x.to(CACHE_TY)
 
@@ -257,5 +261,5 @@ def _reduce_segments_kernel(
     w = tl.where(smask, tl.math.exp2(m - m_max), 0.0)
     total = tl.sum(w * tl.load(seg_l + row * NUM_SEGMENTS + s, mask=smask, other=0.0), axis=0)
     acc = tl.load(seg_acc + (row * NUM_SEGMENTS + s)[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], axis=0) / total
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)  # 0: only with garbage metadata
     tl.store(out + row * HEAD_SIZE + d, o.to(out.dtype.element_ty), mask=d < HEAD_SIZE)

@@ -287,11 +287,7 @@ def paged_attention_triton(
             **consts, **launch,
         )  # fmt: skip
         return output
-    import torch
-
-    seg_m = qkv.new_empty((t, hq, segments), dtype=torch.float32)
-    seg_l = torch.empty_like(seg_m)
-    seg_acc = qkv.new_empty((t, hq, segments, consts["BLOCK_D"]), dtype=torch.float32)
+    seg_m, seg_l, seg_acc = _workspace(qkv, t, hq, segments, consts["BLOCK_D"])
     kernels._paged_attention_kernel[(num_tiles, hkv, segments)](
         qkv, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, seg_m, seg_l, seg_acc,
         **consts, **launch,
@@ -301,6 +297,14 @@ def paged_attention_triton(
         BLOCK_S=_next_pow2(segments), BLOCK_D=consts["BLOCK_D"],
     )  # fmt: skip
     return output
+
+
+def _workspace(qkv: Any, t: int, hq: int, segments: int, block_d: int) -> tuple[Any, Any, Any]:
+    """fp32 split-KV partials per (token, head, segment): running max (base 2), sum, unnormalised output."""
+    import torch
+
+    seg_m = qkv.new_empty((t, hq, segments), dtype=torch.float32)
+    return seg_m, torch.empty_like(seg_m), qkv.new_empty((t, hq, segments, block_d), dtype=torch.float32)
 
 
 def _num_sms(x: Any) -> int:
