@@ -13,6 +13,9 @@ import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
 ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + M) - M rounds |y| < 2**22 half to even in fp32
+# Shape scalars that vary from step to step: not specialised (Triton would compile a variant for 1 and for
+# multiples of 16). block_size stays specialised: it is fixed per engine.
+_DYNAMIC = ["num_tokens", "num_seqs", "max_blocks", "num_blocks", "rot_dim", "rope_rows"]
 
 
 @triton.jit
@@ -112,7 +115,7 @@ def _store_new_kv(
     tl.store(v_out + dst, _to_cache(v, v_scale, KV_QUANT, v_out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _write_kv_kernel(
     qkv, positions, block_tables, qsl, cos_sin, k_scale, v_scale,
     num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,
@@ -148,7 +151,7 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_DYNAMIC)
 def _paged_attention_kernel(
     qkv, k_in, v_in, positions, block_tables, qsl, cos_sin, k_scale, v_scale,
     num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,

@@ -60,7 +60,8 @@ PREFILL_TILING = Tiling(block_m=128, block_n=64, num_warps=8, num_stages=2)
 DECODE_TILING = Tiling(block_m=16, block_n=64, num_warps=4, num_stages=2)
 AOT_TILING = Tiling(block_m=64, block_n=32, num_warps=4, num_stages=1)  # one kernel for prefill and decode
 MAX_SEGMENTS = 64
-MIN_SEGMENT_LEN = 256  # context positions per split-KV segment, at least
+MIN_SEGMENT_LEN = 128  # context positions per split-KV segment, at least
+WAVES = 4  # split decode until there are this many programs per SM (memory-bound: many warps in flight)
 
 _KV_QUANT = {KV_FLOAT: 0, KV_INT8: 1, KV_FP8: 2}  # the kernel's KV_QUANT constexpr
 
@@ -116,12 +117,12 @@ def kernel_constexprs(
 
 
 def choose_num_segments(num_tiles: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
-    """Split-KV segments per query tile (a power of two): enough programs for about two waves on ``num_sms`` SMs,
+    """Split-KV segments per query tile (a power of two): enough programs for ``WAVES`` per SM on ``num_sms`` SMs,
     each segment at least ``MIN_SEGMENT_LEN`` positions of the longest possible context, at most ``MAX_SEGMENTS``."""
     programs = num_tiles * num_kv_heads
-    if programs >= num_sms:
+    if programs >= WAVES * num_sms:
         return 1
-    want = min(-(-2 * num_sms // programs), max(1, max_context // MIN_SEGMENT_LEN), MAX_SEGMENTS)
+    want = min(-(-WAVES * num_sms // programs), max(1, max_context // MIN_SEGMENT_LEN), MAX_SEGMENTS)
     return 1 << (want.bit_length() - 1)
 
 
