@@ -176,6 +176,7 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
     inputs = descs()
     name, ptx, launch, extra = fake.funcs[tensorrt_plugin.PLUGIN_ID]["aot_impl"](*inputs, **ATTRS, outputs=(), tactic=0)
     assert (name, ptx) == (b"k", b".version 8.0")
+    assert tensorrt_plugin.compiled_ptx_isa() == "8.0"  # recorded in the engine's manifest entry
     attrs, kw = calls[0]
     assert (attrs.num_heads, attrs.num_kv_heads, attrs.head_size, attrs.scale, attrs.rotary_interleaved) == (
         6,

@@ -44,7 +44,7 @@ TENSORRT_CREATOR_VERSION = "1"
 TYPE_COMBINATION = ", ".join(["FP32|FP16"] * 3 + ["INT32"] * 3 + ["FP32"] + ["FP32|FP16"] * 3)
 ATTRIBUTES = ("num_heads", "num_kv_heads", "head_size", "scale", "rotary_interleaved", "has_rope")
 
-_state: dict[str, Any] = {"registered": False, "aot": False, "aot_arch": None, "ptx_version": None}
+_state: dict[str, Any] = {"registered": False, "aot": False, "aot_arch": None, "ptx_version": None, "ptx_isa": None}
 
 _TRITON_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT32": "i32", "INT64": "i64"}
 
@@ -63,6 +63,11 @@ def configure_aot(arch: int | None, ptx_version: int | None = None) -> None:
     """
     _state["aot_arch"] = arch
     _state["ptx_version"] = ptx_version
+
+
+def compiled_ptx_isa() -> str | None:
+    """PTX ISA version (e.g. ``"8.5"``) of the last kernel the AOT implementation compiled; None before any."""
+    return _state["ptx_isa"]
 
 
 def register() -> bool:
@@ -192,6 +197,7 @@ def _register_aot(trtp: Any) -> None:
             cos_sin_type=_triton_type(cos_sin_cache.dtype),
             ptx_version=_state["ptx_version"],
         )
+        _state["ptx_isa"] = kernel.ptx_isa
         num_seqs = query_start_loc.shape_expr[0] - 1
         launch = trtp.KernelLaunchParams()
         launch.grid_x = qkv.shape_expr[0] // kernel.block_q + num_seqs  # query tiles (see triton_kernel)

@@ -39,6 +39,7 @@ only when called. Set ``TRITON_INTERPRET=1`` before Triton's first import to run
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -136,6 +137,12 @@ class CompiledKernel:
     shared_mem: int  # dynamic shared memory in bytes
     arch: int  # compute capability it was compiled for, e.g. 90
     block_q: int = 1  # query tokens per program (grid_x = T // block_q + B)
+
+    @property
+    def ptx_isa(self) -> str | None:
+        """The PTX ISA version the kernel was written in, e.g. ``"8.5"`` (its ``.version`` line)."""
+        found = re.search(r"^\s*\.version\s+(\d+\.\d+)", self.ptx, re.M)
+        return found.group(1) if found else None
 
 
 POINTER_INPUTS = ("qkv", "k_in", "v_in", "positions", "block_tables", "qsl", "cos_sin")
