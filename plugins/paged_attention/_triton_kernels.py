@@ -28,9 +28,11 @@ def _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q: tl.constexpr):
     """This program's query tile: ``(b, q_start, q_end, tok0)``, tokens ``tok0 .. tok0 + BLOCK_Q`` of sequence b.
 
     Sequence b owns tiles ``q_start // BLOCK_Q + b ...`` (at most ``T // BLOCK_Q + B`` tiles in all, so a tile
-    never crosses a sequence boundary); b is found by binary search over ``query_start_loc``.
+    never crosses a sequence boundary); b is found by binary search over ``query_start_loc``. Programs take the
+    tiles in reverse order, so the longest causal tiles (last in their sequence) start first and the surplus
+    programs (tile ids past the last sequence's) exit at once.
     """
-    tile = tl.program_id(0)
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
     lo = num_seqs * 0
     hi = num_seqs - 1
     while lo < hi:

@@ -38,6 +38,7 @@ only when called. Set ``TRITON_INTERPRET=1`` before Triton's first import to run
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -317,8 +318,11 @@ def _workspace(qkv: Any, t: int, hq: int, segments: int, block_d: int) -> tuple[
 
 def _num_sms(x: Any) -> int:
     """SM count of the tensor's GPU (0 on the CPU: the interpreter never splits unless asked to)."""
-    if not x.is_cuda:
-        return 0
+    return _sm_count(x.device.index or 0) if x.is_cuda else 0
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
     import torch
 
-    return int(torch.cuda.get_device_properties(x.device).multi_processor_count)
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
