@@ -42,6 +42,12 @@ LAYOUTS = {"llama8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 DECODE = [(1, 1024), (1, 8192), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 1024)]
 PREFILL = [(1, 512), (1, 2048), (4, 512), (4, 2048)]
 TOL = {"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}
+DEVICE, SPEED_DTYPE = "cuda", "bfloat16"  # --smoke: "cpu", "float32" (Triton's interpreter)
+
+
+def sync(torch: Any) -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 class Runner:
@@ -102,24 +108,24 @@ def check_case(torch: Any, tk: Any, ref: Any, dtype: str, fused: bool, splits: i
     kv_type = {"float": ref.KV_FLOAT, "int8": ref.KV_INT8, "fp8": ref.KV_FP8}[kv]
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d), kv_cache_dtype=kv_type)
     tdt = getattr(torch, dtype)
-    qkv = torch.from_numpy(step["qkv"]).to("cuda", tdt)
+    qkv = torch.from_numpy(step["qkv"]).to(DEVICE, tdt)
     scales: dict[str, float] = {}
     if kv == "float":
         k_np, v_np = (step[x].astype(np.float32) for x in ("k", "v"))
-        k = torch.from_numpy(k_np).to("cuda", tdt)
-        v = torch.from_numpy(v_np).to("cuda", tdt)
+        k = torch.from_numpy(k_np).to(DEVICE, tdt)
+        v = torch.from_numpy(v_np).to(DEVICE, tdt)
         k_np, v_np = k.float().cpu().numpy(), v.float().cpu().numpy()
     else:
         scales = {"k_scale": 0.03, "v_scale": 0.02}
         k_np = ref.quantize_kv(step["k"], scales["k_scale"], kv_type)
         v_np = ref.quantize_kv(step["v"], scales["v_scale"], kv_type)
         tt = torch.int8 if kv == "int8" else torch.float8_e4m3fn
-        k, v = (torch.from_numpy(x.view(np.int8).copy()).view(tt).cuda() for x in (k_np, v_np))
-    meta = [torch.from_numpy(step[x]).cuda() for x in ("positions", "tables", "qsl")]
+        k, v = (torch.from_numpy(x.view(np.int8).copy()).view(tt).to(DEVICE) for x in (k_np, v_np))
+    meta = [torch.from_numpy(step[x]).to(DEVICE) for x in ("positions", "tables", "qsl")]
     out = tk.paged_attention_triton(
-        qkv, k, v, *meta, torch.from_numpy(cos_sin).cuda(), attrs, fused=fused, num_kv_splits=splits, **scales
+        qkv, k, v, *meta, torch.from_numpy(cos_sin).to(DEVICE), attrs, fused=fused, num_kv_splits=splits, **scales
     )
-    torch.cuda.synchronize()
+    sync(torch)
     qkv_np = qkv.float().cpu().numpy()
     r_out, r_k, r_v = ref.paged_attention(
         qkv_np, k_np, v_np, step["positions"], step["tables"], step["qsl"], cos_sin, attrs, **scales
@@ -143,39 +149,45 @@ def garbage_case(torch: Any, tk: Any, ref: Any, fused: bool) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     hq, hkv, d, t, b = 8, 2, 64, 33, 5
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 0.125)
-    qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
-    k = torch.zeros(9, 16, hkv, d, device="cuda", dtype=torch.bfloat16)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, device=DEVICE, dtype=getattr(torch, SPEED_DTYPE))
+    k = torch.zeros(9, 16, hkv, d, device=DEVICE, dtype=qkv.dtype)
     v = torch.zeros_like(k)
-    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(40, d, theta=1e4)).cuda()
+    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(40, d, theta=1e4)).to(DEVICE)
     info = np.iinfo(np.int32)
-    for _ in range(5):
+    for _ in range(5 if DEVICE == "cuda" else 1):
         meta = [rng.integers(info.min, info.max, size=s, dtype=np.int32) for s in ((t,), (b, 7), (b + 1,))]
-        tk.paged_attention_triton(qkv, k, v, *[torch.from_numpy(x).cuda() for x in meta], cos_sin, attrs, fused=fused)
-    torch.cuda.synchronize()
+        tk.paged_attention_triton(
+            qkv, k, v, *[torch.from_numpy(x).to(DEVICE) for x in meta], cos_sin, attrs, fused=fused
+        )
+    sync(torch)
     return {"ok": True}
 
 
 def paged_inputs(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: int, bs: int = 16):
     """bf16 GPU tensors of a batch of ``batch`` sequences with ``new`` tokens each ending at context ``ctx``."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     blocks_per_seq = -(-ctx // bs)
     nb = batch * blocks_per_seq
-    dt = torch.bfloat16
-    k = torch.randn(nb, bs, hkv, d, device="cuda", dtype=dt, generator=gen)
-    v = torch.randn(nb, bs, hkv, d, device="cuda", dtype=dt, generator=gen)
-    tables = torch.randperm(nb, device="cuda", generator=gen).reshape(batch, blocks_per_seq)
-    positions = (torch.arange(ctx - new, ctx, device="cuda")).repeat(batch)
-    qsl = torch.arange(0, batch + 1, device="cuda") * new
-    qkv = torch.randn(batch * new, (hq + 2 * hkv) * d, device="cuda", dtype=dt, generator=gen)
+    dt = getattr(torch, SPEED_DTYPE)
+    k = torch.randn(nb, bs, hkv, d, device=DEVICE, dtype=dt, generator=gen)
+    v = torch.randn(nb, bs, hkv, d, device=DEVICE, dtype=dt, generator=gen)
+    tables = torch.randperm(nb, device=DEVICE, generator=gen).reshape(batch, blocks_per_seq)
+    positions = (torch.arange(ctx - new, ctx, device=DEVICE)).repeat(batch)
+    qsl = torch.arange(0, batch + 1, device=DEVICE) * new
+    qkv = torch.randn(batch * new, (hq + 2 * hkv) * d, device=DEVICE, dtype=dt, generator=gen)
     return qkv, k, v, positions, tables, qsl
 
 
 def bench(torch: Any, fn: Callable[[], Any]) -> float:
-    """Milliseconds per call (median of triton's do_bench, after a compile/warm-up call)."""
+    """Milliseconds per call (triton's do_bench, after a compile/warm-up call); one timed call on the CPU."""
+    fn()
+    sync(torch)
+    if DEVICE != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e3
     from triton.testing import do_bench
 
-    fn()
-    torch.cuda.synchronize()
     return float(do_bench(fn, warmup=10, rep=40))
 
 
@@ -184,9 +196,9 @@ def sdpa_ms(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: in
     is the baseline: ``sdpa_ms`` is the minimum)."""
     import torch.nn.functional as F
 
-    dt = torch.bfloat16
-    q = torch.randn(batch, hq, new, d, device="cuda", dtype=dt)
-    k = torch.randn(batch, hkv, ctx, d, device="cuda", dtype=dt)
+    dt = getattr(torch, SPEED_DTYPE)
+    q = torch.randn(batch, hq, new, d, device=DEVICE, dtype=dt)
+    k = torch.randn(batch, hkv, ctx, d, device=DEVICE, dtype=dt)
     v = torch.randn_like(k)
     causal = new > 1
     res = {}
@@ -202,9 +214,9 @@ def sdpa_ms(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: in
 def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int, ctx: int) -> dict[str, Any]:
     hq, hkv, d = LAYOUTS[layout]
     qkv, k, v, positions, tables, qsl = paged_inputs(torch, hq, hkv, d, batch, new, ctx)
-    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(ctx, d, theta=5e5)).cuda()
+    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(ctx, d, theta=5e5)).to(DEVICE)
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d))
-    out = torch.empty(qkv.shape[0], hq * d, device="cuda", dtype=qkv.dtype)
+    out = torch.empty(qkv.shape[0], hq * d, device=DEVICE, dtype=qkv.dtype)
     res: dict[str, Any] = {"layout": layout, "batch": batch, "new_tokens": new, "context": ctx}
     for name, fused in (("kernel", False), ("kernel_fused", True)):
         call = lambda f=fused: tk.paged_attention_triton(  # noqa: E731
@@ -213,7 +225,7 @@ def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
         res[f"{name}_ms"] = round(bench(torch, call), 4)
     res.update(sdpa_ms(torch, hq, hkv, d, batch, new, ctx))
     kv_bytes = 2 * batch * ctx * hkv * d * k.element_size()
-    src = torch.empty(kv_bytes // 2, device="cuda", dtype=torch.bfloat16)
+    src = torch.empty(kv_bytes // k.element_size(), device=DEVICE, dtype=k.dtype)
     dst = torch.empty_like(src)
     res["copy_ms"] = round(bench(torch, lambda: dst.copy_(src)), 4)
     res["kv_bytes"] = kv_bytes
@@ -229,10 +241,17 @@ def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
     return res
 
 
-def sweep_case(torch: Any, tk: Any, ref: Any, batch: int, new: int, ctx: int, tiling: Any, splits: int | None):
-    hq, hkv, d = LAYOUTS["llama8b"]
+def aot_case(tk: Any, ref: Any, arch: int) -> dict[str, Any]:
+    """The TensorRT AOT form compiles with this machine's Triton (no TensorRT needed)."""
+    k = tk.compile_ptx(ref.PagedAttentionAttrs(32, 8, 128, 0.088), has_rope=True, arch=arch, float_type="bf16")
+    return {"ok": "mma" in k.ptx, "name": k.name, "ptx_isa": k.ptx_isa, "shared_mem": k.shared_mem,
+            "threads": k.num_threads, "block_q": k.block_q}  # fmt: skip
+
+
+def sweep_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int, ctx: int, tiling: Any, splits: Any):
+    hq, hkv, d = LAYOUTS[layout]
     qkv, k, v, positions, tables, qsl = paged_inputs(torch, hq, hkv, d, batch, new, ctx)
-    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(ctx, d, theta=5e5)).cuda()
+    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(ctx, d, theta=5e5)).to(DEVICE)
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d))
     ms = bench(
         torch,
@@ -244,28 +263,22 @@ def sweep_case(torch: Any, tk: Any, ref: Any, batch: int, new: int, ctx: int, ti
 
 
 def smoke(runner: Runner) -> None:
-    """Tiny shapes through the interpreter: exercises this script's plumbing (no timing, no SDPA)."""
+    """Tiny shapes on the CPU through the interpreter: runs this script's code paths (the timings mean nothing)."""
+    global DEVICE, SPEED_DTYPE
+    DEVICE, SPEED_DTYPE = "cpu", "float32"
+    LAYOUTS["tiny"] = (4, 2, 16)
     import torch
 
     from trtbuild.plugins.paged_attention import reference as ref
     from trtbuild.plugins.paged_attention import triton_kernel as tk
 
-    def one(fused: bool, splits: int | None) -> dict[str, Any]:
-        step = make_step(np.random.default_rng(0), 4, 2, 16, 5, [9, 1], [0, 12])
-        attrs = ref.PagedAttentionAttrs(4, 2, 16, 0.25)
-        k, v = torch.from_numpy(step["k"].copy()), torch.from_numpy(step["v"].copy())
-        meta = [torch.from_numpy(step[x]) for x in ("positions", "tables", "qsl")]
-        out = tk.paged_attention_triton(
-            torch.from_numpy(step["qkv"]), k, v, *meta, None, attrs, fused=fused, num_kv_splits=splits
-        )
-        r_out, _, _ = ref.paged_attention(
-            step["qkv"], step["k"], step["v"], step["positions"], step["tables"], step["qsl"], None, attrs
-        )
-        err = float(np.abs(out.numpy() - r_out).max())
-        return {"ok": err <= TOL["float32"], "max_err_out": err}
-
-    runner.case("check", "smoke-fused", lambda: one(True, None))
-    runner.case("check", "smoke-two-kernels-split2", lambda: one(False, 2))
+    runner.case("check", "smoke-float32-fused", lambda: check_case(torch, tk, ref, "float32", True, None, "float", 5))
+    runner.case("check", "smoke-int8-split3", lambda: check_case(torch, tk, ref, "float32", False, 3, "int8", 16))
+    runner.case("check", "smoke-fp8", lambda: check_case(torch, tk, ref, "float32", True, 2, "fp8", 16))
+    runner.case("check", "smoke-garbage", lambda: garbage_case(torch, tk, ref, True))
+    runner.case("decode", "smoke-decode", lambda: speed_case(torch, tk, ref, "tiny", 2, 1, 40))
+    runner.case("prefill", "smoke-prefill", lambda: speed_case(torch, tk, ref, "tiny", 1, 20, 20))
+    runner.case("sweep", "smoke-sweep", lambda: sweep_case(torch, tk, ref, "tiny", 2, 1, 40, tk.Tiling(16, 32), 2))
 
 
 def main() -> int:
@@ -305,6 +318,8 @@ def main() -> int:
             runner.case("check", name, lambda a=("bfloat16", fused, 4, kv, 16): check_case(torch, tk, ref, *a))
     for fused in (False, True):
         runner.case("check", f"garbage-metadata-fused{int(fused)}", lambda f=fused: garbage_case(torch, tk, ref, f))
+    arch = props.major * 10 + props.minor
+    runner.case("check", f"aot-compile_ptx-sm{arch}", lambda: aot_case(tk, ref, arch))
 
     for layout in LAYOUTS:
         for batch, ctx in DECODE:
@@ -319,7 +334,7 @@ def main() -> int:
         for tiling in tilings:
             for batch, ctx, splits in ((1, 8192, 16), (1, 8192, 32), (1, 8192, 64), (64, 2048, 1), (64, 2048, 2)):
                 name = f"decode-b{batch}-ctx{ctx}-{tiling.block_m}x{tiling.block_n}w{tiling.num_warps}-s{splits}"
-                a = (batch, 1, ctx, tiling, splits)
+                a = ("llama8b", batch, 1, ctx, tiling, splits)
                 runner.case("sweep", name, lambda a=a: sweep_case(torch, tk, ref, *a))
         for tiling in (
             tk.Tiling(64, 64, 4, 2),
@@ -328,7 +343,7 @@ def main() -> int:
             tk.Tiling(128, 128, 8, 2),
         ):
             name = f"prefill-b1-n2048-{tiling.block_m}x{tiling.block_n}w{tiling.num_warps}s{tiling.num_stages}"
-            runner.case("sweep", name, lambda t=tiling: sweep_case(torch, tk, ref, 1, 2048, 2048, t, 1))
+            runner.case("sweep", name, lambda t=tiling: sweep_case(torch, tk, ref, "llama8b", 1, 2048, 2048, t, 1))
     runner.emit({"kind": "done", "elapsed_s": round(time.time() - runner.start, 1)})
     return 0
 

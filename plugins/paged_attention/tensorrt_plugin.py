@@ -36,7 +36,7 @@ PLUGIN_NAME = "PagedAttention"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
 # Version of this plugin's kernels and I/O contract, recorded in engine manifests: an engine only runs with the
 # plugin version it was built with. Bump it when the kernel semantics or the plugin's inputs/attributes change.
-PLUGIN_VERSION = "1.0.0"
+PLUGIN_VERSION = "1.1.0"  # 1.1.0: tensor-core query tiles, clamped metadata, seven scalars
 # TensorRT's own creator version: tensorrt.plugin registers every creator as "1" (the ONNX node's plugin_version).
 TENSORRT_CREATOR_VERSION = "1"
 # Supported dtypes per I/O position: qkv, key_cache, value_cache, positions, block_tables, query_start_loc,
