@@ -19,6 +19,7 @@ from trtbuild.backends.engine_select import (
 from trtbuild.backends.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
 from trtbuild.backends.tensorrt import build_tensorrt_engines, resolve_archs
 from trtbuild.config import BuildConfig
+from trtbuild.plugins.paged_attention import tensorrt_plugin
 from trtbuild.errors import BuildError, EngineError
 
 TRT = "10.9.0.34"
@@ -178,7 +179,7 @@ def test_build_checks_its_options_first(tmp_path: Path) -> None:
 
 def test_detect_local_facts() -> None:
     facts = detect_local_facts()
-    assert facts.plugin_version == PLUGIN
+    assert facts.plugin_version == tensorrt_plugin.PLUGIN_VERSION
     assert facts.compute_capability is None or len(facts.compute_capability) == 2
     if importlib.util.find_spec("tensorrt") is None:
         assert facts.tensorrt_version is None
