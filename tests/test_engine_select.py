@@ -19,8 +19,8 @@ from trtbuild.backends.engine_select import (
 from trtbuild.backends.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
 from trtbuild.backends.tensorrt import build_tensorrt_engines, resolve_archs
 from trtbuild.config import BuildConfig
-from trtbuild.plugins.paged_attention import tensorrt_plugin
 from trtbuild.errors import BuildError, EngineError
+from trtbuild.plugins.paged_attention import tensorrt_plugin
 
 TRT = "10.9.0.34"
 PLUGIN = "1.0.0"
