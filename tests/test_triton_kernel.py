@@ -218,6 +218,8 @@ def test_bad_inputs_are_rejected() -> None:
         triton_kernel.paged_attention_triton(torch.zeros(2, 60), cache, cache.clone(), *meta, None, attrs)
     with pytest.raises(ValueError, match="contiguous"):
         triton_kernel.paged_attention_triton(qkv, cache.transpose(0, 1), cache.clone(), *meta, None, attrs)
+    with pytest.raises(ValueError, match="at least one row"):
+        triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), meta[0], meta[1][:, :0], meta[2], None, attrs)
     with pytest.raises(ValueError, match="rotary dim"):
         triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), *meta, torch.zeros(8, 10), attrs)
 

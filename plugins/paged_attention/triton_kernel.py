@@ -266,6 +266,8 @@ def paged_attention_triton(
     ks, vs = (_scale_tensor(k_scale, qkv), _scale_tensor(v_scale, qkv)) if quantized else (qkv, qkv)
     num_seqs = query_start_loc.shape[0] - 1
     max_blocks, num_blocks, block_size = block_tables.shape[1], key_cache.shape[0], key_cache.shape[1]
+    if min(max_blocks, num_blocks, rope_rows) < 1:
+        raise ValueError("block_tables, the caches and cos_sin_cache need at least one row / block")
     output = qkv.new_empty((t, hq * dh)) if out is None else out
     if tuple(output.shape) != (t, hq * dh) or not output.is_contiguous():
         raise ValueError(f"out must be a contiguous [{t}, {hq * dh}] tensor")
