@@ -16,9 +16,11 @@ from trtbuild.backends.engine_select import (
     parse_arch,
     select_engine,
 )
+from trtbuild.backends.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
 from trtbuild.backends.tensorrt import build_tensorrt_engines, resolve_archs
 from trtbuild.config import BuildConfig
 from trtbuild.errors import BuildError, EngineError
+from trtbuild.plugins.paged_attention import tensorrt_plugin
 
 TRT = "10.9.0.34"
 PLUGIN = "1.0.0"
@@ -72,7 +74,8 @@ def test_mismatched_tensorrt_version() -> None:
     assert f"built with TensorRT {TRT}, installed is 10.11.0.33" in msg
     assert "--backend tensorrt --arch sm90" in msg
     assert f"pip install tensorrt=={TRT}" in msg  # or go back to the TensorRT that built it
-    assert select_engine(m, local(trt="10.9.0.40")).target == "sm90"  # same major.minor.patch: fine
+    with pytest.raises(EngineError, match=r"built with TensorRT 10\.9\.0\.34, installed is 10\.9\.0\.40"):
+        select_engine(m, local(trt="10.9.0.40"))  # another build of the same release: not the same TensorRT
 
 
 def test_version_compatible_engines_run_on_later_tensorrt_of_the_same_major() -> None:
@@ -176,7 +179,7 @@ def test_build_checks_its_options_first(tmp_path: Path) -> None:
 
 def test_detect_local_facts() -> None:
     facts = detect_local_facts()
-    assert facts.plugin_version == PLUGIN
+    assert facts.plugin_version == tensorrt_plugin.PLUGIN_VERSION
     assert facts.compute_capability is None or len(facts.compute_capability) == 2
     if importlib.util.find_spec("tensorrt") is None:
         assert facts.tensorrt_version is None
@@ -200,3 +203,26 @@ def test_tensorrt_build_and_select(tmp_path: Path) -> None:  # pragma: no cover 
     chosen = select_engine(manifest(*entries), facts)
     engine = trt.Runtime(trt.Logger()).deserialize_cuda_engine((tmp_path / "engine" / chosen.path).read_bytes())
     assert engine is not None
+
+
+def test_plugin_ptx_newer_than_the_driver_is_explained() -> None:
+    m = manifest(trt_entry("sm90", ptx_version="8.8"))
+    with pytest.raises(EngineError) as e:
+        select_engine(m, LocalFacts((9, 0), TRT, PLUGIN, driver_ptx_version=85))
+    assert "its plugin kernel is PTX ISA 8.8 and this driver loads PTX <= 8.5" in str(e.value)
+    assert "--ptx-version 85" in str(e.value)
+    assert select_engine(m, LocalFacts((9, 0), TRT, PLUGIN, driver_ptx_version=88)).ptx_version == "8.8"
+    assert select_engine(m, LocalFacts((9, 0), TRT, PLUGIN, driver_ptx_version=None)).target == "sm90"  # unknown
+    assert select_engine(manifest(trt_entry("sm90")), LocalFacts((9, 0), TRT, PLUGIN, 70)).ptx_version is None  # JIT
+
+
+def test_ptx_cap_follows_the_driver_or_the_flag() -> None:
+    assert max_ptx_for_cuda((12, 4)) == 84
+    assert max_ptx_for_cuda((12, 7)) == 85  # between listed releases: the older one's ISA
+    assert max_ptx_for_cuda((12, 9)) == 88
+    assert max_ptx_for_cuda((10, 2)) == 70  # older than the table: its oldest ISA
+    assert max_ptx_for_cuda((14, 0)) is None  # newer than the table: no cap
+    assert ptx_cap(None, (12, 5)) == 85 and ptx_cap(80, (12, 9)) == 80 and ptx_cap(None, None) is None
+    assert ptx_number("8.5") == 85
+    driver = driver_cuda_version()  # None here without an NVIDIA driver; (major, minor) with one
+    assert driver is None or (isinstance(driver, tuple) and driver >= (11, 0))

@@ -30,6 +30,12 @@ class Expr:
     def __sub__(self, other: int) -> Expr:
         return Expr(f"({self.text} - {other})")
 
+    def __floordiv__(self, other: int) -> Expr:
+        return Expr(f"({self.text} // {other})")
+
+    def __add__(self, other: Expr) -> Expr:
+        return Expr(f"({self.text} + {other.text})")
+
     def __rmul__(self, other: int) -> Expr:
         return Expr(f"({other} * {self.text})")
 
@@ -162,7 +168,7 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
 
     def compile_ptx(attrs: Any, **kw: Any) -> triton_kernel.CompiledKernel:
         calls.append((attrs, kw))
-        return triton_kernel.CompiledKernel("k", ".version 8.0", 128, 2048, kw["arch"])
+        return triton_kernel.CompiledKernel("k", ".version 8.0", 128, 2048, kw["arch"], block_q=21)
 
     monkeypatch.setattr(triton_kernel, "compile_ptx", compile_ptx)
     tensorrt_plugin.register()
@@ -170,6 +176,7 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
     inputs = descs()
     name, ptx, launch, extra = fake.funcs[tensorrt_plugin.PLUGIN_ID]["aot_impl"](*inputs, **ATTRS, outputs=(), tactic=0)
     assert (name, ptx) == (b"k", b".version 8.0")
+    assert tensorrt_plugin.compiled_ptx_isa() == "8.0"  # recorded in the engine's manifest entry
     attrs, kw = calls[0]
     assert (attrs.num_heads, attrs.num_kv_heads, attrs.head_size, attrs.scale, attrs.rotary_interleaved) == (
         6,
@@ -179,12 +186,13 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
         True,
     )
     assert kw == dict(has_rope=True, arch=80, float_type="fp16", index_type="i32", cos_sin_type="fp32", ptx_version=85)
-    assert (launch.grid_x, launch.grid_y, launch.block_x, launch.shared_mem) == (Expr("T"), 2, 128, 2048)
-    # the kernel's scalars: num_seqs, max_blocks, block_size, rotary dim
-    assert [s.value for s in extra] == [Expr("(B1 - 1)"), Expr("M"), 16, 32]
+    grid = (launch.grid_x, launch.grid_y, launch.block_x, launch.shared_mem)
+    assert grid == (Expr("((T // 21) + (B1 - 1))"), 2, 128, 2048)  # query tiles of 21 tokens, kv heads
+    # the kernel's scalars: num_tokens, num_seqs, max_blocks, num_blocks, block_size, rotary dim, rotary rows
+    assert [s.value for s in extra] == [Expr("T"), Expr("(B1 - 1)"), Expr("M"), Expr("NB"), 16, 32, 4096]
     no_rope = dict(ATTRS, has_rope=0)
     *_, extra = fake.funcs[tensorrt_plugin.PLUGIN_ID]["aot_impl"](*inputs, **no_rope, outputs=(), tactic=0)
-    assert extra[-1].value == 0
+    assert [s.value for s in extra[-2:]] == [0, 1]
 
 
 def test_without_aot_support_only_jit_is_registered(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,8 +32,13 @@ if type(triton_language.sum).__name__ != "InterpretedFunction":  # pragma: no co
 
 from trtbuild.plugins.paged_attention import triton_kernel  # noqa: E402
 from trtbuild.plugins.paged_attention.reference import (  # noqa: E402
+    KV_FLOAT,
+    KV_FP8,
+    KV_INT8,
     PagedAttentionAttrs,
+    dequantize_kv,
     paged_attention,
+    quantize_kv,
     rotary_cos_sin_cache,
 )
 
@@ -86,8 +96,13 @@ def run_both(
     attrs: PagedAttentionAttrs,
     fused: bool,
     index_dtype: torch.dtype = torch.int64,
+    atol: float = 1e-4,
+    **launch: Any,
 ) -> None:
-    """Run the oracle and the kernel on the same step; compare output and both updated caches."""
+    """Run the oracle and the kernel on the same step; compare output and both updated caches.
+
+    ``launch`` goes to the kernel (``tiling``, ``num_kv_splits``, ``k_scale``/``v_scale`` for a quantized cache)."""
+    scales = {k: launch[k] for k in ("k_scale", "v_scale") if k in launch}
     ref_out, ref_k, ref_v = paged_attention(
         step.qkv,
         step.key_cache,
@@ -97,9 +112,9 @@ def run_both(
         step.query_start_loc,
         cos_sin,
         attrs,
+        **scales,
     )
-    k = torch.from_numpy(step.key_cache.copy())
-    v = torch.from_numpy(step.value_cache.copy())
+    k, v = to_torch_cache(step.key_cache), to_torch_cache(step.value_cache)
     out = triton_kernel.paged_attention_triton(
         torch.from_numpy(step.qkv),
         k,
@@ -110,10 +125,27 @@ def run_both(
         None if cos_sin is None else torch.from_numpy(cos_sin),
         attrs,
         fused=fused,
+        **launch,
     )
-    np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(k.numpy(), ref_k, atol=1e-4, rtol=0)
-    np.testing.assert_allclose(v.numpy(), ref_v, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(out.float().numpy(), ref_out.astype(np.float32), atol=atol, rtol=0)
+    if attrs.kv_cache_dtype == KV_FLOAT:
+        np.testing.assert_allclose(k.float().numpy(), ref_k.astype(np.float32), atol=atol, rtol=0)
+        np.testing.assert_allclose(v.float().numpy(), ref_v.astype(np.float32), atol=atol, rtol=0)
+    else:  # the same quantization levels (at most one step apart where fp32 vs fp64 RoPE rounds differently)
+        for got, want, scale in ((k, ref_k, scales["k_scale"]), (v, ref_v, scales["v_scale"])):
+            got_deq = dequantize_kv(from_torch_cache(got, want.dtype), scale)
+            np.testing.assert_allclose(got_deq, dequantize_kv(want, scale), atol=1.01 * scale * (cos_sin is not None))
+
+
+def to_torch_cache(cache: np.ndarray) -> torch.Tensor:
+    """A numpy cache (float, int8 or ml_dtypes fp8) as the torch tensor the kernel takes."""
+    if cache.dtype.itemsize == 1 and cache.dtype != np.int8:
+        return torch.from_numpy(cache.view(np.uint8).copy()).view(torch.float8_e4m3fn)
+    return torch.from_numpy(cache.copy())
+
+
+def from_torch_cache(cache: torch.Tensor, dtype: np.dtype) -> np.ndarray:
+    return cache.view(torch.uint8).numpy().view(dtype) if dtype.itemsize == 1 else cache.numpy()
 
 
 # (rotary dim as a fraction of head size or None, interleaved)
@@ -186,6 +218,8 @@ def test_bad_inputs_are_rejected() -> None:
         triton_kernel.paged_attention_triton(torch.zeros(2, 60), cache, cache.clone(), *meta, None, attrs)
     with pytest.raises(ValueError, match="contiguous"):
         triton_kernel.paged_attention_triton(qkv, cache.transpose(0, 1), cache.clone(), *meta, None, attrs)
+    with pytest.raises(ValueError, match="at least one row"):
+        triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), meta[0], meta[1][:, :0], meta[2], None, attrs)
     with pytest.raises(ValueError, match="rotary dim"):
         triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), *meta, torch.zeros(8, 10), attrs)
 
@@ -222,7 +256,9 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
             k = compile_ptx(PagedAttentionAttrs(6, 2, 64, 0.125, True), has_rope=True, arch=arch, float_type=ftype)
             entry = re.search(r"\\.entry\\s+(\\w+)\\(([^)]*)\\)", k.ptx, re.S)
             params = entry.group(2).count(".param")
-            print(arch, k.name, entry.group(1), re.search(r"\\.target (\\w+)", k.ptx).group(1), params, k.num_threads)
+            mma = "mma" in k.ptx  # tensor-core instructions (mma.sync on sm_80, wgmma on sm_90)
+            target = re.search(r"\\.target (\\w+)", k.ptx).group(1)
+            print(arch, k.name, entry.group(1), target, params, k.num_threads, int(mma), k.block_q)
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
@@ -230,10 +266,196 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.strip().splitlines()]
     assert [line[0] for line in lines] == ["80", "90"]
-    for arch, name, entry, target, params, threads in lines:
+    for arch, name, entry, target, params, threads, _mma, block_q in lines:
         assert name == entry == "_paged_attention_kernel"
         assert target.startswith(f"sm_{arch}")
-        # 10 pointers + 4 int32 scalars in TensorRT's (inputs, scalars, outputs) order, then Triton's two scratch
+        # 10 pointers + 7 int32 scalars in TensorRT's (inputs, scalars, outputs) order, then Triton's two scratch
         # pointers, which TensorRT's AOT launcher leaves null (the kernel uses no scratch: checked in compile_ptx).
-        assert int(params) == 16
+        assert int(params) == 19
         assert int(threads) % 32 == 0
+        assert int(block_q) == 64 // 3  # AOT tiling: 64 rows = 21 tokens x 3 query heads per kv head
+    assert lines[0][6] == "1"  # fp16 on sm_80 runs QK^T and PV on tensor cores
+
+
+SMALL = triton_kernel.Tiling(block_m=16, block_n=16)  # several query tiles per sequence, several context tiles
+
+
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-segment", "3-segments"])
+@pytest.mark.parametrize("fused", [False, True], ids=["two-kernels", "fused"])
+@pytest.mark.parametrize("heads", [(4, 2), (6, 2)], ids=lambda h: f"hq{h[0]}-hkv{h[1]}")
+def test_query_tiles_and_kv_segments_match_reference(heads: tuple[int, int], fused: bool, splits: int) -> None:
+    """Query tiles of 8 (group 2) or 5 (group 3: a padding row) tokens: sequences longer than a tile cross tile
+    boundaries, shorter ones share none; a single-token context; split-KV segments (multiples of 16 positions) end
+    mid-block since the block size 5 divides neither the tiles nor the lengths; 3 segments pad the reduce to 4."""
+    hq, hkv = heads
+    d = 16
+    rng = np.random.default_rng(hq * 10 + int(fused) + splits)
+    # prefill 19 | single-token context | chunk of 9 after a 7-token prefix | long decode | chunk of 3 after 40
+    step = make_step(rng, hq, hkv, d, 5, [19, 1, 9, 1, 3], [0, 0, 7, 50, 40])
+    cos_sin = rotary_cos_sin_cache(64, d, theta=10000.0)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / np.sqrt(d))
+    run_both(step, cos_sin, attrs, fused, tiling=SMALL, num_kv_splits=splits)
+
+
+def test_default_tilings_and_decode_split() -> None:
+    """The launcher's own choices: prefill tiling for a chunked step, decode tiling (+ forced split) for decode."""
+    rng = np.random.default_rng(11)
+    hq, hkv, d = 8, 2, 32
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / np.sqrt(d))
+    cos_sin = rotary_cos_sin_cache(256, 16, theta=10000.0)
+    run_both(make_step(rng, hq, hkv, d, 16, [70, 2], [0, 100]), cos_sin, attrs, fused=True)
+    run_both(make_step(rng, hq, hkv, d, 16, [1, 1, 1], [150, 0, 77]), cos_sin, attrs, fused=False, num_kv_splits=4)
+
+
+def test_fp16_uses_half_precision_dots() -> None:
+    rng = np.random.default_rng(5)
+    hq, hkv, d = 4, 1, 32
+    step = make_step(rng, hq, hkv, d, 4, [6, 1], [3, 20])
+    step.qkv, step.key_cache, step.value_cache = (
+        x.astype(np.float16) for x in (step.qkv, step.key_cache, step.value_cache)
+    )
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / np.sqrt(d))
+    run_both(step, rotary_cos_sin_cache(32, d, theta=10000.0), attrs, fused=True, atol=1e-2, tiling=SMALL)
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "fused", "rope", "splits"),
+    [(KV_INT8, True, True, 1), (KV_INT8, False, False, 2), (KV_FP8, True, False, 2), (KV_FP8, False, True, 1)],
+    ids=["int8-fused-rope", "int8-two-kernels-split", "fp8-fused-split", "fp8-two-kernels-rope"],
+)
+def test_quantized_kv_cache_matches_reference(kv_dtype: int, fused: bool, rope: bool, splits: int) -> None:
+    """Keys/values are quantized on write and dequantized on read in the kernel, the step's own tokens included."""
+    rng = np.random.default_rng(kv_dtype + int(fused))
+    hq, hkv, d = 4, 2, 16
+    step = make_step(rng, hq, hkv, d, 3, [5, 1, 4], [0, 17, 6])
+    k_scale, v_scale = 0.02, 0.03 if kv_dtype == KV_INT8 else 0.01
+    step.key_cache = quantize_kv(step.key_cache, k_scale, kv_dtype)
+    step.value_cache = quantize_kv(step.value_cache, v_scale, kv_dtype)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / np.sqrt(d), kv_cache_dtype=kv_dtype)
+    cos_sin = rotary_cos_sin_cache(32, d, theta=10000.0) if rope else None
+    launch = dict(k_scale=k_scale, v_scale=v_scale, tiling=SMALL, num_kv_splits=splits)
+    run_both(step, cos_sin, attrs, fused, atol=2e-3, **launch)
+
+
+def test_choose_num_segments_fills_the_gpu() -> None:
+    choose = triton_kernel.choose_num_segments
+    assert choose(num_tiles=1, num_kv_heads=8, max_context=8192, num_sms=132) == 64  # batch 1: 512 programs
+    assert choose(num_tiles=20, num_kv_heads=8, max_context=2048, num_sms=132) == 4  # batch 16: 160 programs
+    assert choose(num_tiles=80, num_kv_heads=8, max_context=2048, num_sms=132) == 1  # batch 64: 640 programs
+    assert choose(num_tiles=1, num_kv_heads=8, max_context=200, num_sms=132) == 1  # too short to split
+    assert choose(num_tiles=1, num_kv_heads=8, max_context=600, num_sms=132) == 4  # 4 segments of >= 128
+    assert choose(num_tiles=1, num_kv_heads=1, max_context=1 << 20, num_sms=132) == triton_kernel.MAX_SEGMENTS
+
+
+@contextmanager
+def bounds_checked(tensors: list[torch.Tensor], writable: list[torch.Tensor]) -> Iterator[list[str]]:
+    """Instrument the interpreter: every unmasked load must fall inside one of ``tensors`` (or a split-KV
+    workspace), every unmasked store inside one of ``writable``; violations are collected, not executed."""
+    from triton.runtime import interpreter
+
+    def spans(ts: list[torch.Tensor]) -> list[tuple[int, int]]:
+        return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in ts]
+
+    readable, stores = spans(tensors + writable), spans(writable)
+    errors: list[str] = []
+    builder = interpreter.InterpreterBuilder
+    real_load, real_store, real_workspace = builder.create_masked_load, builder.create_masked_store, None
+
+    def check(kind: str, ptrs: Any, mask: Any, allowed: list[tuple[int, int]]) -> bool:
+        addr = ptrs.data[np.broadcast_to(mask.data, ptrs.data.shape)].astype(np.int64)
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        inside = np.zeros(addr.shape, bool)
+        for lo, hi in allowed:
+            inside |= (addr >= lo) & (addr + size <= hi)
+        if not inside.all():
+            errors.append(f"{kind} of {int((~inside).sum())} elements out of bounds")
+        return bool(inside.all())
+
+    def load(self: Any, ptrs: Any, mask: Any, other: Any, *args: Any) -> Any:
+        ok = check("load", ptrs, mask, readable)
+        return real_load(self, ptrs, mask if ok else type(mask)(np.zeros_like(mask.data), mask.dtype), other, *args)
+
+    def store(self: Any, ptrs: Any, value: Any, mask: Any, *args: Any) -> Any:
+        if check("store", ptrs, mask, stores):
+            return real_store(self, ptrs, value, mask, *args)
+        return None
+
+    def workspace(*args: Any) -> tuple[Any, Any, Any]:
+        bufs = real_workspace(*args)
+        readable.extend(spans(list(bufs)))
+        stores.extend(spans(list(bufs)))
+        return bufs
+
+    real_workspace = triton_kernel._workspace
+    builder.create_masked_load, builder.create_masked_store = load, store
+    triton_kernel._workspace = workspace
+    try:
+        yield errors
+    finally:
+        builder.create_masked_load, builder.create_masked_store = real_load, real_store
+        triton_kernel._workspace = real_workspace
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # garbage in, garbage partials out
+@pytest.mark.parametrize(
+    ("fused", "splits", "index_dtype"),
+    [(True, 1, torch.int32), (False, 1, torch.int64), (True, 2, torch.int64)],
+    ids=["fused-int32", "two-kernels-int64", "fused-split"],
+)
+def test_garbage_metadata_never_accesses_out_of_bounds(fused: bool, splits: int, index_dtype: torch.dtype) -> None:
+    """TensorRT times plugins on made-up inputs: whatever positions, block tables and query_start_loc hold (random
+    values of the whole integer range, all zeros), every load and store stays inside the op's tensors."""
+    rng = np.random.default_rng(int(fused) + splits)
+    hq, hkv, d, bs, nb, t, b, m = 4, 2, 16, 3, 5, 7, 3, 4
+    info = np.iinfo(np.int32 if index_dtype == torch.int32 else np.int64)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.25, rotary_interleaved=True)
+    qkv = torch.from_numpy(rng.standard_normal((t, (hq + 2 * hkv) * d)).astype(np.float32))
+    cos_sin = torch.from_numpy(rotary_cos_sin_cache(6, d, theta=100.0))
+    for trial in range(4):
+        if trial == 0:
+            meta = [np.zeros(t), np.zeros((b, m)), np.zeros(b + 1)]
+        else:
+            lo, hi = (info.min, info.max) if trial % 2 else (-3, 12)
+            meta = [rng.integers(lo, hi, size=s, dtype=info.dtype) for s in ((t,), (b, m), (b + 1,))]
+        positions, tables, qsl = (torch.from_numpy(np.asarray(x)).to(index_dtype) for x in meta)
+        k_cache, v_cache = torch.zeros(nb, bs, hkv, d), torch.zeros(nb, bs, hkv, d)
+        out = torch.zeros(t, hq * d)
+        inputs = [qkv, positions, tables, qsl, cos_sin]
+        with bounds_checked(inputs, [k_cache, v_cache, out]) as errors:
+            triton_kernel.paged_attention_triton(
+                qkv, k_cache, v_cache, positions, tables, qsl, cos_sin, attrs,
+                fused=fused, out=out, tiling=SMALL, num_kv_splits=splits,
+            )  # fmt: skip
+        assert errors == [], (trial, errors)
+
+
+def test_bounds_checker_catches_an_out_of_bounds_access() -> None:
+    """The instrumentation above is real: a cache one block short of what the block table names is caught."""
+    rng = np.random.default_rng(1)
+    step = make_step(rng, 4, 2, 16, 4, [6], [0])
+    attrs = PagedAttentionAttrs(4, 2, 16, 0.25)
+    full = torch.from_numpy(step.key_cache.copy())
+    short_k, short_v = full[:1].clone(), full[:1].clone()  # the kernel clamps block ids to this one block...
+    tables = torch.from_numpy(step.block_tables)
+    args = (torch.from_numpy(step.positions), tables, torch.from_numpy(step.query_start_loc), None, attrs)
+    qkv = torch.from_numpy(step.qkv)
+    with bounds_checked([qkv, *args[:3]], [short_k, short_v]) as errors:  # ...but out is not registered
+        triton_kernel.paged_attention_triton(qkv, short_k, short_v, *args, tiling=SMALL)
+    assert errors and all(e.startswith("store") for e in errors)
+
+
+def test_gpu_benchmark_script_runs_its_smoke_mode() -> None:
+    """benchmarks/paged_attention_gpu.py runs on a GPU machine later: its code paths (oracle checks, garbage
+    metadata, timing against SDPA and a copy, the sweep) run here on tiny CPU shapes through the interpreter."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "paged_attention_gpu.py"
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in result.stdout.splitlines()]
+    cases = ["float32-fused", "int8-split3", "fp8", "garbage", "decode", "prefill", "sweep"]
+    assert [r["case"] for r in records] == [f"smoke-{c}" for c in cases]
+    assert not any("error" in r for r in records), records
+    assert all(r["ok"] for r in records if r["kind"] == "check"), records
+    assert all(r["ratio_vs_sdpa"] > 0 for r in records if r["kind"] in ("decode", "prefill"))

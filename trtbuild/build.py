@@ -143,6 +143,7 @@ def _build_tensorrt(
                 portable_path, tmp, build, archs=trt.arch, hardware_compatibility=trt.hardware_compatibility.value,
                 version_compatible=trt.version_compatible, timing_cache=trt.timing_cache,
                 builder_optimization_level=trt.builder_optimization_level, plugin_impl=trt.plugin_impl.value,
+                ptx_version=trt.ptx_version,
             )  # fmt: skip
             RuntimeConfig(model=model_cfg, build=build, engine_file=entries[0].path, io=io).save(tmp)
             copy_tokenizer_files(ckpt_dir, tmp)

@@ -222,10 +222,16 @@ class TensorRTConfig:
         default=None, metadata={"help": "TensorRT builder optimization level 0-5 (TensorRT's default when unset)"}
     )
     plugin_impl: PluginImpl = field(default=PluginImpl.AUTO, metadata={"help": "paged-attention plugin implementation"})
+    ptx_version: int | None = field(
+        default=None,
+        metadata={"help": "cap the AOT plugin's PTX ISA, e.g. 85 for 8.5 (default: what this machine's driver loads)"},
+    )
 
     def __post_init__(self) -> None:
         if not self.arch:
             raise ValueError("arch: give at least one GPU architecture")
+        if self.ptx_version is not None and not 60 <= self.ptx_version <= 99:
+            raise ValueError("ptx_version must be a PTX ISA version as major * 10 + minor, e.g. 85 for 8.5")
         if self.builder_optimization_level is not None and not 0 <= self.builder_optimization_level <= 5:
             raise ValueError("builder_optimization_level must be between 0 and 5")
 

@@ -2,22 +2,50 @@
 
 Kept apart so that importing ``triton_kernel`` never imports Triton: ``TRITON_INTERPRET=1`` only takes effect if it
 is set before Triton is first imported. Kernel documentation: ``triton_kernel``'s module docstring.
+
+Every index derived from the metadata (sequence, token, position, block id, rotary row) is clamped into the range
+of the tensor it addresses, so garbage metadata (TensorRT times plugins on made-up inputs) gives garbage numbers but
+never an out-of-bounds access.
 """
 
 import triton
 import triton.language as tl
 
+LOG2E = tl.constexpr(1.4426950408889634)
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2**23: (y + M) - M rounds |y| < 2**22 half to even in fp32
+# Shape scalars that vary from step to step: not specialised (Triton would compile a variant for 1 and for
+# multiples of 16). block_size stays specialised: it is fixed per engine.
+_DYNAMIC = ["num_tokens", "num_seqs", "max_blocks", "num_blocks", "rot_dim", "rope_rows"]
+
 
 @triton.jit
-def _seq_of(qsl_ptr, t, num_seqs, BLOCK_B: tl.constexpr):
-    """Index of the sequence that owns token ``t``: the number of sequence ends ``<= t``."""
-    b = 0
-    for start in range(0, num_seqs, BLOCK_B):
-        offs = start + tl.arange(0, BLOCK_B)
-        live = offs < num_seqs
-        ends = tl.load(qsl_ptr + 1 + offs, mask=live, other=0)
-        b += tl.sum((live & (ends <= t)).to(tl.int32), axis=0)
-    return b
+def _clamp(x, lo, hi):
+    return tl.minimum(tl.maximum(x, lo), hi)
+
+
+@triton.jit
+def _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q: tl.constexpr):
+    """This program's query tile: ``(b, q_start, q_end, tok0)``, tokens ``tok0 .. tok0 + BLOCK_Q`` of sequence b.
+
+    Sequence b owns tiles ``q_start // BLOCK_Q + b ...`` (at most ``T // BLOCK_Q + B`` tiles in all, so a tile
+    never crosses a sequence boundary); b is found by binary search over ``query_start_loc``. Programs take the
+    tiles in reverse order, so the longest causal tiles (last in their sequence) start first and the surplus
+    programs (tile ids past the last sequence's) exit at once.
+    """
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    lo = num_seqs * 0
+    hi = num_seqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        start = _clamp(tl.load(qsl + mid), 0, num_tokens).to(tl.int32)
+        ok = start // BLOCK_Q + mid <= tile
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    b = _clamp(lo, 0, num_seqs - 1)
+    q_start = _clamp(tl.load(qsl + b), 0, num_tokens).to(tl.int32)
+    q_end = _clamp(tl.load(qsl + b + 1), q_start, num_tokens).to(tl.int32)
+    tok0 = q_start + (tile - q_start // BLOCK_Q - b) * BLOCK_Q
+    return b, q_start, q_end, tok0
 
 
 @triton.jit
@@ -37,7 +65,7 @@ def _load_rotated(base, pos, d, mask, cos_sin, rot, HAS_ROPE: tl.constexpr, INTE
         in_rot = d < rot
         rmask = mask & in_rot
         xp = tl.load(base + partner, mask=rmask, other=0.0).to(tl.float32)
-        row = cos_sin + pos * rot
+        row = cos_sin + pos.to(tl.int64) * rot
         cos = tl.load(row + fidx, mask=rmask, other=1.0).to(tl.float32)
         sin = tl.load(row + half + fidx, mask=rmask, other=0.0).to(tl.float32)
         x = tl.where(in_rot, x * cos + sign * xp * sin, x)
@@ -45,93 +73,198 @@ def _load_rotated(base, pos, d, mask, cos_sin, rot, HAS_ROPE: tl.constexpr, INTE
 
 
 @triton.jit
-def _write_kv_kernel(
-    qkv, positions, block_tables, qsl, cos_sin,
-    num_seqs, max_blocks, block_size, rot_dim,
-    k_out, v_out,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr,
-    HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr,
-):  # fmt: skip
-    t = tl.program_id(0)
-    kvh = tl.program_id(1)
-    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
-    b = _seq_of(qsl, t, num_seqs, BLOCK_B).to(tl.int64)
-    p = tl.load(positions + t).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < HEAD_SIZE
-    k_base = qkv + t.to(tl.int64) * width + (NUM_HEADS + kvh) * HEAD_SIZE
-    k = _load_rotated(k_base, p, d, dmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
-    v = tl.load(k_base + NUM_KV_HEADS * HEAD_SIZE + d, mask=dmask, other=0.0)
-    blk = tl.load(block_tables + b * max_blocks + p // block_size).to(tl.int64)
-    dst = ((blk * block_size + p % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE + d
-    tl.store(k_out + dst, k.to(k_out.dtype.element_ty), mask=dmask)
-    tl.store(v_out + dst, v.to(v_out.dtype.element_ty), mask=dmask)
+def _to_cache(x, scale_ptr, KV_QUANT: tl.constexpr, CACHE_TY: tl.constexpr):
+    """fp32 ``x`` as the cache stores it: cast (float cache), or ``QuantizeLinear(x, scale)`` (int8: round half to
+    even, saturate to [-128, 127]; fp8 E4M3FN: round to nearest even, saturate to +-448)."""
+    if KV_QUANT == 1:
+        y = _clamp(tl.math.div_rn(x, tl.load(scale_ptr).to(tl.float32)), -128.0, 127.0)
+        return ((y + ROUND_MAGIC) - ROUND_MAGIC).to(tl.int8)
+    elif KV_QUANT == 2:
+        y = _clamp(tl.math.div_rn(x, tl.load(scale_ptr).to(tl.float32)), -448.0, 448.0)
+        # Round to the E4M3 grid in fp32 (spacing 2**(e - 3) in binade e, 2**-9 among subnormals), so the final
+        # cast is exact: the same bits on every GPU and in the interpreter (whose own fp8 rounding is off).
+        binade = tl.maximum((y.to(tl.int32, bitcast=True) >> 23) & 0xFF, 121)
+        step = ((binade - 3) << 23).to(tl.float32, bitcast=True)
+        return (((y / step + ROUND_MAGIC) - ROUND_MAGIC) * step).to(tl.float8e4nv)
+    else:
+        return x.to(CACHE_TY)
 
 
 @triton.jit
-def _paged_attention_kernel(
-    qkv, k_in, v_in, positions, block_tables, qsl, cos_sin,
-    num_seqs, max_blocks, block_size, rot_dim,
-    out, k_out, v_out,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, SCALE: tl.constexpr,
-    HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, FUSED: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+def _store_new_kv(
+    qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, q_end, tok0,
+    max_pos, num_blocks, block_size, rot_dim, rope_rows,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0)
-    kvh = tl.program_id(1)
-    group = NUM_HEADS // NUM_KV_HEADS
+    """Rotate and write the keys/values of tokens ``tok0 .. tok0 + BLOCK_Q`` (< q_end) of kv head ``kvh``."""
     width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
-    b = _seq_of(qsl, t, num_seqs, BLOCK_B).to(tl.int64)
-    p = tl.load(positions + t).to(tl.int64)
-    t64 = t.to(tl.int64)
-    g = tl.arange(0, BLOCK_G)
+    i = tl.arange(0, BLOCK_QP)
+    d = tl.arange(0, BLOCK_D)
+    tok = tok0 + i
+    live = (i < BLOCK_Q) & (tok < q_end)
+    tok = tl.where(live, tok, tok0)
+    pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
+    mask = live[:, None] & (d < HEAD_SIZE)[None, :]
+    k_base = qkv + tok.to(tl.int64)[:, None] * width + (NUM_HEADS + kvh) * HEAD_SIZE
+    rope_pos = _clamp(pos, 0, rope_rows - 1)[:, None]
+    k = _load_rotated(k_base, rope_pos, d[None, :], mask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
+    v = tl.load(k_base + NUM_KV_HEADS * HEAD_SIZE + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    blk = _clamp(tl.load(bt_row + pos // block_size), 0, num_blocks - 1).to(tl.int64)
+    dst = ((blk * block_size + pos % block_size) * NUM_KV_HEADS + kvh)[:, None] * HEAD_SIZE + d[None, :]
+    tl.store(k_out + dst, _to_cache(k, k_scale, KV_QUANT, k_out.dtype.element_ty), mask=mask)
+    tl.store(v_out + dst, _to_cache(v, v_scale, KV_QUANT, v_out.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _write_kv_kernel(
+    qkv, positions, block_tables, qsl, cos_sin, k_scale, v_scale,
+    num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,
+    k_out, v_out,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(tiles, Hkv)``: writes one query tile's new keys/values into the cache."""
+    b, q_start, q_end, tok0 = _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q)
+    if (tok0 >= q_start) & (tok0 < q_end):
+        bt_row = block_tables + b.to(tl.int64) * max_blocks
+        _store_new_kv(
+            qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), q_end, tok0,
+            max_blocks * block_size - 1, num_blocks, block_size, rot_dim, rope_rows,
+            NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, BLOCK_Q, BLOCK_QP, BLOCK_D,
+        )  # fmt: skip
+
+
+@triton.jit
+def _attend_tile(
+    q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step (base 2) over the context positions ``j`` (``valid`` marks real ones)."""
+    s = tl.dot(q, kT.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(valid[None, :] & (j[None, :] <= row_pos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet (padding rows)
+    alpha = tl.math.exp2(m_i - m_safe)
+    p = tl.math.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit(do_not_specialize=_DYNAMIC)
+def _paged_attention_kernel(
+    qkv, k_in, v_in, positions, block_tables, qsl, cos_sin, k_scale, v_scale,
+    num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,
+    out, k_out, v_out, seg_m, seg_l, seg_acc,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, SCALE: tl.constexpr,
+    HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, FUSED: tl.constexpr, KV_QUANT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(tiles, Hkv, NUM_SEGMENTS)``: one query tile (``BLOCK_Q`` tokens x the ``Hq / Hkv`` query heads of kv
+    head ``program_id(1)`` = ``BLOCK_M`` rows) against one segment of its sequence's context, on tensor cores."""
+    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    WIDTH: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    kvh = tl.program_id(1)
+    seg = tl.program_id(2)
+    b, q_start, q_end, tok0 = _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q)
+    if (tok0 < q_start) | (tok0 >= q_end):
+        return
+    max_pos = max_blocks * block_size - 1  # a position must have a block-table entry
+    bt_row = block_tables + b.to(tl.int64) * max_blocks
+    if FUSED and seg == 0:
+        _store_new_kv(
+            qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, q_end, tok0,
+            max_pos, num_blocks, block_size, rot_dim, rope_rows,
+            NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, BLOCK_Q, BLOCK_QP, BLOCK_D,
+        )  # fmt: skip
+
+    r = tl.arange(0, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     dmask = d < HEAD_SIZE
-    qmask = (g < group)[:, None] & dmask[None, :]
-    heads = kvh * group + g
-    q_base = qkv + t64 * width + heads[:, None] * HEAD_SIZE
-    q = _load_rotated(q_base, p, d[None, :], qmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
-    bt_row = block_tables + b * max_blocks
-    kv_col = (NUM_HEADS + kvh) * HEAD_SIZE  # column of this kv head's key in a qkv row
-    first_row = tl.load(qsl + b).to(tl.int64)
-    p0 = tl.load(positions + first_row).to(tl.int64)  # first position written in this step
-    if FUSED:
-        k_new = _load_rotated(qkv + t64 * width + kv_col, p, d, dmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
-        v_new = tl.load(qkv + t64 * width + kv_col + NUM_KV_HEADS * HEAD_SIZE + d, mask=dmask, other=0.0)
-        own_blk = tl.load(bt_row + p // block_size).to(tl.int64)
-        dst = ((own_blk * block_size + p % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE + d
-        tl.store(k_out + dst, k_new.to(k_out.dtype.element_ty), mask=dmask)
-        tl.store(v_out + dst, v_new.to(v_out.dtype.element_ty), mask=dmask)
+    tok = tok0 + r // GROUP
+    head = kvh * GROUP + r % GROUP
+    row_ok = (r // GROUP < BLOCK_Q) & (tok < q_end)
+    tok = tl.where(row_ok, tok, tok0)
+    row_pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
+    qmask = row_ok[:, None] & dmask[None, :]
+    q_base = qkv + tok.to(tl.int64)[:, None] * WIDTH + head[:, None] * HEAD_SIZE
+    rope_pos = _clamp(row_pos, 0, rope_rows - 1)[:, None]
+    q = _load_rotated(q_base, rope_pos, d[None, :], qmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
+    q = q.to(qkv.dtype.element_ty)
+    qk_scale = SCALE * LOG2E
+    if KV_QUANT != 0:
+        qk_scale = qk_scale * tl.load(k_scale).to(tl.float32)
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, p + 1, BLOCK_N):
-        j = start + tl.arange(0, BLOCK_N).to(tl.int64)
-        valid = j <= p
-        blk = tl.load(bt_row + j // block_size, mask=valid, other=0).to(tl.int64)
-        kv_off = ((blk * block_size + j % block_size) * NUM_KV_HEADS + kvh)[:, None] * HEAD_SIZE + d[None, :]
-        kvmask = valid[:, None] & dmask[None, :]
-        if FUSED:
-            cached = (j < p0)[:, None]
-            cmask = kvmask & cached
-            nmask = kvmask & (~cached)
-            new_base = qkv + (first_row + j - p0)[:, None] * width + kv_col
-            k = tl.load(k_in + kv_off, mask=cmask, other=0.0).to(tl.float32)
-            k += _load_rotated(new_base, j[:, None], d[None, :], nmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
-            v = tl.load(v_in + kv_off, mask=cmask, other=0.0).to(tl.float32)
-            v += tl.load(new_base + NUM_KV_HEADS * HEAD_SIZE + d[None, :], mask=nmask, other=0.0).to(tl.float32)
-        else:
-            k = tl.load(k_in + kv_off, mask=kvmask, other=0.0).to(tl.float32)
-            v = tl.load(v_in + kv_off, mask=kvmask, other=0.0).to(tl.float32)
-        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * SCALE  # [G, N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        prob = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(prob, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(prob[:, :, None] * v[None, :, :], axis=1)
-        m_i = m_new
-    o = acc / l_i[:, None]
-    o_ptr = out + t64 * (NUM_HEADS * HEAD_SIZE) + heads[:, None] * HEAD_SIZE + d[None, :]
-    tl.store(o_ptr, o.to(out.dtype.element_ty), mask=qmask)
+    ctx_end = tl.max(tl.where(row_ok, row_pos, -1), axis=0) + 1  # the tile's last visible position + 1
+    lo = ctx_end * 0
+    hi = ctx_end
+    if NUM_SEGMENTS > 1:
+        seg_len = tl.cdiv(tl.cdiv(ctx_end, NUM_SEGMENTS), BLOCK_N) * BLOCK_N
+        lo = tl.minimum(seg * seg_len, ctx_end)
+        hi = tl.minimum(lo + seg_len, ctx_end)
+    cache_hi = hi
+    if FUSED:  # positions from the sequence's first new one on come from qkv (this launch writes them)
+        p0 = _clamp(tl.load(positions + q_start), 0, max_pos).to(tl.int32)
+        cache_hi = tl.maximum(tl.minimum(hi, p0), lo)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    jr = tl.arange(0, BLOCK_N)
+    for start in range(lo, cache_hi, BLOCK_N):
+        j = start + jr
+        valid = j < cache_hi
+        blk = _clamp(tl.load(bt_row + j // block_size, mask=valid, other=0), 0, num_blocks - 1).to(tl.int64)
+        off = ((blk * block_size + j % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE
+        kT = tl.load(k_in + off[None, :] + d[:, None], mask=valid[None, :] & dmask[:, None], other=0.0)
+        v = tl.load(v_in + off[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
+        m_i, l_i, acc = _attend_tile(q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+    if FUSED:
+        for start in range(cache_hi, hi, BLOCK_N):
+            j = start + jr
+            valid = j < hi
+            src = _clamp(q_start + j - p0, q_start, q_end - 1)  # the qkv row that holds position j
+            k_col = src.to(tl.int64) * WIDTH + (NUM_HEADS + kvh) * HEAD_SIZE  # this kv head's key in row src
+            jrope = _clamp(j, 0, rope_rows - 1)[None, :]
+            kmask = valid[None, :] & dmask[:, None]
+            kT = _load_rotated(qkv + k_col[None, :], jrope, d[:, None], kmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
+            kT = _to_cache(kT, k_scale, KV_QUANT, k_out.dtype.element_ty)
+            v_ptr = qkv + (k_col + NUM_KV_HEADS * HEAD_SIZE)[:, None] + d[None, :]
+            v = tl.load(v_ptr, mask=valid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
+            v = _to_cache(v, v_scale, KV_QUANT, v_out.dtype.element_ty)
+            m_i, l_i, acc = _attend_tile(q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+
+    if KV_QUANT != 0:
+        acc = acc * tl.load(v_scale).to(tl.float32)
+    if NUM_SEGMENTS > 1:
+        row = (tok.to(tl.int64) * NUM_HEADS + head) * NUM_SEGMENTS + seg
+        tl.store(seg_m + row, m_i, mask=row_ok)
+        tl.store(seg_l + row, l_i, mask=row_ok)
+        tl.store(seg_acc + row[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+    else:
+        o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptr = out + tok.to(tl.int64)[:, None] * (NUM_HEADS * HEAD_SIZE) + head[:, None] * HEAD_SIZE + d[None, :]
+        tl.store(o_ptr, o.to(out.dtype.element_ty), mask=qmask)
+
+
+@triton.jit
+def _reduce_segments_kernel(
+    seg_m, seg_l, seg_acc, out,
+    NUM_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, NUM_SEGMENTS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Grid ``(T, Hq)``: merge the per-segment (max, sum, output) partials of one token and head."""
+    row = tl.program_id(0).to(tl.int64) * NUM_HEADS + tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < NUM_SEGMENTS
+    m = tl.load(seg_m + row * NUM_SEGMENTS + s, mask=smask, other=float("-inf"))
+    m_max = tl.max(m, axis=0)
+    w = tl.where(smask, tl.math.exp2(m - m_max), 0.0)
+    total = tl.sum(w * tl.load(seg_l + row * NUM_SEGMENTS + s, mask=smask, other=0.0), axis=0)
+    acc = tl.load(seg_acc + (row * NUM_SEGMENTS + s)[:, None] * BLOCK_D + d[None, :], mask=smask[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)  # 0: only with garbage metadata
+    tl.store(out + row * HEAD_SIZE + d, o.to(out.dtype.element_ty), mask=d < HEAD_SIZE)

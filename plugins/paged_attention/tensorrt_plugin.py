@@ -15,8 +15,9 @@ What :func:`register` declares (TensorRT >= 10.6; AOT needs a release whose ``te
   fp32 cos/sin table, linear layout. bf16 is not declared.
 - ``@trtp.impl`` (JIT: the engine calls back into Python): runs the fused Triton kernel on TensorRT's stream through
   torch tensors that view TensorRT's buffers.
-- ``@trtp.aot_impl`` (no Python at run time): compiles the fused Triton kernel to PTX for the target arch and
-  returns it with the launch grid ``(T, num_kv_heads)`` and the four int32 scalars as symbolic shape expressions.
+- ``@trtp.aot_impl`` (no Python at run time): compiles the fused single-launch Triton kernel (query tiles on tensor
+  cores, no split-KV: TensorRT's AOT launch is one kernel) to PTX for the target arch and returns it with the launch
+  grid ``(T // block_q + B, num_kv_heads)`` and the seven int32 scalars as symbolic shape expressions.
   The PTX keeps Triton's two trailing scratch-pointer parameters, which TensorRT's launcher leaves null; the kernel
   uses no scratch (``compile_ptx`` refuses otherwise).
 
@@ -35,7 +36,7 @@ PLUGIN_NAME = "PagedAttention"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
 # Version of this plugin's kernels and I/O contract, recorded in engine manifests: an engine only runs with the
 # plugin version it was built with. Bump it when the kernel semantics or the plugin's inputs/attributes change.
-PLUGIN_VERSION = "1.0.0"
+PLUGIN_VERSION = "1.1.0"  # 1.1.0: tensor-core query tiles, clamped metadata, seven scalars
 # TensorRT's own creator version: tensorrt.plugin registers every creator as "1" (the ONNX node's plugin_version).
 TENSORRT_CREATOR_VERSION = "1"
 # Supported dtypes per I/O position: qkv, key_cache, value_cache, positions, block_tables, query_start_loc,
@@ -43,7 +44,7 @@ TENSORRT_CREATOR_VERSION = "1"
 TYPE_COMBINATION = ", ".join(["FP32|FP16"] * 3 + ["INT32"] * 3 + ["FP32"] + ["FP32|FP16"] * 3)
 ATTRIBUTES = ("num_heads", "num_kv_heads", "head_size", "scale", "rotary_interleaved", "has_rope")
 
-_state: dict[str, Any] = {"registered": False, "aot": False, "aot_arch": None, "ptx_version": None}
+_state: dict[str, Any] = {"registered": False, "aot": False, "aot_arch": None, "ptx_version": None, "ptx_isa": None}
 
 _TRITON_TYPES = {"FLOAT": "fp32", "HALF": "fp16", "BF16": "bf16", "INT32": "i32", "INT64": "i64"}
 
@@ -62,6 +63,11 @@ def configure_aot(arch: int | None, ptx_version: int | None = None) -> None:
     """
     _state["aot_arch"] = arch
     _state["ptx_version"] = ptx_version
+
+
+def compiled_ptx_isa() -> str | None:
+    """PTX ISA version (e.g. ``"8.5"``) of the last kernel the AOT implementation compiled; None before any."""
+    return _state["ptx_isa"]
 
 
 def register() -> bool:
@@ -191,17 +197,23 @@ def _register_aot(trtp: Any) -> None:
             cos_sin_type=_triton_type(cos_sin_cache.dtype),
             ptx_version=_state["ptx_version"],
         )
+        _state["ptx_isa"] = kernel.ptx_isa
+        num_seqs = query_start_loc.shape_expr[0] - 1
         launch = trtp.KernelLaunchParams()
-        launch.grid_x = qkv.shape_expr[0]
+        launch.grid_x = qkv.shape_expr[0] // kernel.block_q + num_seqs  # query tiles (see triton_kernel)
         launch.grid_y = int(num_kv_heads)
         launch.block_x = kernel.num_threads
         launch.shared_mem = kernel.shared_mem
-        # The kernel's int32 scalars, in order: num_seqs, max_blocks, block_size, rotary dim.
+        # The kernel's int32 scalars, in order: num_tokens, num_seqs, max_blocks, num_blocks, block_size, rotary
+        # dim, rotary table rows (the kernel clamps every metadata-derived index with them).
         scalars = (
-            query_start_loc.shape_expr[0] - 1,
+            qkv.shape_expr[0],
+            num_seqs,
             block_tables.shape_expr[1],
+            key_cache.shape_expr[0],
             key_cache.shape_expr[1],
             cos_sin_cache.shape_expr[1] if has_rope else 0,
+            cos_sin_cache.shape_expr[0] if has_rope else 1,
         )
         extra_args = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in scalars])
         return kernel.name.encode(), kernel.ptx.encode(), launch, extra_args

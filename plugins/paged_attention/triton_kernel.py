@@ -1,35 +1,71 @@
 """Triton implementation of ``trtbuild::PagedAttention`` (contract in README.md, oracle in reference.py).
 
-Two kernels, both launched on a ``(T, Hkv)`` grid (one program per token and kv head; the program handles the
-``Hq / Hkv`` query heads of its group, so GQA reads every key once per group):
+Design (after vLLM's Triton "unified attention"; kernels in ``_triton_kernels.py``):
 
-- ``_write_kv_kernel`` rotates the token's key (RoPE) and writes key and value into their cache slot
-  ``block_tables[b, p // BS] * BS + p % BS``.
-- ``_paged_attention_kernel`` rotates the queries and attends causally over positions ``0 ..= p`` of the token's
-  sequence, walking the block table in tiles of ``BLOCK_N`` positions with an online softmax (fp32 accumulation).
-  With ``FUSED=True`` it also writes its own token's K/V and reads this step's keys/values straight from ``qkv``
-  instead of the cache, so one launch does everything with no ordering between programs: this is the form the
-  TensorRT AOT plugin needs (one kernel per plugin).
+- **Query tiles.** A program owns one *query tile*: ``BLOCK_Q`` consecutive tokens of one sequence times the
+  ``G = Hq / Hkv`` query heads of one kv head, packed into ``BLOCK_M = BLOCK_Q * G`` (padded) rows. Sequence b owns
+  tiles ``query_start_loc[b] // BLOCK_Q + b ...``, so the grid is ``(T // BLOCK_Q + B, Hkv[, segments])`` and a
+  program finds its sequence by binary search; a tile never crosses a sequence boundary (surplus programs exit).
+- **Tensor cores.** The program walks its sequence's context in tiles of ``BLOCK_N`` positions gathered through
+  the block table (any block size), computes ``Q K^T`` and ``P V`` with ``tl.dot`` (fp16/bf16 operands, fp32
+  accumulation; fp32 inputs use exact fp32 dots) and keeps an online softmax in base 2. Each K/V tile is read once
+  for all ``BLOCK_M`` rows: the query tokens of a prefill chunk and the heads of a GQA group share it.
+- **Split-KV decode (flash-decoding).** When there are few query rows per kv head (decode), the context of each tile
+  is cut into ``NUM_SEGMENTS`` segments (a multiple of ``BLOCK_N`` long, per sequence) processed by separate
+  programs (grid axis 2) that write their partial (max, sum, unnormalised output); ``_reduce_segments_kernel``
+  merges them. :func:`choose_num_segments` picks the count from the work size and the GPU's SM count.
+- **Cache writes.** ``fused=False``: ``_write_kv_kernel`` writes this step's rotated (and quantized) K/V into the
+  cache, then the attention kernel reads the whole context from the cache. ``fused=True``: one kernel; each program
+  writes its tile's K/V and reads this step's keys straight from ``qkv`` (positions >= the sequence's first new
+  position) and older ones from the cache, so programs never wait on each other. This single-launch form (no split)
+  is what the TensorRT AOT plugin compiles (:func:`compile_ptx`).
+- **Quantized KV cache** (``attrs.kv_cache_dtype`` INT8 / FLOAT8E4M3FN, per-layer ``k_scale`` / ``v_scale``): K/V
+  are quantized on write (``QuantizeLinear``: round half to even, saturate); the dots take the quantized levels as
+  fp16/bf16 operands (exact) and apply ``k_scale`` to the scores and ``v_scale`` to the output. The step's own
+  tokens attend to their quantized values, as the contract requires.
+- **Safe on garbage metadata** (TensorRT times plugins on made-up inputs): the sequence index, token rows,
+  positions (``< max_blocks * block_size``), rotary rows (``< cos_sin_cache.shape[0]``) and block ids
+  (``< key_cache.shape[0]``) are clamped in the kernel, so no metadata makes it read or write out of bounds.
 
-The kernel signature follows TensorRT's AOT launch convention: input pointers, then int32 scalars, then output
-pointers. The caches are inputs 1-2 *and* outputs 1-2 (same memory, written in place).
+Public launch API (stable; the torch backend calls it): :func:`paged_attention_triton` (evaluate the op on torch
+tensors, caches written in place), :func:`compile_ptx` (AOT PTX of the fused kernel), :func:`choose_num_segments`,
+:class:`Tiling`. The kernel signature follows TensorRT's AOT launch convention: input pointers, then int32 scalars,
+then output pointers.
 
-The kernels live in ``_triton_kernels.py``, imported (with Triton) on first use: this module imports without Triton
-and raises ``ImportError`` only when called. Set ``TRITON_INTERPRET=1`` before Triton's first import to run the
-kernels on CPU torch tensors.
+The kernels are imported (with Triton) on first use: this module imports without Triton and raises ``ImportError``
+only when called. Set ``TRITON_INTERPRET=1`` before Triton's first import to run the kernels on CPU torch tensors.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .reference import PagedAttentionAttrs
+from .reference import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs
 
-BLOCK_N = 16  # context positions per tile
-BLOCK_B = 16  # sequences scanned per step when a program looks up its sequence
+
+@dataclass(frozen=True)
+class Tiling:
+    """Tile sizes and launch options of the attention kernel."""
+
+    block_m: int  # query rows per program: tokens x GQA heads (raised to the group size; >= 16 for tl.dot)
+    block_n: int  # context positions per step (>= 16)
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+PREFILL_TILING = Tiling(block_m=128, block_n=64, num_warps=8, num_stages=2)
+DECODE_TILING = Tiling(block_m=16, block_n=64, num_warps=4, num_stages=2)
+AOT_TILING = Tiling(block_m=64, block_n=32, num_warps=4, num_stages=1)  # one kernel for prefill and decode
+MAX_SEGMENTS = 64
+MIN_SEGMENT_LEN = 128  # context positions per split-KV segment, at least
+WAVES = 4  # split decode until there are this many programs per SM (memory-bound: many warps in flight)
+
+_KV_QUANT = {KV_FLOAT: 0, KV_INT8: 1, KV_FP8: 2}  # the kernel's KV_QUANT constexpr
 
 
 def _kernels() -> ModuleType:
@@ -41,8 +77,28 @@ def _kernels() -> ModuleType:
     return _triton_kernels
 
 
-def kernel_constexprs(attrs: PagedAttentionAttrs, has_rope: bool, fused: bool) -> dict[str, Any]:
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(n)))
+
+
+def _block_m(attrs: PagedAttentionAttrs, tiling: Tiling) -> tuple[int, int]:
+    """``(BLOCK_M, BLOCK_Q)``: rows per program and query tokens per tile."""
+    group = attrs.num_heads // attrs.num_kv_heads
+    block_m = max(tiling.block_m, 16, _next_pow2(group))
+    return block_m, block_m // group
+
+
+def kernel_constexprs(
+    attrs: PagedAttentionAttrs,
+    has_rope: bool,
+    fused: bool,
+    *,
+    tiling: Tiling = AOT_TILING,
+    num_segments: int = 1,
+    fp32: bool = False,
+) -> dict[str, Any]:
     """The compile-time constants of ``_paged_attention_kernel`` for one op instance."""
+    block_m, block_q = _block_m(attrs, tiling)
     return {
         "NUM_HEADS": attrs.num_heads,
         "NUM_KV_HEADS": attrs.num_kv_heads,
@@ -51,26 +107,50 @@ def kernel_constexprs(attrs: PagedAttentionAttrs, has_rope: bool, fused: bool) -
         "HAS_ROPE": bool(has_rope),
         "INTERLEAVED": bool(attrs.rotary_interleaved),
         "FUSED": bool(fused),
-        "BLOCK_G": _next_pow2(attrs.num_heads // attrs.num_kv_heads),
-        "BLOCK_D": _next_pow2(attrs.head_size),
-        "BLOCK_N": BLOCK_N,
-        "BLOCK_B": BLOCK_B,
+        "KV_QUANT": _KV_QUANT[attrs.kv_cache_dtype],
+        "DOT_PRECISION": "ieee" if fp32 else "tf32",
+        "BLOCK_M": block_m,
+        "BLOCK_Q": block_q,
+        "BLOCK_QP": _next_pow2(block_q),
+        "BLOCK_D": max(16, _next_pow2(attrs.head_size)),
+        "BLOCK_N": max(16, tiling.block_n),
+        "NUM_SEGMENTS": num_segments,
     }
+
+
+def choose_num_segments(num_tiles: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
+    """Split-KV segments per query tile (a power of two): enough programs for ``WAVES`` per SM on ``num_sms`` SMs,
+    each segment at least ``MIN_SEGMENT_LEN`` positions of the longest possible context, at most ``MAX_SEGMENTS``."""
+    programs = num_tiles * num_kv_heads
+    if programs >= WAVES * num_sms:
+        return 1
+    want = min(-(-WAVES * num_sms // programs), max(1, max_context // MIN_SEGMENT_LEN), MAX_SEGMENTS)
+    return 1 << (want.bit_length() - 1)
 
 
 @dataclass(frozen=True)
 class CompiledKernel:
-    """PTX of the fused kernel plus what a launcher needs (grid is ``(T, num_kv_heads)``)."""
+    """PTX of the fused kernel plus what a launcher needs (grid ``(T // block_q + B, num_kv_heads)``)."""
 
     name: str
     ptx: str
     num_threads: int  # threads per program (block_x)
     shared_mem: int  # dynamic shared memory in bytes
     arch: int  # compute capability it was compiled for, e.g. 90
+    block_q: int = 1  # query tokens per program (grid_x = T // block_q + B)
+
+    @property
+    def ptx_isa(self) -> str | None:
+        """The PTX ISA version the kernel was written in, e.g. ``"8.5"`` (its ``.version`` line)."""
+        found = re.search(r"^\s*\.version\s+(\d+\.\d+)", self.ptx, re.M)
+        return found.group(1) if found else None
 
 
-POINTER_ARGS = ("qkv", "k_in", "v_in", "positions", "block_tables", "qsl", "cos_sin", "out", "k_out", "v_out")
-SCALAR_ARGS = ("num_seqs", "max_blocks", "block_size", "rot_dim")
+POINTER_INPUTS = ("qkv", "k_in", "v_in", "positions", "block_tables", "qsl", "cos_sin")
+SCALAR_ARGS = ("num_tokens", "num_seqs", "max_blocks", "num_blocks", "block_size", "rot_dim", "rope_rows")
+POINTER_OUTPUTS = ("out", "k_out", "v_out")
+POINTER_ARGS = POINTER_INPUTS + POINTER_OUTPUTS
+UNUSED_IN_AOT = ("k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")  # float cache, no split: constexpr None
 
 
 def compile_ptx(
@@ -83,7 +163,7 @@ def compile_ptx(
     cos_sin_type: str = "fp32",
     ptx_version: int | None = None,
 ) -> CompiledKernel:
-    """Compile the fused kernel to PTX for ``sm_{arch}`` without a GPU (Triton's bundled LLVM and ptxas).
+    """Compile the fused single-launch kernel (``AOT_TILING``, no split) to PTX for ``sm_{arch}`` without a GPU.
 
     ``float_type`` is the Triton type of qkv, the caches and the output (``fp32``, ``fp16``, ``bf16``);
     ``index_type`` that of the metadata tensors. ``ptx_version`` (e.g. 85) caps the PTX ISA for older drivers.
@@ -94,7 +174,10 @@ def compile_ptx(
     import triton
     from triton.backends.compiler import GPUTarget
 
-    consts = kernel_constexprs(attrs, has_rope, fused=True)
+    if attrs.kv_cache_dtype != KV_FLOAT:
+        raise ValueError("the TensorRT AOT kernel supports float KV caches only")
+    consts = kernel_constexprs(attrs, has_rope, fused=True, fp32=float_type == "fp32")
+    consts.update(dict.fromkeys(UNUSED_IN_AOT))
     types = {name: f"*{float_type}" for name in POINTER_ARGS}
     types.update({name: f"*{index_type}" for name in ("positions", "block_tables", "qsl")})
     types["cos_sin"] = f"*{cos_sin_type}"
@@ -102,16 +185,38 @@ def compile_ptx(
     kernel = kernels._paged_attention_kernel
     signature = {name: "constexpr" if name in consts else types[name] for name in kernel.arg_names}
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts)
-    options = {"ptx_version": ptx_version} if ptx_version else None
+    options: dict[str, Any] = {"num_warps": AOT_TILING.num_warps, "num_stages": AOT_TILING.num_stages}
+    if ptx_version:
+        options["ptx_version"] = ptx_version
     compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
     meta = compiled.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise RuntimeError("the paged-attention kernel needs Triton scratch memory, which TensorRT AOT cannot pass")
-    return CompiledKernel(meta.name, compiled.asm["ptx"], meta.num_warps * 32, meta.shared, arch)
+    return CompiledKernel(meta.name, compiled.asm["ptx"], meta.num_warps * 32, meta.shared, arch, consts["BLOCK_Q"])
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(n)))
+def _scale_tensor(scale: Any, like: Any) -> Any:
+    import torch
+
+    return torch.as_tensor(scale, dtype=torch.float32, device=like.device).reshape(1)
+
+
+def _check_inputs(qkv: Any, key_cache: Any, value_cache: Any, positions: Any, qsl: Any, attrs: Any) -> None:
+    import torch
+
+    hq, hkv, dh = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
+    if qkv.dim() != 2 or qkv.shape[1] != (hq + 2 * hkv) * dh:
+        raise ValueError(f"qkv shape {tuple(qkv.shape)} != [T, (num_heads + 2 * num_kv_heads) * head_size]")
+    want = {KV_INT8: torch.int8, KV_FP8: getattr(torch, "float8_e4m3fn", None)}.get(attrs.kv_cache_dtype)
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4 or cache.shape[2:] != (hkv, dh):
+            raise ValueError(f"{name} shape {tuple(cache.shape)} != [NB, BS, num_kv_heads, head_size]")
+        if not cache.is_contiguous():
+            raise ValueError(f"{name} must be contiguous: it is written in place")
+        if (want is None and not cache.dtype.is_floating_point) or (want is not None and cache.dtype != want):
+            raise ValueError(f"{name} dtype {cache.dtype} does not match kv_cache_dtype {attrs.kv_cache_dtype}")
+    if qsl.shape[0] < 2 or positions.shape[0] != qkv.shape[0]:
+        raise ValueError("query_start_loc needs B + 1 >= 2 entries and positions one entry per token")
 
 
 def paged_attention_triton(
@@ -126,26 +231,29 @@ def paged_attention_triton(
     *,
     fused: bool = False,
     out: Any | None = None,
+    k_scale: Any | None = None,
+    v_scale: Any | None = None,
+    num_kv_splits: int | None = None,
+    tiling: Tiling | None = None,
 ) -> Any:
     """Evaluate the op on torch tensors; writes ``key_cache``/``value_cache`` IN PLACE and returns ``output``.
 
     ``fused=False`` launches the cache-write kernel then the attention kernel (which reads the whole context from
-    the cache); ``fused=True`` launches the single fused kernel the TensorRT AOT plugin uses. Metadata tensors may
-    be int32 or int64. The caches must be contiguous (they are written through their data pointer). ``out``, if
-    given, is a contiguous ``[T, Hq * D]`` tensor to write the result into (the TensorRT plugin's output buffer).
+    the cache); ``fused=True`` launches the fused kernel the TensorRT AOT plugin uses. Metadata tensors may be
+    int32 or int64. The caches must be contiguous (they are written through their data pointer). ``out``, if given,
+    is a contiguous ``[T, Hq * D]`` tensor to write the result into (the TensorRT plugin's output buffer).
+    ``k_scale`` / ``v_scale`` (float or one-element tensor) are required exactly for a quantized cache (int8 /
+    ``torch.float8_e4m3fn`` tensors). ``num_kv_splits`` forces the split-KV segment count (default: decode-shaped
+    steps split by :func:`choose_num_segments`, others do not); ``tiling`` overrides the tile sizes. Neither changes
+    the result beyond rounding. No host synchronisation: every launch decision uses shapes only.
     """
     kernels = _kernels()
+    _check_inputs(qkv, key_cache, value_cache, positions, query_start_loc, attrs)
+    quantized = attrs.kv_cache_dtype != KV_FLOAT
+    if quantized != (k_scale is not None and v_scale is not None):
+        raise ValueError("k_scale and v_scale are required exactly for a quantized KV cache")
     hq, hkv, dh = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
     t = qkv.shape[0]
-    if qkv.dim() != 2 or qkv.shape[1] != (hq + 2 * hkv) * dh:
-        raise ValueError(f"qkv shape {tuple(qkv.shape)} != [T, (num_heads + 2 * num_kv_heads) * head_size]")
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.dim() != 4 or cache.shape[2:] != (hkv, dh):
-            raise ValueError(f"{name} shape {tuple(cache.shape)} != [NB, BS, num_kv_heads, head_size]")
-        if not cache.is_contiguous():
-            raise ValueError(f"{name} must be contiguous: it is written in place")
-    if query_start_loc.shape[0] < 2 or positions.shape[0] != t:
-        raise ValueError("query_start_loc needs B + 1 >= 2 entries and positions one entry per token")
     qkv = qkv.contiguous()
     positions, block_tables, query_start_loc = (x.contiguous() for x in (positions, block_tables, query_start_loc))
     has_rope = cos_sin_cache is not None
@@ -154,22 +262,69 @@ def paged_attention_triton(
         if cos_sin_cache.shape[1] % 2 or cos_sin_cache.shape[1] > dh:
             raise ValueError(f"rotary dim {cos_sin_cache.shape[1]} must be even and <= head_size {dh}")
     cos_sin = cos_sin_cache if has_rope else qkv  # dummy pointer, never read
-    rot_dim = cos_sin_cache.shape[1] if has_rope else 0
+    rot_dim, rope_rows = (cos_sin_cache.shape[1], cos_sin_cache.shape[0]) if has_rope else (0, 1)
+    ks, vs = (_scale_tensor(k_scale, qkv), _scale_tensor(v_scale, qkv)) if quantized else (qkv, qkv)
     num_seqs = query_start_loc.shape[0] - 1
-    max_blocks, block_size = block_tables.shape[1], key_cache.shape[1]
+    max_blocks, num_blocks, block_size = block_tables.shape[1], key_cache.shape[0], key_cache.shape[1]
+    if min(max_blocks, num_blocks, rope_rows) < 1:
+        raise ValueError("block_tables, the caches and cos_sin_cache need at least one row / block")
     output = qkv.new_empty((t, hq * dh)) if out is None else out
     if tuple(output.shape) != (t, hq * dh) or not output.is_contiguous():
         raise ValueError(f"out must be a contiguous [{t}, {hq * dh}] tensor")
-    consts = kernel_constexprs(attrs, has_rope, fused)
-    scalars = (num_seqs, max_blocks, block_size, rot_dim)
+
+    decode_like = t <= num_seqs * _block_m(attrs, DECODE_TILING)[1]
+    tiling = tiling or (DECODE_TILING if decode_like else PREFILL_TILING)
+    block_q = _block_m(attrs, tiling)[1]
+    num_tiles = t // block_q + num_seqs
+    segments = num_kv_splits
+    if segments is None:
+        sms = _num_sms(qkv) if decode_like else 0
+        segments = choose_num_segments(num_tiles, hkv, max_blocks * block_size, sms) if sms else 1
+    consts = kernel_constexprs(
+        attrs, has_rope, fused, tiling=tiling, num_segments=segments, fp32=qkv.dtype.itemsize == 4
+    )
+    scalars = (t, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows)
+    meta_in = (positions, block_tables, query_start_loc, cos_sin, ks, vs)
     if not fused:
-        kernels._write_kv_kernel[(t, hkv)](
-            qkv, positions, block_tables, query_start_loc, cos_sin, *scalars, key_cache, value_cache,
-            NUM_HEADS=hq, NUM_KV_HEADS=hkv, HEAD_SIZE=dh, HAS_ROPE=has_rope,
-            INTERLEAVED=consts["INTERLEAVED"], BLOCK_D=consts["BLOCK_D"], BLOCK_B=BLOCK_B,
+        kernels._write_kv_kernel[(num_tiles, hkv)](
+            qkv, *meta_in, *scalars, key_cache, value_cache,
+            **{k: consts[k] for k in ("NUM_HEADS", "NUM_KV_HEADS", "HEAD_SIZE", "HAS_ROPE", "INTERLEAVED",
+                                      "KV_QUANT", "BLOCK_Q", "BLOCK_QP", "BLOCK_D")},
         )  # fmt: skip
-    kernels._paged_attention_kernel[(t, hkv)](
-        qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin, *scalars,
-        output, key_cache, value_cache, **consts,
+    launch = {"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}
+    if segments == 1:
+        kernels._paged_attention_kernel[(num_tiles, hkv, 1)](
+            qkv, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, output, output, output,
+            **consts, **launch,
+        )  # fmt: skip
+        return output
+    seg_m, seg_l, seg_acc = _workspace(qkv, t, hq, segments, consts["BLOCK_D"])
+    kernels._paged_attention_kernel[(num_tiles, hkv, segments)](
+        qkv, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, seg_m, seg_l, seg_acc,
+        **consts, **launch,
+    )  # fmt: skip
+    kernels._reduce_segments_kernel[(t, hq)](
+        seg_m, seg_l, seg_acc, output, NUM_HEADS=hq, HEAD_SIZE=dh, NUM_SEGMENTS=segments,
+        BLOCK_S=_next_pow2(segments), BLOCK_D=consts["BLOCK_D"],
     )  # fmt: skip
     return output
+
+
+def _workspace(qkv: Any, t: int, hq: int, segments: int, block_d: int) -> tuple[Any, Any, Any]:
+    """fp32 split-KV partials per (token, head, segment): running max (base 2), sum, unnormalised output."""
+    import torch
+
+    seg_m = qkv.new_empty((t, hq, segments), dtype=torch.float32)
+    return seg_m, torch.empty_like(seg_m), qkv.new_empty((t, hq, segments, block_d), dtype=torch.float32)
+
+
+def _num_sms(x: Any) -> int:
+    """SM count of the tensor's GPU (0 on the CPU: the interpreter never splits unless asked to)."""
+    return _sm_count(x.device.index or 0) if x.is_cuda else 0
+
+
+@functools.cache
+def _sm_count(device: int) -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)

@@ -2,8 +2,9 @@
 
 A TensorRT engine runs only on the GPU architecture it was built for (unless built with hardware compatibility
 ``ampere+``: any GPU from sm80 on), only with the TensorRT version that built it (unless version-compatible: that
-version or a later one of the same major), and only with the plugin version it was built with. The manifest lists
-one :class:`EngineEntry` per engine under ``"engines"``; :func:`select_engine` checks each against the
+version or a later one of the same major; otherwise the exact version, build number included), only with the
+plugin version it was built with, and only on a driver that loads the PTX ISA of its embedded plugin kernel. The
+manifest lists one :class:`EngineEntry` per engine under ``"engines"``; :func:`select_engine` checks each against the
 :class:`LocalFacts` and raises :class:`~trtbuild.errors.EngineError` naming every engine, why it does not fit,
 and the ``trtbuild build`` command that makes one that does.
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError
+from .ptx import driver_cuda_version, max_ptx_for_cuda, ptx_number
 
 HARDWARE_COMPATIBILITY = ("none", "ampere+")
 AMPERE = (8, 0)
@@ -35,6 +37,7 @@ class EngineEntry:
     hardware_compatibility: str = "none"  # "none" or "ampere+"
     version_compatible: bool = False
     plugin_version: str | None = None  # trtbuild.plugins.paged_attention.tensorrt_plugin.PLUGIN_VERSION
+    ptx_version: str | None = None  # PTX ISA of the embedded AOT plugin kernel, e.g. "8.5"; None: JIT plugin
 
     def __post_init__(self) -> None:
         if self.hardware_compatibility not in HARDWARE_COMPATIBILITY:
@@ -64,11 +67,13 @@ class EngineEntry:
 
 @dataclass(frozen=True)
 class LocalFacts:
-    """What this machine offers: GPU compute capability, TensorRT version, plugin version (None: absent)."""
+    """What this machine offers: GPU compute capability, TensorRT version, plugin version (None: absent), and the
+    highest PTX ISA its driver loads (e.g. 85; None: unknown or newer than any ISA trtbuild knows)."""
 
     compute_capability: tuple[int, int] | None
     tensorrt_version: str | None
     plugin_version: str | None
+    driver_ptx_version: int | None = None
 
     @property
     def arch(self) -> str | None:
@@ -147,10 +152,16 @@ def mismatches(entry: EngineEntry, local: LocalFacts) -> list[str]:
                 f"built with TensorRT {entry.tensorrt_version} (version-compatible: runs on "
                 f"{built[0] if built else '?'}.x >= {entry.tensorrt_version}), installed is {local.tensorrt_version}"
             )
-    elif built[:3] != here[:3]:
+    elif built != here:  # the full version, build number included
         reasons.append(f"built with TensorRT {entry.tensorrt_version}, installed is {local.tensorrt_version}")
     if entry.plugin_version != local.plugin_version:
         reasons.append(f"built with plugin {entry.plugin_version}, this trtbuild has plugin {local.plugin_version}")
+    ptx_here = local.driver_ptx_version
+    if entry.ptx_version and ptx_here is not None and ptx_number(entry.ptx_version) > ptx_here:
+        reasons.append(
+            f"its plugin kernel is PTX ISA {entry.ptx_version} and this driver loads PTX <= {ptx_here // 10}."
+            f"{ptx_here % 10} (update the driver, or rebuild with --ptx-version {ptx_here})"
+        )
     return reasons
 
 
@@ -210,7 +221,8 @@ def detect_local_facts() -> LocalFacts:
         trt_version: str | None = str(tensorrt.__version__)
     except ImportError:
         trt_version = None
-    return LocalFacts(local_compute_capability(), trt_version, PLUGIN_VERSION)
+    driver = driver_cuda_version()
+    return LocalFacts(local_compute_capability(), trt_version, PLUGIN_VERSION, driver and max_ptx_for_cuda(driver))
 
 
 def local_compute_capability(device: int = 0) -> tuple[int, int] | None:

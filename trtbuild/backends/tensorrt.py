@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 from ..config import BuildConfig
 from ..errors import BuildError
 from .engine_select import AMPERE, HARDWARE_COMPATIBILITY, EngineEntry, arch_name, local_compute_capability, parse_arch
+from .ptx import driver_cuda_version, ptx_cap
 from .tensorrt_lowering import cache_aliases, lower_for_tensorrt, profile_shapes
 
 INSTALL_HINT = "pip install 'trtbuild[tensorrt]' --extra-index-url https://pypi.nvidia.com"
@@ -46,12 +47,14 @@ def build_tensorrt_engines(
     builder_optimization_level: int | None = None,
     *,
     plugin_impl: str = "auto",
+    ptx_version: int | None = None,
 ) -> list[EngineEntry]:
     """Build one engine per arch of ``archs`` ("native" = this GPU, or "sm90", "90", "9.0") into ``out_dir``.
 
     ``timing_cache`` is read if it exists and written back after the build. ``plugin_impl``: "aot" embeds the
     plugin's PTX (the engine runs without Python), "jit" calls back into Python, "auto" picks AOT when the
-    installed TensorRT supports it. Returns the manifest entries (paths relative to ``out_dir``).
+    installed TensorRT supports it. ``ptx_version`` (e.g. 85) caps the AOT kernel's PTX ISA; by default it is capped
+    at what this machine's driver loads. Returns the manifest entries (paths relative to ``out_dir``).
     """
     if hardware_compatibility not in HARDWARE_COMPATIBILITY:
         raise BuildError(f"--hardware-compatibility must be one of {', '.join(HARDWARE_COMPATIBILITY)}")
@@ -73,8 +76,8 @@ def build_tensorrt_engines(
         raise BuildError(f"TensorRT {trt.__version__} has no AOT Python plugins; use the JIT plugin implementation")
     aot = {"auto": True if aot_supported else None, "aot": True, "jit": False}[plugin_impl]
     portable_hw = hardware_compatibility == "ampere+"
-    ptx_version = os.environ.get("TRTBUILD_PTX_VERSION")  # e.g. 85 for a driver older than Triton's default PTX
-    tensorrt_plugin.configure_aot(80 if portable_hw else local[0] * 10 + local[1], int(ptx_version or 0) or None)
+    cap = ptx_cap(ptx_version, driver_cuda_version())  # a driver older than Triton's default PTX ISA loads this
+    tensorrt_plugin.configure_aot(80 if portable_hw else local[0] * 10 + local[1], cap)
 
     model = _load(portable_onnx_path)
     lowered = lower_for_tensorrt(model, build, aot=aot)
@@ -98,6 +101,7 @@ def build_tensorrt_engines(
                 hardware_compatibility=hardware_compatibility,
                 version_compatible=version_compatible,
                 plugin_version=tensorrt_plugin.PLUGIN_VERSION,
+                ptx_version=tensorrt_plugin.compiled_ptx_isa() if aot is not False else None,
             )
         )
     return entries
@@ -160,7 +164,8 @@ def _build_plan(
 ) -> bytes:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    network = builder.create_network(0)
+    # Strongly typed: every tensor keeps the type the graph gives it (weak typing is deprecated since TensorRT 10.12).
+    network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
     parser = trt.OnnxParser(network, logger)
     config = builder.create_builder_config()
     profile = builder.create_optimization_profile()
