@@ -151,7 +151,8 @@ def run_bench(llm: Any, workload: BenchWorkload, *, profile: bool = False) -> Be
     "--profile",
     is_flag=True,
     help="split the time into the runner's work, onnxruntime's kernels by kind and the rest "
-    "(runs onnxruntime's profiler: a few percent slower)",
+    "(runs onnxruntime's profiler, which times every node: up to 2x slower at batch 1; read the shares, and "
+    "measure speed without it)",
 )
 @engine_options
 def bench(
