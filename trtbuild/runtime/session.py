@@ -26,13 +26,21 @@ class EngineSession(Protocol):
         ...
 
 
-def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None) -> EngineSession:
-    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily)."""
+def open_session(
+    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None, verify: bool = False
+) -> EngineSession:
+    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily).
+
+    Every file the manifest lists must have its recorded size; ``verify`` also checks their sha256 (slower: it
+    reads every byte) so that a file changed in place is refused rather than run.
+    """
+    from ..artifacts.verify import check_engine_files
     from ..errors import EngineError
 
     engine_dir = Path(engine_dir)
     if not (engine_dir / "runtime_config.json").is_file():
         raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
+    check_engine_files(engine_dir, hashes=verify)
     try:
         config = RuntimeConfig.load(engine_dir)
     except Exception as e:
