@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -225,6 +226,13 @@ def test_docs_quote_the_recipes_figures():
             assert f"(`recipes/{path.name}`)" in quantization or quant[0].qformat is QFormat.FP8, path.name
     for stale in ("sm90 only", "+6.7%", "gate 10%", "+1.9%", "~3 CPU-minutes"):
         assert stale not in docs, stale
+    # Every perplexity increase quoted in docs/pipeline.md or in a recipe's comments is a measured figure of
+    # docs/quantization.md (the one place measurements live), and every time quoted for AWQ is its measured one.
+    recipes_text = " ".join(p.read_text() for p in (ROOT / "recipes").glob("smollm2-*.yaml"))
+    for figure in re.findall(r"\+\d+(?:\.\d+)?%", docs + " " + recipes_text):
+        assert figure in quantization, f"{figure} is quoted but not among the measured figures of quantization.md"
+    for seconds in re.findall(r"(\d+) s measured", recipes_text):
+        assert f"| {seconds} s |" in quantization, seconds
 
 
 def test_outputs_follow_the_umask(monkeypatch, capsys, text_engine, tiny_engines, tmp_path):
