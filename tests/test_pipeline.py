@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_run_cli import cli
 from tiny_models import make_hf_model
 
 from trtbuild.artifacts.verify import verify_artifacts, verify_engine_dir
@@ -308,19 +309,6 @@ def test_tensorrt_targets_get_their_arch_and_are_reported_not_buildable_without_
 
 def statuses_from_index(art: Path) -> dict[str, str]:
     return {a["id"]: a["status"] for a in json.loads((art / "index.json").read_text())["artifacts"]}
-
-
-def cli(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
-    from trtbuild.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["trtbuild", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_code_digest_covers_stage_code_only(tmp_path):
