@@ -138,6 +138,10 @@ def test_cli_subprocess_end_to_end(engine):
         (["run", "{text}", "--prompt", "x", "--stream", "--n", "2"], "--stream needs --n 1"),
         (["run", "{text}", "--prompt", "x", "--system", "s"], "--system needs --chat"),
         (["run", "{text}", "--prompt", "x", "--kv-cache-memory", "lots"], "is not a size"),
+        (
+            ["run", "{text}", "--prompt", "x", "--kv-cache-memory", "1KiB"],
+            "--kv-cache-memory (1024 bytes) is too small",
+        ),
         (["run", "{text}", "--prompt", "x", "--max-num-seqs", "1000"], "--max-num-seqs must be an integer"),
         (["run", "{text}", "--input", "{bad_json}", "--output", "{out}"], "bad.jsonl:2: not valid JSON"),
         (["run", "{text}", "--input", "{bad_key}", "--output", "{out}"], "expected an object with exactly one of"),

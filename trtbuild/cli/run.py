@@ -112,7 +112,11 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-ENGINE_FLAGS = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens"}
+ENGINE_FLAGS = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "kv_cache_memory": "--kv-cache-memory",
+}
 
 
 def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options: Any) -> Any:

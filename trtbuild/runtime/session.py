@@ -40,11 +40,11 @@ def open_session(
     engine_dir = Path(engine_dir)
     if not (engine_dir / "runtime_config.json").is_file():
         raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
-    check_engine_files(engine_dir, hashes=verify)
     try:
         config = RuntimeConfig.load(engine_dir)
     except Exception as e:
         raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
+    check_engine_files(engine_dir, hashes=verify)
     if config.build.backend is Backend.TENSORRT:
         from .kv_cache import num_blocks_for_memory
         from .trt_session import TensorRTSession
