@@ -389,11 +389,13 @@ def test_engine_dir_errors(engine, text_engine, tmp_path):
     bad_onnx = shutil.copytree(engine, tmp_path / "bad_onnx")
     onnx_file = next(bad_onnx.rglob("*.onnx"))
     onnx_file.write_bytes(onnx_file.read_bytes()[:100])
-    with pytest.raises(EngineError, match="size 100 != recorded .*the engine changed after it was built"):
+    with pytest.raises(EngineError, match=r"size 100 != recorded .*the engine changed after it was built"):
         LLM(bad_onnx)  # the size check on load
     (bad_onnx / "manifest.json").unlink()  # an engine assembled by hand: nothing to check against
     with pytest.raises(EngineError, match="cannot load the engine"):
         LLM(bad_onnx)
+    with pytest.raises(EngineError, match=r"no manifest\.json to verify the engine.s files against"):
+        LLM(bad_onnx, verify=True)
     bad_tok = shutil.copytree(text_engine, tmp_path / "bad_tok")
     (bad_tok / "tokenizer.json").write_text('{"version": ')
     with pytest.raises(EngineError, match="cannot load the tokenizer"):

@@ -91,7 +91,9 @@ def check_engine_files(engine_dir: Path, *, hashes: bool = False) -> None:
     from ..errors import EngineError
 
     report = Report(engine_dir)
-    if not (engine_dir / MANIFEST).is_file() and not hashes:
+    if not (engine_dir / MANIFEST).is_file():
+        if hashes:
+            raise EngineError(f"{engine_dir}: no {MANIFEST} to verify the engine's files against")
         return
     manifest = _read_manifest(engine_dir, report)
     if manifest is not None:
