@@ -56,14 +56,17 @@ def test_cli_json_and_errors(setup, tmp_path):
     assert_clean_failure(run_cli("eval", tmp_path, "--dataset", text), "neither an engine directory")
     short = tmp_path / "short.txt"
     short.write_text("too short")
-    assert_clean_failure(run_cli("eval", engine, "--dataset", short, "--seq-len", "64"), "fewer than one window")
+    assert_clean_failure(run_cli("eval", engine, "--dataset", short, "--seq-len", "64"), "0 windows of 64")
 
 
-def test_fewer_windows_than_asked_when_text_is_short(setup):
+def test_more_windows_than_the_text_has_are_refused(setup):
     _, _, engine, text, _ = setup
-    windows = eval_windows(engine, EvalConfig(dataset=str(text), windows=1000, seq_len=64))
-    assert 1 <= windows.shape[0] < 1000
-    with pytest.raises(TrtbuildError, match="fewer than one window"):
+    with pytest.raises(TrtbuildError, match=r"windows of 64, not --windows 1000 \(ask for at most \d+\)") as e:
+        eval_windows(engine, EvalConfig(dataset=str(text), windows=1000, seq_len=64))
+    available = int(str(e.value).rsplit("at most ", 1)[1].rstrip(")"))
+    assert 1 <= available < 1000
+    assert eval_windows(engine, EvalConfig(dataset=str(text), windows=available, seq_len=64)).shape == (available, 64)
+    with pytest.raises(TrtbuildError, match=r"0 windows of 1000000.*or lower --seq-len"):
         eval_windows(engine, EvalConfig(dataset=str(text), windows=1, seq_len=10**6))
 
 

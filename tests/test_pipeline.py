@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_run_cli import cli
 from tiny_models import make_hf_model
 
 from trtbuild.artifacts.verify import verify_artifacts, verify_engine_dir
@@ -252,7 +253,9 @@ def test_sigkill_mid_stage_leaves_nothing_complete_and_next_run_finishes(tmp_pat
     assert not leftovers
 
 
-def test_tensorrt_targets_get_their_arch_and_fail_cleanly_without_tensorrt(sources, tmp_path):
+def test_tensorrt_targets_get_their_arch_and_are_reported_not_buildable_without_tensorrt(
+    sources, tmp_path, monkeypatch, capsys
+):
     trt = {"backend": "tensorrt", "arch": "sm90"}
     recipe = write_recipe(
         tmp_path / "t.yaml",
@@ -260,7 +263,9 @@ def test_tensorrt_targets_get_their_arch_and_fail_cleanly_without_tensorrt(sourc
         sources["llama_gqa"],
         tensorrt={"version_compatible": True},
         targets=[{"backend": "onnxruntime"}, trt],
-    )
+        accuracy_gate={"baseline": "fp32", "max_ppl_increase": 50.0, "eval": {"dataset": "lee_news", "windows": 1,
+                                                                             "seq_len": 16}},
+    )  # fmt: skip
     plan = make_plan([load_recipe(recipe)])
     (stage,) = [s for s in plan.stages if s.id == "tiny/fp32/tensorrt/sm90"]
     assert stage.options["build"]["backend"] == "tensorrt"
@@ -268,17 +273,42 @@ def test_tensorrt_targets_get_their_arch_and_fail_cleanly_without_tensorrt(sourc
     assert [s.id for s in make_plan([load_recipe(recipe)], ("cpu",)).stages] == [
         "tiny/checkpoint",
         "tiny/fp32/onnxruntime/cpu",
+        "tiny/fp32/onnxruntime/cpu.eval.json",
     ]
-    pytest.importorskip("trtbuild.backends.tensorrt")
-    try:
-        import tensorrt  # noqa: F401
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` raises ImportError, installed or not
+    art = tmp_path / "art"
+    dry = run([recipe], art, dry_run=True)
+    assert statuses(dry) == {
+        "tiny/checkpoint": "would run",
+        "tiny/fp32/onnxruntime/cpu": "would run",
+        "tiny/fp32/onnxruntime/cpu.eval.json": "would run",
+        "tiny/fp32/tensorrt/sm90": "not buildable here",
+        "tiny/fp32/tensorrt/sm90.eval.json": "not buildable here",  # downstream of a target not buildable here
+    }
+    assert not art.exists()  # --dry-run writes nothing, not even .pipeline/
+    data = yaml.safe_load(recipe.read_text())
+    del data["accuracy_gate"]  # the eval stages need a tokenizer; the tiny model has none
+    recipe.write_text(yaml.safe_dump(data))
 
-        pytest.skip("TensorRT is installed: the build would run")
-    except ImportError:
-        pass
-    with pytest.raises(PipelineError, match="build tiny/fp32/tensorrt/sm90 failed: TensorRT is not installed"):
-        run([recipe], tmp_path / "art")
-    assert verify_engine_dir(tmp_path / "art/tiny/fp32/onnxruntime/cpu").ok
+    # The CPU target completes; the TensorRT build and its eval are reported, with the command to run elsewhere.
+    code, out, err = cli(monkeypatch, capsys, "pipeline", recipe, "-o", art)
+    assert code == 0, err
+    assert statuses_from_index(art) == {
+        "tiny/checkpoint": "built",
+        "tiny/fp32/onnxruntime/cpu": "built",
+        "tiny/fp32/tensorrt/sm90": "not buildable here",
+    }
+    assert "1 not buildable here" in out
+    assert f"not buildable on this machine: tensorrt/sm90 (TensorRT is not installed on this machine); where it " \
+        f"is: trtbuild pipeline {recipe} -o {art} --target tensorrt/sm90" in err  # fmt: skip
+    assert verify_artifacts(art).ok and verify_engine_dir(art / "tiny/fp32/onnxruntime/cpu").ok
+    code, out, err = cli(monkeypatch, capsys, "pipeline", recipe, "-o", art, "--strict")
+    assert code == 2 and err.strip().splitlines()[-1] == "error: --strict: 1 target(s) not buildable on this machine"
+    assert "3 stages (2 cached, 1 not buildable here)" in out
+
+
+def statuses_from_index(art: Path) -> dict[str, str]:
+    return {a["id"]: a["status"] for a in json.loads((art / "index.json").read_text())["artifacts"]}
 
 
 def test_code_digest_covers_stage_code_only(tmp_path):

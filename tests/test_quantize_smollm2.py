@@ -59,7 +59,7 @@ def increase(ppl: float, ref: float) -> float:
 
 
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]  # down_proj's input (silu(gate) * up) has the activation outliers
-AWQ_CALIB = dict(calib_size=4, calib_seq_len=256)  # AWQ-full's searches cost ~3 CPU-minutes at 4 x 256
+AWQ_CALIB = dict(calib_size=4, calib_seq_len=256)  # AWQ-full's searches: 369-529 s at 4 x 256 (2 cores)
 
 # name -> (QuantConfig fields, the target increase in %, the bound measured here that guards regressions)
 FORMATS = {

@@ -74,7 +74,7 @@ def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
         {"prompt": "stop here", "stop": ["e"], "temperature": 0.0},
     ]
     src, dst = tmp_path / "in.jsonl", tmp_path / "out" / "results.jsonl"
-    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
+    src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     args = ["run", text_engine, "--input", src, "--output", dst, "--max-tokens", 8, "--temperature", 0]
     code, _, err = cli(monkeypatch, capsys, *args)
     assert code == 0, err
@@ -138,15 +138,43 @@ def test_cli_subprocess_end_to_end(engine):
         (["run", "{text}", "--prompt", "x", "--stream", "--n", "2"], "--stream needs --n 1"),
         (["run", "{text}", "--prompt", "x", "--system", "s"], "--system needs --chat"),
         (["run", "{text}", "--prompt", "x", "--kv-cache-memory", "lots"], "is not a size"),
-        (["run", "{text}", "--prompt", "x", "--max-num-seqs", "1000"], "max_num_seqs must be an integer"),
+        (
+            ["run", "{text}", "--prompt", "x", "--kv-cache-memory", "1KiB"],
+            "--kv-cache-memory (1024 bytes) is too small",
+        ),
+        (["run", "{text}", "--prompt", "x", "--max-num-seqs", "1000"], "--max-num-seqs must be an integer"),
         (["run", "{text}", "--input", "{bad_json}", "--output", "{out}"], "bad.jsonl:2: not valid JSON"),
         (["run", "{text}", "--input", "{bad_key}", "--output", "{out}"], "expected an object with exactly one of"),
-        (["run", "{text}", "--input", "{bad_token}", "--output", "{out}"], "prompt 1: token id 500 is outside"),
-        (["run", "{text}", "--input", "{bad_type}", "--output", "{out}"], "bad sampling value"),
+        (["run", "{text}", "--input", "{bad_token}", "--output", "{out}"], "badtoken:2: token id 500 is outside"),
+        (
+            ["run", "{text}", "--input", "{misspelled}", "--output", "{out}"],
+            "misspelled:2: unknown key 'temprature' (did you mean 'temperature'?)",
+        ),
+        (["run", "{text}", "--input", "{blank}", "--output", "{out}"], "blank:2: blank line"),
+        (
+            ["run", "{text}", "--input", "{str_tokens}", "--output", "{out}"],
+            "strtokens:1: max_tokens must be an integer or null, got '5'",
+        ),
+        (["run", "{text}", "--input", "{negative}", "--output", "{out}"], "negative:2: temperature must be >= 0"),
+        (
+            ["run", "{text}", "--input", "{surrogate}", "--output", "{out}"],
+            "surrogate:1: the text is not valid UTF-8 (lone surrogate U+D800",
+        ),
+        (
+            ["run", "{text}", "--input", "{chat_surrogate}", "--output", "{out}"],
+            "chatsurrogate:1: the text is not valid UTF-8",
+        ),
+        (["run", "{text}", "--prompt", "\udcff\udcfe"], "the text is not valid UTF-8 (byte 0xff at character 0)"),
+        (["run", "{text}", "--prompt", "x", "--output", "{existing}"], "already exists (use --overwrite"),
+        (["run", "{text}", "--prompt", "x", "--stream", "--output", "{out}"], "--stream prints to the terminal"),
+        (
+            ["run", "{text}", "--input", "{bad_type}", "--output", "{out}"],
+            "badtype:1: temperature must be a number, got 'hot'",
+        ),
         (["run", "{text}", "--input", "{missing}", "--output", "{out}"], "cannot read"),
         (["bench", "{engine}", "--input-len", "0"], "--input-len must be >= 1"),
         (["bench", "{engine}", "--input-len", "100", "--output-len", "100"], "exceeds the engine's max_seq_len"),
-        (["bench", "{engine}", "--concurrency", "0"], "max_num_seqs must be an integer in [1, 64]"),
+        (["bench", "{engine}", "--concurrency", "0"], "--concurrency must be an integer in [1, 64]"),
     ],
 )
 def test_bad_input_one_error_line(monkeypatch, capsys, engine, text_engine, tmp_path, args, needle):
@@ -156,6 +184,13 @@ def test_bad_input_one_error_line(monkeypatch, capsys, engine, text_engine, tmp_
         "bad_key": '{"text": "x"}\n',
         "bad_token": '{"prompt": "x"}\n{"prompt_token_ids": [1, 500]}\n',
         "bad_type": '{"prompt": "x", "temperature": "hot"}\n',
+        "misspelled": '{"prompt": "x"}\n{"prompt": "y", "temprature": 0.5}\n',
+        "blank": '{"prompt": "x"}\n\n{"prompt": "y"}\n',
+        "str_tokens": '{"prompt": "x", "max_tokens": "5"}\n',
+        "negative": '{"prompt": "x"}\n{"prompt": "y", "temperature": -1}\n',
+        "surrogate": '{"prompt": "a\\ud800"}\n',
+        "chat_surrogate": '{"messages": [{"role": "user", "content": "\\ud800"}]}\n',
+        "existing": "keep me\n",
     }
     paths = {"engine": engine, "text": text_engine, "missing": tmp_path / "missing", "out": tmp_path / "out.jsonl"}
     for name, text in files.items():
@@ -164,3 +199,4 @@ def test_bad_input_one_error_line(monkeypatch, capsys, engine, text_engine, tmp_
     code, _, err = cli(monkeypatch, capsys, *(a.format(**paths) for a in args))
     assert_one_error_line(code, err, needle)
     assert not (tmp_path / "out.jsonl").exists()
+    assert (tmp_path / "existing").read_text() == "keep me\n"

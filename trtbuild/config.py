@@ -77,6 +77,13 @@ class RopeConfig:
     scaling: float = 1.0
 
 
+# Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
+# for a ~100M-parameter model. int8_sq / fp8 / KV-cache ranges need one forward pass (64 x 512: ~15 s on
+# SmolLM2-135M); int4_awq's scale and clip searches run many passes per sample (4 x 256: 369-529 s there).
+DEFAULT_CALIBRATION = (64, 512)
+CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 256)}
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Options of ``trtbuild quantize`` (each field is a CLI flag of the same name)."""
@@ -87,8 +94,18 @@ class QuantConfig:
         default=128, metadata={"help": "int4 block size along in-features: a power of two >= 16 (last may be partial)"}
     )
     calib_dataset: str = field(default="lee_news", metadata={"help": "calibration dataset name or text/JSONL path"})
-    calib_size: int = field(default=64, metadata={"help": "calibration samples"})
-    calib_seq_len: int = field(default=512, metadata={"help": "tokens per calibration sample"})
+    calib_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "calibration samples [default: 4 for int4_awq, 64 for the others]; more samples give steadier "
+            "ranges, and calibration time grows with calib_size x calib_seq_len (int4_awq's searches at 4 x 256: "
+            "6-9 minutes for SmolLM2-135M on 2 CPU cores; 64 x 512 would take hours there)"
+        },
+    )
+    calib_seq_len: int | None = field(
+        default=None,
+        metadata={"help": "tokens per calibration sample [default: 256 for int4_awq, 512 for the others]"},
+    )
     exclude: list[str] = field(
         default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
     )
@@ -98,6 +115,11 @@ class QuantConfig:
     )
 
     def __post_init__(self) -> None:
+        size, seq_len = CALIBRATION_DEFAULTS.get(self.qformat, DEFAULT_CALIBRATION)
+        if self.calib_size is None:  # unset: the format's default (the stored config always holds the number)
+            object.__setattr__(self, "calib_size", size)
+        if self.calib_seq_len is None:
+            object.__setattr__(self, "calib_seq_len", seq_len)
         for name in ("group_size", "calib_size", "calib_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -32,37 +32,40 @@ class EvalResult:
     seconds: float
 
 
-def evaluate(path: Path, cfg: EvalConfig, *, cache_dir: Path | None = None) -> EvalResult:
-    """Perplexity of the engine directory or checkpoint directory at ``path``."""
+def evaluate(path: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False) -> EvalResult:
+    """Perplexity of the engine directory or checkpoint directory at ``path`` (``progress``: a bar on a terminal)."""
     if (path / "runtime_config.json").is_file():
-        return evaluate_engine(path, cfg, cache_dir=cache_dir)
+        return evaluate_engine(path, cfg, cache_dir=cache_dir, progress=progress)
     if (path / "config.json").is_file():
         from .build import build_engine
 
         with tempfile.TemporaryDirectory(prefix="trtbuild-eval-") as tmp:
             build = BuildConfig(max_seq_len=cfg.seq_len, max_num_tokens=max(cfg.seq_len, 2048), max_batch_size=1)
             build_engine(path, Path(tmp) / "engine", build)
-            return evaluate_engine(Path(tmp) / "engine", cfg, cache_dir=cache_dir)
+            return evaluate_engine(Path(tmp) / "engine", cfg, cache_dir=cache_dir, progress=progress)
     raise TrtbuildError(f"{path}: neither an engine directory (runtime_config.json) nor a checkpoint (config.json)")
 
 
 def eval_windows(engine_dir: Path, cfg: EvalConfig, cache_dir: Path | None = None) -> np.ndarray:
-    """``[n, seq_len]`` token ids of the evaluation text (n <= cfg.windows; at least one full window)."""
+    """``[windows, seq_len]`` token ids of the evaluation text; a text too short for that many is refused."""
     from .calibration_data import Split, load_documents, tokenize_documents
 
     docs = load_documents(cfg.dataset, Split.EVALUATION, cache_dir=cache_dir)
     ids = tokenize_documents(engine_dir / "tokenizer.json", docs, cfg.windows * cfg.seq_len)
     n = min(cfg.windows, len(ids) // cfg.seq_len)
-    if n == 0:
+    if n < cfg.windows:
         raise TrtbuildError(
-            f"{cfg.dataset}: the evaluation text has {len(ids)} tokens, fewer than one window "
-            f"of {cfg.seq_len} (lower --seq-len)"
+            f"{cfg.dataset}: the evaluation text has {len(ids)} tokens: {n} windows of {cfg.seq_len}, not "
+            f"--windows {cfg.windows} (ask for at most {n}{'' if n else ', or lower --seq-len'})"
         )
     return np.asarray(ids[: n * cfg.seq_len], dtype=np.int64).reshape(n, cfg.seq_len)
 
 
-def evaluate_engine(engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None = None) -> EvalResult:
-    """Perplexity of a built onnxruntime engine."""
+def evaluate_engine(
+    engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False
+) -> EvalResult:
+    """Perplexity of a built onnxruntime engine (``progress``: a bar of windows on stderr when it is a terminal)."""
+    from .progress import progress as progress_bar
     from .runtime.batch import StepBatch
     from .runtime.kv_cache import bytes_per_block
     from .runtime.ort_session import OrtSession
@@ -81,7 +84,8 @@ def evaluate_engine(engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None
     blocks = list(range(1, math.ceil(cfg.seq_len / block) + 1))  # block 0 is the null block
     session = OrtSession(engine_dir, kv_cache_memory=(len(blocks) + 1) * bytes_per_block(rc.model, block))
     total = 0.0
-    for ids in windows:
+    shown = None if progress else False
+    for ids in progress_bar(windows, len(windows), "evaluating", "window", enabled=shown):
         logits = session.step(StepBatch.build([ids.tolist()], [0], [blocks], all_logits=True))
         total += _nll_sum(logits[:-1], ids[1:])
     tokens = windows.shape[0] * (cfg.seq_len - 1)

@@ -55,8 +55,8 @@ class LocalVersions:
         return cls(package_versions(), cpu_target())
 
 
-def check_file(path: Path, meta: Any, report: Report) -> None:
-    """One file against its recorded ``{sha256, size}``."""
+def check_file(path: Path, meta: Any, report: Report, *, hashes: bool = True) -> None:
+    """One file against its recorded ``{sha256, size}`` (the size only, without ``hashes``)."""
     if not path.is_file():
         report.problems.append(f"{path}: missing")
         return
@@ -66,7 +66,7 @@ def check_file(path: Path, meta: Any, report: Report) -> None:
     recorded = meta.get("size") if isinstance(meta, Mapping) else None
     if size != recorded:
         report.problems.append(f"{path}: size {size} != recorded {recorded}")
-    elif sha256_file(path) != meta.get("sha256"):
+    elif hashes and sha256_file(path) != meta.get("sha256"):
         report.problems.append(f"{path}: sha256 differs from the recorded one (modified or corrupt)")
 
 
@@ -82,11 +82,42 @@ def check_files(
             report.problems.append(f"{path}: unexpected file (not in {listed_in})")
 
 
+def check_engine_files(engine_dir: Path, *, hashes: bool = False) -> None:
+    """What loading an engine checks (``open_session``): every file the manifest lists is there with its recorded
+    size; with ``hashes`` (``--verify``), also its sha256 and the manifest's own digest. Raises ``EngineError``.
+
+    An engine directory without ``manifest.json`` (assembled by hand) loads unchecked unless ``hashes`` is asked.
+    """
+    from ..errors import EngineError
+
+    report = Report(engine_dir)
+    if not (engine_dir / MANIFEST).is_file():
+        if hashes:
+            raise EngineError(f"{engine_dir}: no {MANIFEST} to verify the engine's files against")
+        return
+    manifest = _read_manifest(engine_dir, report)
+    if manifest is not None:
+        for rel, meta in sorted(manifest["files"].items()):
+            check_file(engine_dir / rel, meta, report, hashes=hashes)
+    if report.problems:
+        more = f" (and {len(report.problems) - 1} more)" if len(report.problems) > 1 else ""
+        raise EngineError(
+            f"{report.problems[0]}{more}: the engine changed after it was built; rebuild it "
+            f"(`trtbuild verify {engine_dir}` lists every problem)"
+        )
+
+
 def verify_engine_dir(engine_dir: Path, local: LocalVersions | None = None, *, use_index: bool = True) -> Report:
     """Every check of the module docstring for one engine directory (``use_index``: also an enclosing index)."""
     report = Report(engine_dir)
     if not engine_dir.is_dir():
         report.problems.append(f"{engine_dir}: no such engine directory")
+        return report
+    if not (engine_dir / MANIFEST).exists() and (engine_dir / "config.json").is_file():
+        report.problems.append(
+            f"{engine_dir}: a checkpoint, not an engine directory (verify checks engine directories and pipeline "
+            "ARTIFACTS_DIRs; `trtbuild inspect` shows a checkpoint)"
+        )
         return report
     manifest = _read_manifest(engine_dir, report)
     if manifest is None:
@@ -108,6 +139,9 @@ def verify_artifacts(artifacts_dir: Path, local: LocalVersions | None = None) ->
     local = local or LocalVersions.detect()
     for entry in index["artifacts"]:
         path = artifacts_dir / entry["id"]
+        if entry.get("status") == "not buildable here":  # the pipeline ran where the target's toolchain is missing
+            report.notes.append(f"{path}: not built ({entry.get('reason', 'not buildable on that machine')})")
+            continue
         if entry.get("status") in ("failed", "skipped"):
             report.problems.append(f"{path}: {entry['stage']} stage {entry['status']} in the last pipeline run")
             continue

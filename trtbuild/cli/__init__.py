@@ -1,11 +1,15 @@
 """The ``trtbuild`` command: one click group, a module per subcommand.
 
 User errors (``TrtbuildError``) print one ``error:`` line and exit with status 2; nothing else is caught.
+SIGTERM is handled like Ctrl-C (SIGINT): cleanup code runs (temporary directories are removed, ``run --input``
+writes the results finished so far) and the command exits with status 130.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import click
 
@@ -38,7 +42,12 @@ cli.add_command(inspect)
 cli.add_command(verify)
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cli.main(standalone_mode=False)
     except TrtbuildError as e:

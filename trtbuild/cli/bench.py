@@ -20,7 +20,7 @@ from typing import Any
 import click
 
 from ..errors import RequestError
-from .run import engine_options
+from .run import engine_options, open_llm
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,12 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(finite, q)) if finite else math.nan
 
 
-def run_bench(llm: Any, workload: BenchWorkload, *, profile: bool = False) -> BenchResult:
+def run_bench(llm: Any, workload: BenchWorkload, *, show_progress: bool = False, profile: bool = False) -> BenchResult:
     """Run ``workload`` through ``llm`` (an ``LLM``) after a short warm-up; timings and engine counters.
 
-    ``profile``: also split the run's time into the runner's phases, the session's work and (when ``llm`` was
-    made with ``profile_kernels=True``) onnxruntime's kernels by kind (``BenchResult.profile``)."""
+    ``show_progress``: a bar of finished requests on stderr (when it is a terminal). ``profile``: also split the
+    run's time into the runner's phases, the session's work and (when ``llm`` was made with
+    ``profile_kernels=True``) onnxruntime's kernels by kind (``BenchResult.profile``)."""
     from ..runtime.profile import Breakdown, SessionTimes
     from ..runtime.sampling import SamplingParams
 
@@ -96,7 +97,7 @@ def run_bench(llm: Any, workload: BenchWorkload, *, profile: bool = False) -> Be
     before = replace(session_times)
     params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
+    outputs = _generate_with_progress(llm, prompts, params, show_progress)
     duration = time.perf_counter() - start
     stats = llm.stats
     breakdown = None
@@ -129,6 +130,19 @@ def run_bench(llm: Any, workload: BenchWorkload, *, profile: bool = False) -> Be
         engine_calls=stats.num_engine_calls,
         profile=breakdown.as_dict() if breakdown else None,
     )
+
+
+def _generate_with_progress(llm: Any, prompts: list[list[int]], params: Any, show: bool) -> list[Any]:
+    """``llm.generate(prompts, params)``, with a progress bar of finished requests when ``show``."""
+    from ..progress import Progress
+
+    finished = llm.generate_iter(prompts, params)
+    outputs: list[Any] = [None] * len(prompts)
+    with Progress(len(prompts), "benchmarking", "req", enabled=None if show else False) as bar:
+        for i, out in finished:
+            outputs[i] = out
+            bar.update()
+    return outputs
 
 
 @click.command()
@@ -170,23 +184,24 @@ def bench(
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,
+    verify_files: bool,
 ) -> None:
     """Measure throughput, latency and KV-cache use on random prompts."""
     workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
     if concurrency is not None and max_num_seqs is not None:
         raise RequestError("give --concurrency or --max-num-seqs, not both")
-    from ..runtime.llm import LLM
-
-    llm = LLM(
+    llm = open_llm(
         engine_dir,
+        flags={"max_num_seqs": "--concurrency"} if concurrency is not None else None,
         kv_cache_memory=kv_cache_memory,
         max_num_seqs=concurrency if concurrency is not None else max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=not no_prefix_caching,
         num_threads=num_threads,
+        verify=verify_files,
         profile_kernels=profile,
     )
-    result = run_bench(llm, workload, profile=profile)
+    result = run_bench(llm, workload, show_progress=not as_json, profile=profile)
     if as_json:
         fields = {**asdict(workload), **asdict(result)}
         click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()}))

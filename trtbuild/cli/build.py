@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..config import Backend, BuildConfig, PerplexityGate, TensorRTConfig
+from ..config import Backend, BuildConfig, PerplexityGate, RuntimeConfig, TensorRTConfig
 from ..configio import from_dict
 from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
@@ -65,6 +65,13 @@ def build(
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})
     result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt)
+    built = RuntimeConfig.load(output).build.max_seq_len
+    if built < cfg.max_seq_len:  # capped by the model's position table
+        click.echo(
+            f"note: max_seq_len {cfg.max_seq_len} is more than the model's {built} positions "
+            f"(max_position_embeddings): the engine takes sequences of up to {built} tokens",
+            err=True,
+        )
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
     click.echo(
         f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "

@@ -22,7 +22,7 @@ def eval_command(path: Path, as_json: bool, **options: object) -> None:
     from ..eval import evaluate
 
     cfg = config_from_options(EvalConfig, options)
-    result = evaluate(path, cfg)
+    result = evaluate(path, cfg, progress=not as_json)
     if as_json:
         click.echo(json.dumps(asdict(result), sort_keys=True))
     else:

@@ -2,18 +2,15 @@
 
 Sampling flags are generated from the ``SamplingParams`` dataclass (one flag per field, same name and default).
 Input lines are JSON objects with ``prompt`` (text), ``prompt_token_ids`` or ``messages`` (a chat), an optional
-``id``, and any ``SamplingParams`` field overriding the flags for that line. The output file is written atomically,
-one JSON object per input line, in order.
+``id``, and any ``SamplingParams`` field overriding the flags for that line (``jsonl.py`` reads them strictly). The
+output file is written atomically, one JSON object per input line, in order; an interrupted run (Ctrl-C, SIGTERM)
+writes the results finished so far and says how many. An existing output file needs ``--overwrite``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 import re
-import tempfile
 import types
 import typing
 from collections.abc import Callable
@@ -22,7 +19,10 @@ from typing import Any
 
 import click
 
+from ..artifacts.atomic import write_file_atomic
 from ..errors import ConfigError, RequestError, TrtbuildError
+from ..progress import Progress
+from .jsonl import InputLine, locate_error, make_params, read_jsonl, result_record, results_text
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
@@ -40,7 +40,6 @@ SAMPLING_HELP = {
     "logprobs": "also return this many top logprobs per token",
     "ignore_eos": "keep generating past EOS",
 }
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "messages")
 
 
 def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,20 +61,6 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             option = click.option(flag, f.name, type=tp, default=None, help=help_text)
         fn = option(fn)
     return fn
-
-
-def make_params(*layers: dict[str, Any]) -> Any:
-    """``SamplingParams`` from option/JSON layers (later layers win; None and () mean 'not given')."""
-    from ..runtime.sampling import SamplingParams
-
-    names = {f.name for f in dataclasses.fields(SamplingParams)}
-    values: dict[str, Any] = {}
-    for layer in layers:
-        values.update({k: v for k, v in layer.items() if k in names and v is not None and v != ()})
-    try:
-        return SamplingParams(**values)
-    except TypeError as e:
-        raise RequestError(f"bad sampling value ({e})") from None
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
@@ -115,17 +100,50 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 help="tokens per step [default: engine's max_num_tokens]",
             ),
             click.option("--num-threads", type=int, default=None, help="onnxruntime intra-op threads"),
+            click.option(
+                "--verify",
+                "verify_files",
+                is_flag=True,
+                help="check every engine file's sha256 against the manifest before loading (sizes are always checked)",
+            ),
         ]
     ):
         fn = option(fn)
     return fn
 
 
+ENGINE_FLAGS = {
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "kv_cache_memory": "--kv-cache-memory",
+}
+
+
+def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options: Any) -> Any:
+    """``LLM(engine_dir, **options)``; an invalid limit is reported under the flag the user typed (``flags``)."""
+    from ..runtime.llm import LLM
+
+    try:
+        return LLM(engine_dir, **options)
+    except ConfigError as e:
+        for name, flag in {**ENGINE_FLAGS, **(flags or {})}.items():
+            if str(e).startswith(name + " "):
+                raise ConfigError(flag + str(e)[len(name) :]) from None
+        raise
+
+
 @click.command()
 @click.argument("engine_dir", type=click.Path(path_type=Path))
 @click.option("--prompt", default=None, help="prompt text")
 @click.option("--input", "input_path", type=click.Path(path_type=Path), default=None, help="prompts, JSON lines")
-@click.option("--output", "output_path", type=click.Path(path_type=Path), default=None, help="results, JSON lines")
+@click.option(
+    "--output",
+    "output_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="results, JSON lines (one per prompt)",
+)
+@click.option("--overwrite", is_flag=True, help="replace an existing --output file")
 @click.option("--chat", is_flag=True, help="wrap text prompts as a user message and apply the chat template")
 @click.option("--system", default=None, help="system message for --chat")
 @click.option("--stream", is_flag=True, help="print the text as it is generated (--prompt, n = 1)")
@@ -137,6 +155,7 @@ def run(
     prompt: str | None,
     input_path: Path | None,
     output_path: Path | None,
+    overwrite: bool,
     chat: bool,
     system: str | None,
     stream: bool,
@@ -145,6 +164,7 @@ def run(
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,
+    verify_files: bool,
     **sampling: Any,
 ) -> None:
     """Generate text with an engine: one --prompt, or a JSON-lines --input file to an --output file."""
@@ -154,22 +174,23 @@ def run(
         raise RequestError("--input needs --output FILE")
     if system is not None and not chat:
         raise RequestError("--system needs --chat")
-    if stream and input_path is not None:
-        raise RequestError("--stream works with --prompt only")
+    if stream and (input_path is not None or output_path is not None):
+        raise RequestError("--stream prints to the terminal: it works with --prompt and without --output")
+    if output_path is not None and output_path.exists() and not overwrite:
+        raise TrtbuildError(f"{output_path}: already exists (use --overwrite to replace it)")
     params = make_params(sampling)
-    records = read_jsonl(input_path) if input_path is not None else [{"prompt": prompt}]
-    from ..runtime.llm import LLM
-
-    llm = LLM(
+    lines = read_jsonl(input_path) if input_path is not None else [InputLine("--prompt", {"prompt": prompt}, 0)]
+    all_params = [make_params(sampling, ln.record, where=ln.where) for ln in lines]
+    llm = open_llm(
         engine_dir,
         kv_cache_memory=kv_cache_memory,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=not no_prefix_caching,
         num_threads=num_threads,
+        verify=verify_files,
     )
-    prompts = [_prompt(llm, rec, chat, system, f"line {i + 1}") for i, rec in enumerate(records)]
-    all_params = [make_params(sampling, rec) for rec in records] if input_path is not None else [params]
+    prompts = [_prompt(llm, ln, chat, system) for ln in lines]
     if stream:
         if params.n != 1:
             raise RequestError("--stream needs --n 1")
@@ -178,28 +199,59 @@ def run(
             click.echo(delta, nl=False)
         click.echo()
         assert text_stream.output is not None
+        _print_logprobs(llm, text_stream.output)
         _summary(text_stream.output)
         return
-    outputs = llm.generate(prompts, all_params)
-    if input_path is None:
-        for c in outputs[0].outputs:
-            if len(outputs[0].outputs) > 1:
+    if output_path is None:
+        [out] = llm.generate(prompts, all_params)
+        for c in out.outputs:
+            if len(out.outputs) > 1:
                 click.echo(f"--- completion {c.index} ---")
             click.echo(c.text)
-        _summary(outputs[0])
+        _print_logprobs(llm, out)
+        _summary(out)
         return
-    assert output_path is not None
-    lines = [
-        json.dumps(result_record(rec.get("id", i), out), ensure_ascii=False)
-        for i, (rec, out) in enumerate(zip(records, outputs, strict=True))
-    ]
-    write_atomic(output_path, "".join(line + "\n" for line in lines))
-    num_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
-    click.echo(f"wrote {len(lines)} results ({num_tokens} tokens) -> {output_path}", err=True)
+    _generate_to_file(llm, lines, prompts, all_params, output_path)
 
 
-def _prompt(llm: Any, rec: dict[str, Any], chat: bool, system: str | None, where: str) -> str | list[int]:
-    """The prompt of one input record: text, token ids, or chat messages rendered by the chat template."""
+def _generate_to_file(llm: Any, lines: list[InputLine], prompts: list[Any], params: list[Any], path: Path) -> None:
+    """Run every request, showing progress on a terminal; write the results in input order, the finished ones when
+    interrupted (then exit 130)."""
+    try:
+        finished = llm.generate_iter(prompts, params)
+    except RequestError as e:
+        raise locate_error(e, lines) from None
+    results: dict[int, dict[str, Any]] = {}
+    num_tokens = 0
+    bar = Progress(len(lines), "generating", "req", enabled=None if len(lines) > 1 else False)
+    try:
+        for i, out in finished:
+            results[i] = result_record(lines[i].id, out)
+            num_tokens += sum(len(c.token_ids) for c in out.outputs)
+            bar.update()
+    except KeyboardInterrupt:
+        finished.close()
+        bar.close()
+        if results:
+            write_file_atomic(path, results_text(results))
+        click.echo(
+            f"interrupted: wrote the {len(results)} of {len(lines)} results that had finished ({num_tokens} tokens, "
+            f"in input order; their ids say which) -> {path}"
+            if results
+            else f"interrupted before any result finished: {path} not written",
+            err=True,
+        )
+        raise SystemExit(130) from None
+    bar.close()
+    write_file_atomic(path, results_text(results))
+    click.echo(f"wrote {len(results)} results ({num_tokens} tokens) -> {path}", err=True)
+
+
+def _prompt(llm: Any, line: InputLine, chat: bool, system: str | None) -> str | list[int]:
+    """The prompt of one input line: text, token ids, or chat messages rendered by the chat template."""
+    from ..runtime.tokenizer import check_text
+
+    rec = line.record
     try:
         if "messages" in rec:
             return llm.chat_prompt(rec["messages"])
@@ -207,81 +259,29 @@ def _prompt(llm: Any, rec: dict[str, Any], chat: bool, system: str | None, where
             return rec["prompt_token_ids"]
         if not isinstance(rec.get("prompt"), str):
             raise RequestError("'prompt' must be a string")
+        check_text(rec["prompt"])
         if chat:
             messages = [{"role": "system", "content": system}] if system is not None else []
             return llm.chat_prompt([*messages, {"role": "user", "content": rec["prompt"]}])
         return rec["prompt"]
     except RequestError as e:
-        raise RequestError(f"{where}: {e}") from None
+        raise RequestError(f"{line.where}: {e}") from None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines prompt file (blank lines skipped), each with exactly one prompt key."""
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TrtbuildError(f"{path}: cannot read ({e.strerror if isinstance(e, OSError) else e})") from None
-    records = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RequestError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict) or sum(k in rec for k in PROMPT_KEYS) != 1:
-            raise RequestError(f"{path}:{i}: expected an object with exactly one of {', '.join(PROMPT_KEYS)}")
-        records.append(rec)
-    if not records:
-        raise RequestError(f"{path}: no prompts")
-    return records
+def _print_logprobs(llm: Any, out: Any) -> None:
+    """``--logprobs K`` with ``--prompt``: each output token's logprob and its top K alternatives."""
+    tok = llm.tokenizer
 
+    def show(t: int) -> str:
+        return repr(tok.decode([t], skip_special_tokens=False)) if tok is not None else str(t)
 
-def result_record(request_id: Any, out: Any) -> dict[str, Any]:
-    """The JSON result of one prompt: ``text`` of the first completion, and every completion with its metrics."""
-
-    def num(x: float) -> float | None:
-        return None if math.isnan(x) else round(x, 6)
-
-    completions = []
     for c in out.outputs:
-        m = c.metrics
-        rec = {
-            "index": c.index,
-            "text": c.text,
-            "token_ids": c.token_ids,
-            "finish_reason": c.finish_reason.value if c.finish_reason else None,
-            "stop_reason": c.stop_reason,
-            "metrics": {
-                "num_prompt_tokens": m.num_prompt_tokens,
-                "num_output_tokens": m.num_output_tokens,
-                "num_cached_tokens": m.num_cached_tokens,
-                "num_preemptions": m.num_preemptions,
-                "ttft": num(m.ttft),
-                "tpot": num(m.tpot),
-                "decode_tokens_per_s": num(m.decode_tokens_per_s),
-                "e2e_latency": num(m.e2e_latency),
-            },
-        }
-        if c.logprobs is not None:
-            rec["logprobs"] = [{"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in c.logprobs]
-        completions.append(rec)
-    return {"id": request_id, "text": out.text, "outputs": completions}
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary sibling and a rename: readers see the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if c.logprobs is None:
+            continue
+        click.echo(f"--- logprobs{f' of completion {c.index}' if len(out.outputs) > 1 else ''} ---")
+        for t, lp in zip(c.token_ids, c.logprobs, strict=False):
+            top = ", ".join(f"{show(a)} {v:.3f}" for a, v in lp.top)
+            click.echo(f"{show(t):>16} {lp.logprob:8.3f}" + (f"   top: {top}" if top else ""))
 
 
 def _summary(out: Any) -> None:

@@ -39,7 +39,7 @@ from .cache import (
 )
 from .index import GateResult, check_gates, write_index
 from .plan import Plan, Stage
-from .stages import StageContext, StageError, run_stage
+from .stages import StageContext, StageError, missing_toolchain, run_stage
 
 STAGE_KEY_VERSION = 1  # bump when a stage's meaning changes without its options changing
 _STALE = re.compile(r"^\..+\.(tmp|old)-[A-Za-z0-9_]+$")  # atomic_output_dir leftovers of a killed run
@@ -57,6 +57,7 @@ class Status(enum.Enum):
     FAILED = "failed"
     SKIPPED = "skipped"  # not started because an earlier stage failed
     WOULD_RUN = "would run"  # --dry-run
+    NOT_BUILDABLE = "not buildable here"  # its toolchain (TensorRT) is missing on this machine, or an input's is
 
 
 @dataclass
@@ -163,9 +164,25 @@ class _Runner:
         self.digests[stage.id] = rec["digest"]
         return Outcome(stage, Status.BUILT, seconds, why, rec)
 
+    def not_buildable(self, stage: Stage, outcomes: dict[str, Outcome]) -> Outcome | None:
+        """An outcome for ``stage`` when it cannot run on this machine (missing toolchain here or upstream)."""
+        missing = missing_toolchain(stage)
+        if missing is None:
+            blocked = [d for d in stage.deps if d in outcomes and outcomes[d].status is Status.NOT_BUILDABLE]
+            if not blocked:
+                return None
+            missing = f"needs {blocked[0]}, which is not buildable here"
+        outcome = Outcome(stage, Status.NOT_BUILDABLE, reason=missing)
+        self._progress(stage, f"not buildable here ({missing})", count=True)
+        return outcome
+
     def dry_run(self) -> dict[str, Outcome]:
         outcomes: dict[str, Outcome] = {}
         for stage in self.plan.stages:
+            skip = self.not_buildable(stage, outcomes)
+            if skip is not None:
+                outcomes[stage.id] = skip
+                continue
             if any(outcomes[d].status is Status.WOULD_RUN for d in stage.deps):
                 outcomes[stage.id] = Outcome(stage, Status.WOULD_RUN, reason="an input will be rebuilt")
                 self._progress(stage, "would run (an input will be rebuilt)", count=True)
@@ -187,6 +204,11 @@ class _Runner:
         failed = False
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             while pending or running:
+                for stage in [] if failed else list(pending):
+                    skip = self.not_buildable(stage, outcomes)
+                    if skip is not None:
+                        pending.remove(stage)
+                        outcomes[stage.id] = skip
                 ready = [] if failed else [s for s in pending if all(d in self.digests for d in s.deps)]
                 for stage in ready[: max(0, jobs - len(running))]:
                     pending.remove(stage)
@@ -245,6 +267,29 @@ def _remove_stale_temporaries(plan: Plan, artifacts_dir: Path) -> None:
                     shutil.rmtree(entry, ignore_errors=True)
 
 
+def _lock(fd: int, artifacts_dir: Path) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise PipelineError(
+            f"{artifacts_dir} is in use by another trtbuild pipeline (or by a stage of a killed "
+            "one that is still finishing); try again when it is done"
+        ) from None
+
+
+def _dry_run(plan: Plan, artifacts_dir: Path, report: Report) -> dict[str, Outcome]:
+    """Classify every stage without writing anything (the file-hash cache is read, not saved)."""
+    lock_path = artifacts_dir / STATE_DIR / "lock"
+    lock = os.open(lock_path, os.O_RDONLY) if lock_path.is_file() else None
+    try:
+        if lock is not None:
+            _lock(lock, artifacts_dir)
+        return _Runner(plan, artifacts_dir, report, lock).dry_run()
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
 def run_pipeline(
     plan: Plan, artifacts_dir: Path, *, jobs: int = 1, dry_run: bool = False, report: Report = print
 ) -> PipelineRun:
@@ -255,19 +300,13 @@ def run_pipeline(
     start = time.perf_counter()
     artifacts_dir = artifacts_dir.absolute()
     state = artifacts_dir / STATE_DIR
+    if dry_run:  # writes nothing: no state directory, no lock file, no index
+        return PipelineRun(plan, artifacts_dir, _dry_run(plan, artifacts_dir, report), time.perf_counter() - start)
     state.mkdir(parents=True, exist_ok=True)
     lock = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PipelineError(
-                f"{artifacts_dir} is in use by another trtbuild pipeline (or by a stage of a killed "
-                "one that is still finishing); try again when it is done"
-            ) from None
+        _lock(lock, artifacts_dir)
         runner = _Runner(plan, artifacts_dir, report, lock)
-        if dry_run:
-            return PipelineRun(plan, artifacts_dir, runner.dry_run(), time.perf_counter() - start)
         _remove_stale_temporaries(plan, artifacts_dir)
         try:
             outcomes = runner.run(max(1, jobs))

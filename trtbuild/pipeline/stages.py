@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
+from ..config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
 from ..configio import from_dict
 from ..errors import TrtbuildError
 from .plan import Stage, StageKind
@@ -40,6 +40,17 @@ class StageContext:
 
     def path(self, stage_id: str) -> Path:
         return self.artifacts_dir / stage_id
+
+
+def missing_toolchain(stage: Stage) -> str | None:
+    """Why ``stage`` cannot run on this machine (a TensorRT build without an importable ``tensorrt``), or None."""
+    if stage.kind is not StageKind.BUILD or stage.labels.get("backend") != Backend.TENSORRT.value:
+        return None
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return "TensorRT is not installed on this machine"
+    return None
 
 
 def run_stage(stage: Stage, ctx: StageContext) -> dict[str, Any]:

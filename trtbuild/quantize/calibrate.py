@@ -68,7 +68,8 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
 
     With no samples, modelopt calibrates the weights alone (weight-only round-to-nearest)."""
     import torch
-    from tqdm import tqdm
+
+    from ..progress import progress as progress_bar
 
     with warnings.catch_warnings():  # modelopt warns that it was not tested with this transformers version
         warnings.simplefilter("ignore")
@@ -79,7 +80,8 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
     def forward_loop(m: Any) -> None:
         desc = f"calibrating {qcfg.qformat.value} (pass {next(passes)})"
         with torch.no_grad():
-            for row in tqdm(samples, desc=desc, unit="sample", disable=not progress, leave=False):
+            shown = None if progress else False  # on a terminal only
+            for row in progress_bar(samples, len(samples), desc, "sample", enabled=shown):
                 m(torch.from_numpy(np.ascontiguousarray(row))[None])
 
     with warnings.catch_warnings(), _quiet(progress):

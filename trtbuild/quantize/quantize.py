@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts.atomic import atomic_output_dir
+from ..artifacts.atomic import atomic_output_dir, scratch_dir
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import KVCacheDType, ModelConfig, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
@@ -58,7 +57,7 @@ def quantize(
     out = out.absolute()
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
         raise TrtbuildError(f"{out}: already exists (use --overwrite to replace it)")
-    with _float_checkpoint(src) as ckpt_dir:
+    with _float_checkpoint(src, out) as ckpt_dir:
         if (ckpt_dir / "config.json").is_file():  # else load_checkpoint says what is missing
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
@@ -87,16 +86,17 @@ def quantize(
 
 
 @contextmanager
-def _float_checkpoint(src: Path) -> Iterator[Path]:
-    """``src`` itself when it is a trtbuild checkpoint, else a temporary one converted from the HF folder / GGUF."""
+def _float_checkpoint(src: Path, out: Path) -> Iterator[Path]:
+    """``src`` itself when it is a trtbuild checkpoint, else a temporary one converted from the HF folder / GGUF,
+    in a scratch directory next to ``out`` (removed on exit; after a SIGKILL, by the next run)."""
     if src.is_dir() and (src / WEIGHTS_FILE).is_file():
         yield src
         return
     from ..convert.convert import convert
 
-    with tempfile.TemporaryDirectory(prefix="trtbuild-quantize-") as tmp:
-        convert(src, Path(tmp) / "ckpt")
-        yield Path(tmp) / "ckpt"
+    with scratch_dir(out) as tmp:
+        convert(src, tmp / "ckpt")
+        yield tmp / "ckpt"
 
 
 def needs_data(qcfg: QuantConfig) -> bool:

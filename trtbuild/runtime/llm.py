@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ __all__ = [
     "CompletionOutput",
     "EngineStats",
     "FinishReason",
+    "FinishedRequests",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
@@ -107,11 +108,35 @@ class TextStream(Iterator[str]):
         self.close()
 
 
+class FinishedRequests(Iterator[tuple[int, RequestOutput]]):
+    """What ``LLM.generate_iter`` returns: ``(prompt index, RequestOutput)`` pairs in completion order."""
+
+    def __init__(
+        self, num_requests: int, items: Iterator[tuple[int, RequestOutput]], abort: Callable[[], None]
+    ) -> None:
+        self.num_requests = num_requests
+        self._items, self._abort = items, abort
+
+    def __next__(self) -> tuple[int, RequestOutput]:
+        return next(self._items)
+
+    def close(self) -> None:
+        """Abort the requests that have not finished."""
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+        self._abort()
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class LLM:
     """An engine directory served with continuous batching and paged attention (see the module docstring).
 
     ``max_num_seqs`` / ``max_num_batched_tokens`` default to the engine's ``max_batch_size`` / ``max_num_tokens``
-    and may only lower them. ``seed`` seeds the sampler for requests without their own seed. Not thread-safe:
+    and may only lower them. ``seed`` seeds the sampler for requests without their own seed. Loading checks the
+    size of every file the engine's manifest lists; ``verify=True`` checks their sha256 too. Not thread-safe:
     drive one LLM from one thread.
     """
 
@@ -126,6 +151,7 @@ class LLM:
         num_threads: int | None = None,
         seed: int | None = None,
         profile_kernels: bool = False,
+        verify: bool = False,
     ) -> None:
         engine_dir = Path(engine_dir)
         if not engine_dir.is_dir():
@@ -134,7 +160,11 @@ class LLM:
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         try:
             self.session = open_session(
-                engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+                engine_dir,
+                kv_cache_memory=kv_cache_memory,
+                num_threads=num_threads,
+                verify=verify,
+                profile_kernels=profile_kernels,
             )
         except ValueError as e:  # too few blocks for the memory given
             raise ConfigError(f"kv_cache_memory ({kv_cache_memory} bytes) is too small: {e}") from None
@@ -173,6 +203,20 @@ class LLM:
         ``params`` is one ``SamplingParams`` for all prompts or one per prompt (default: ``SamplingParams()``).
         Raises ``RequestError`` before running anything when any prompt or params is invalid.
         """
+        finished = self.generate_iter(prompts, params)
+        results: list[RequestOutput | None] = [None] * finished.num_requests
+        for i, out in finished:
+            results[i] = out
+        return [r for r in results if r is not None]
+
+    def generate_iter(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> FinishedRequests:
+        """Like ``generate``, but yields ``(index, RequestOutput)`` for each prompt as soon as it finishes.
+
+        The prompts are checked and queued now (``RequestError`` before any runs); iterating steps the engine.
+        Closing the iterator early (or an exception while iterating) aborts the requests not finished yet.
+        """
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and _is_token(prompts[0])):
@@ -187,13 +231,30 @@ class LLM:
             raise RequestError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
         requests = [self._prepare(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
         added = self._add_all(requests)
-        try:
-            while not all(s.finished for _, states in added for s in states):
-                self._step()
-        finally:
+
+        def abort() -> None:
             for _, states in added:
                 self._cancel(states)
-        return [self._request_output(rid, r[0], states) for r, (rid, states) in zip(requests, added, strict=True)]
+
+        return FinishedRequests(len(added), self._finished_in_order(requests, added), abort)
+
+    def _finished_in_order(
+        self,
+        requests: list[tuple[str | None, list[int], SamplingParams]],
+        added: list[tuple[str, list[CompletionState]]],
+    ) -> Iterator[tuple[int, RequestOutput]]:
+        pending = dict(enumerate(added))
+        try:
+            while pending:
+                done = [i for i, (_, states) in pending.items() if all(s.finished for s in states)]
+                for i in done:
+                    rid, states = pending.pop(i)
+                    yield i, self._request_output(rid, requests[i][0], states)
+                if pending and not done:
+                    self._step()
+        finally:
+            for _, states in pending.values():
+                self._cancel(states)
 
     def generate_stream(self, prompt: Prompt, params: SamplingParams | None = None) -> TextStream:
         """Stream one completion's text as it is generated; iterate the result for deltas (``n`` must be 1).

@@ -38,8 +38,13 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         # Lists (and a single stop string) are accepted and stored as tuples: the params stay immutable and hashable.
+        if not isinstance(self.stop, str | Sequence) or isinstance(self.stop, bytes):
+            raise RequestError(f"stop must be a string or a list of strings, got {self.stop!r}")
         object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if isinstance(self.stop_token_ids, str | bytes) or not isinstance(self.stop_token_ids, Sequence):
+            raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check_types(self)
         checks = [
             (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
             (self.top_k is None or self.top_k >= 1, "top_k must be >= 1, or None to keep all tokens"),
@@ -61,6 +66,30 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+_NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+_INTEGERS = ("n",)
+_OPTIONAL_INTEGERS = ("top_k", "seed", "max_tokens", "logprobs")
+
+
+def _check_types(params: SamplingParams) -> None:
+    """``RequestError`` for a value of the wrong type (e.g. ``"5"`` from a JSON file), before any comparison."""
+
+    def is_int(x: object) -> bool:
+        return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+    for name in _NUMBERS:
+        value = getattr(params, name)
+        if not (is_int(value) or isinstance(value, float | np.floating)):
+            raise RequestError(f"{name} must be a number, got {value!r}")
+    for name in _INTEGERS + _OPTIONAL_INTEGERS:
+        value = getattr(params, name)
+        if not is_int(value) and not (value is None and name in _OPTIONAL_INTEGERS):
+            raise RequestError(f"{name} must be an integer{' or null' if name in _OPTIONAL_INTEGERS else ''}, "
+                               f"got {value!r}")  # fmt: skip
+    if not isinstance(params.ignore_eos, bool):
+        raise RequestError(f"ignore_eos must be true or false, got {params.ignore_eos!r}")
 
 
 class SamplingRequest(Protocol):

@@ -27,11 +27,20 @@ class EngineSession(Protocol):
 
 
 def open_session(
-    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None, profile_kernels: bool = False
+    engine_dir: Path,
+    *,
+    kv_cache_memory: int,
+    num_threads: int | None = None,
+    verify: bool = False,
+    profile_kernels: bool = False,
 ) -> EngineSession:
     """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily).
 
-    ``profile_kernels``: onnxruntime sessions run its profiler (``OrtSession.kernel_times``); others ignore it."""
+    Every file the manifest lists must have its recorded size; ``verify`` also checks their sha256 (slower: it
+    reads every byte) so that a file changed in place is refused rather than run. ``profile_kernels``: onnxruntime
+    sessions run its profiler (``OrtSession.kernel_times``); others ignore it.
+    """
+    from ..artifacts.verify import check_engine_files
     from ..errors import EngineError
 
     engine_dir = Path(engine_dir)
@@ -41,6 +50,7 @@ def open_session(
         config = RuntimeConfig.load(engine_dir)
     except Exception as e:
         raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
+    check_engine_files(engine_dir, hashes=verify)
     if config.build.backend is Backend.TENSORRT:
         from .kv_cache import num_blocks_for_memory
         from .trt_session import TensorRTSession

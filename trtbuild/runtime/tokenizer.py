@@ -64,7 +64,11 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer's template (BOS where it has one)."""
+        """Token ids of ``text``; ``add_special_tokens`` applies the tokenizer's template (BOS where it has one).
+
+        Text that is not valid Unicode (raw bytes a terminal passed through, a lone surrogate in JSON) raises
+        ``RequestError``."""
+        check_text(text)
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
@@ -112,6 +116,18 @@ class Tokenizer:
         return self._compiled
 
 
+def check_text(text: object) -> None:
+    """``RequestError`` unless ``text`` is a string that encodes to UTF-8 (tokenizers takes nothing else)."""
+    if not isinstance(text, str):
+        raise RequestError(f"a text prompt must be a string, not {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = ord(text[e.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"lone surrogate U+{char:04X}"
+        raise RequestError(f"the text is not valid UTF-8 ({what} at character {e.start})") from None
+
+
 def _tojson(
     value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
@@ -153,10 +169,12 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
-        """The text still held back (an incomplete UTF-8 tail decodes to U+FFFD); call once, when the output ends."""
+        """The text still held back, without an incomplete UTF-8 sequence at its end (the output stopped in the
+        middle of a character, e.g. at ``max_tokens``: its bytes stay in the token ids, not in the text); call
+        once, when the output ends."""
         if self._read_offset == len(self._ids):
             return ""
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset, len(self._ids))
         self._prefix_offset = self._read_offset = len(self._ids)
-        return new_text[len(prefix_text) :]
+        return new_text[len(prefix_text) :].rstrip(REPLACEMENT_CHAR)

@@ -1,0 +1,89 @@
+"""One progress bar for every long command (quantize's calibration, run --input, eval, bench).
+
+On a terminal it redraws one stderr line, ``desc  12/64 [###.......] 3.1 sample/s, 0:13 left``, at most ten times
+a second and clears it when done; when stderr is not a terminal, or the command prints JSON, it prints nothing.
+Standard library only: the runtime commands use it, and the runtime does not depend on tqdm.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TextIO, TypeVar
+
+T = TypeVar("T")
+BAR_WIDTH = 24
+REDRAW_S = 0.1
+
+
+def interactive(stream: TextIO | None = None) -> bool:
+    """Whether ``stream`` (default: stderr) is a terminal, where a progress bar belongs."""
+    stream = sys.stderr if stream is None else stream
+    return bool(getattr(stream, "isatty", lambda: False)())
+
+
+class Progress:
+    """A progress bar over ``total`` units; ``update(n)`` as work completes, ``close()`` (or ``with``) at the end.
+
+    ``enabled=None`` shows it when stderr is a terminal; False never shows it (``--json``, ``--quiet``).
+    """
+
+    def __init__(self, total: int, desc: str, unit: str = "it", *, enabled: bool | None = None) -> None:
+        self.total, self.desc, self.unit = total, desc, unit
+        self.enabled = interactive() if enabled is None else enabled
+        self.count = 0
+        self._start = time.perf_counter()
+        self._drawn = 0.0
+        self._width = 0
+
+    def update(self, n: int = 1) -> None:
+        self.count += n
+        now = time.perf_counter()
+        if self.enabled and (now - self._drawn >= REDRAW_S or self.count >= self.total):
+            self._drawn = now
+            self._draw(self.line(now - self._start))
+
+    def line(self, elapsed: float) -> str:
+        """The bar's text after ``elapsed`` seconds: count, bar, rate and the estimated time left."""
+        frac = min(1.0, self.count / self.total) if self.total else 1.0
+        filled = int(frac * BAR_WIDTH)
+        rate = self.count / elapsed if elapsed > 0 else 0.0
+        left = (self.total - self.count) / rate if rate > 0 else None
+        eta = "" if left is None else f", {_clock(left)} left"
+        bar = "#" * filled + "." * (BAR_WIDTH - filled)
+        return f"{self.desc}  {self.count}/{self.total} [{bar}] {rate:.2f} {self.unit}/s{eta}"
+
+    def _draw(self, text: str) -> None:
+        pad = " " * max(0, self._width - len(text))
+        sys.stderr.write("\r" + text + pad)
+        sys.stderr.flush()
+        self._width = len(text)
+
+    def close(self) -> None:
+        """Clear the bar's line (the command prints its own summary)."""
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
+            sys.stderr.flush()
+            self._width = 0
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def progress(
+    items: Iterable[T], total: int, desc: str, unit: str = "it", *, enabled: bool | None = None
+) -> Iterator[T]:
+    """``items``, advancing a ``Progress`` bar by one per item."""
+    with Progress(total, desc, unit, enabled=enabled) as bar:
+        for item in items:
+            yield item
+            bar.update()
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
