@@ -11,12 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import Backend, RuntimeConfig
+from ..config import RuntimeConfig
 from .batch import StepBatch
 
 
 class EngineSession(Protocol):
-    """What the runner needs from an engine (``OrtSession`` for onnxruntime; a TensorRT session later)."""
+    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``)."""
 
     config: RuntimeConfig
     num_blocks: int
@@ -27,7 +27,7 @@ class EngineSession(Protocol):
 
 
 def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None) -> EngineSession:
-    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily)."""
+    """The session for the backend ``engine_dir`` was built with (``trtbuild.backends.BACKENDS``; lazy imports)."""
     from ..errors import EngineError
 
     engine_dir = Path(engine_dir)
@@ -37,12 +37,7 @@ def open_session(engine_dir: Path, *, kv_cache_memory: int, num_threads: int | N
         config = RuntimeConfig.load(engine_dir)
     except Exception as e:
         raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
-    if config.build.backend is Backend.TENSORRT:
-        from .kv_cache import num_blocks_for_memory
-        from .trt_session import TensorRTSession
+    from ..backends import backend_entry
 
-        blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, kv_cache_memory)
-        return TensorRTSession(engine_dir, num_blocks=blocks)
-    from .ort_session import OrtSession
-
-    return OrtSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+    entry = backend_entry(config.build.backend)
+    return entry.open(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
