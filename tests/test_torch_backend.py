@@ -142,7 +142,7 @@ def test_custom_op_cuda_implementation_under_triton_interpreter():
 def test_importer_refuses_an_unknown_op(tiny_engines):
     import onnx
 
-    _, build, io, graph = portable_graph(tiny_engines["llama_gqa"][1], BuildConfig(max_seq_len=128))
+    _, _, io, graph = portable_graph(tiny_engines["llama_gqa"][1], BuildConfig(max_seq_len=128))
     node = graph.graph.node[3]
     graph.graph.node.insert(4, onnx.helper.make_node("Softmax", [node.output[0]], ["extra"], name="extra"))
     with pytest.raises(BuildError, match="cannot import op\\(s\\) Softmax of the portable graph"):
@@ -168,5 +168,5 @@ def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, t
     manifest["engines"][0]["target"] = "cpu-sse9"
     manifest["engines"][0]["torch_version"] = "1.0.0"
     (engine / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(EngineError, match="built for cpu-sse9.*built with torch 1.0.0.*--backend torch --device cpu"):
+    with pytest.raises(EngineError, match=r"built for cpu-sse9.*built with torch 1.0.0.*--backend torch --device cpu"):
         LLM(engine)
