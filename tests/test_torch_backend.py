@@ -54,6 +54,14 @@ def test_compiled_engine_matches_transformers(torch_engines, name):
     assert entry["torch_version"] == torch.__version__ and (engine / entry["path"]).stat().st_size > 0
 
 
+def test_padded_decode_steps_match_transformers(torch_engines):
+    """Decode steps padded to preset batch sizes (the CUDA-graph path, here without graphs) give the same logits."""
+    model, _, engine = torch_engines["qwen2_bias"]
+    session = TorchSession(engine, kv_cache_memory=1 << 20, decode_batch_sizes=[2, 8])
+    check_prefill_and_decode(session, model, "qwen2_bias")
+    assert session._decode.sizes == [2, 8] and set(session._decode._static) == {8}
+
+
 def test_runner_on_the_torch_engine(torch_engines, tiny_engines):
     """LLM on the torch engine: the same greedy tokens as the onnxruntime engine, batched, chunked, prefix-cached."""
     model, _, engine = torch_engines["llama_gqa"]

@@ -7,6 +7,8 @@ each step's keys/values into it in place. Only the requested logits rows leave t
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,14 +20,29 @@ from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
+from .decode_graphs import DecodeGraphs
 from .target import select_torch_engine
 from .writer import TORCH_DTYPES, cache_dtype
 
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 
 class TorchSession:
-    """An ``EngineSession`` for the torch backend."""
+    """An ``EngineSession`` for the torch backend.
 
-    def __init__(self, engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None = None) -> None:
+    ``decode_batch_sizes``: pure decode steps of up to the largest of these sizes run padded to the next one, as
+    CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
+    ``max_batch_size`` on CUDA, none on the CPU.
+    """
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        *,
+        kv_cache_memory: int,
+        num_threads: int | None = None,
+        decode_batch_sizes: Sequence[int] | None = None,
+    ) -> None:
         engine_dir = Path(engine_dir)
         try:
             self.config = RuntimeConfig.load(engine_dir)
@@ -52,9 +69,16 @@ class TorchSession:
             self._runner = torch._inductor.aoti_load_package(str(path))
         except Exception as e:
             raise EngineError(f"{path}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+        if decode_batch_sizes is None:
+            on_gpu = self.device.type == "cuda"
+            decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
+        max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
+        self._decode = DecodeGraphs(self._runner, self.caches, decode_batch_sizes, max_blocks)
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch`` (its K/V go into the pool in place); returns float32 logits ``[N, vocab]``."""
+        if self._decode.fits(batch):
+            return self._decode.run(batch).float().cpu().numpy()
         tensors = [
             torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True)
             for a in (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
