@@ -212,7 +212,16 @@ def case_environment() -> dict[str, Any]:
 
     info["transformers"] = transformers.__version__
     info["cuda_available"] = torch.cuda.is_available()
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    info["nvcc"] = shutil.which("nvcc")
+    info["cuda_home_found_by_torch"] = cpp_extension.CUDA_HOME
     if torch.cuda.is_available():
+        from trtbuild.backends.torch.writer import ensure_cuda_home
+
+        info["cuda_home_used"] = ensure_cuda_home()
         info["gpu"] = torch.cuda.get_device_name(0)
         info["capability"] = list(torch.cuda.get_device_capability(0))
     return info

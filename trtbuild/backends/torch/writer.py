@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import math
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +75,8 @@ def write_torch_engine(
     """Export and AOT-compile ``portable`` into ``out_dir/engines/torch-<target>/model.pt2``; returns its entry."""
     target = local_target(cfg.device)
     device = cfg.device.value
+    if cfg.device is TorchDevice.CUDA:
+        ensure_cuda_home()
     dtype = TORCH_DTYPES[cfg.dtype]
     module = PortableModule(portable, io, dtype).to(device).eval()
     example = example_step(model, build.kv_block_size, dtype, device)
@@ -83,7 +87,10 @@ def write_torch_engine(
     del module
     rel = Path("engines") / f"torch-{target}" / "model.pt2"
     (out_dir / rel).parent.mkdir(parents=True)
-    torch._inductor.aoti_compile_and_package(program, package_path=str(out_dir / rel))
+    options = {}
+    if hasattr(torch._inductor.config.aot_inductor, "emit_multi_arch_kernel"):
+        options["aot_inductor.emit_multi_arch_kernel"] = False  # this GPU's cubins only: no nvcc/fatbinary needed
+    torch._inductor.aoti_compile_and_package(program, package_path=str(out_dir / rel), inductor_configs=options)
     return EngineEntry(
         backend="torch",
         target=target,
@@ -92,6 +99,38 @@ def write_torch_engine(
         torch_version=torch.__version__,
         triton_version=_version("triton"),
     )
+
+
+def ensure_cuda_home() -> str | None:
+    """Make sure AOTInductor finds CUDA headers and ``libcuda.so``; returns the CUDA home it will use.
+
+    AOTInductor compiles its C++ wrapper against the CUDA headers and links ``-lcuda``, found through ``CUDA_HOME``
+    (or nvcc, or /usr/local/cuda). A machine with torch and Triton but no CUDA toolkit still has both: the headers
+    Triton bundles and the driver's ``libcuda.so.1``. Then torch is pointed at a directory made of links to them.
+    """
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is not None:
+        return cpp_extension.CUDA_HOME
+    try:
+        import triton
+        from triton.backends.nvidia.driver import libcuda_dirs
+
+        include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+        dirs = [Path(d) for d in libcuda_dirs()]
+    except Exception:  # no Triton, or no driver library: AOTInductor will say what it misses
+        return None
+    if not (include / "cuda.h").is_file():
+        return None
+    home = Path(tempfile.mkdtemp(prefix="trtbuild-cuda-home-"))
+    (home / "include").symlink_to(include, target_is_directory=True)
+    (home / "lib64").mkdir()
+    for d in dirs:
+        if (d / "libcuda.so.1").exists():
+            (home / "lib64" / "libcuda.so").symlink_to(d / "libcuda.so.1")
+            break
+    os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = str(home)
+    return str(home)
 
 
 def _compute_capability(device: TorchDevice) -> str | None:
