@@ -6,8 +6,9 @@ Run on the GPU machine (docs/gpu.md), from the repository root, with no network 
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
 
 Every case runs in its own try/except and prints one JSON line (``"ok": false`` with the error when it fails);
-nothing stops the rest. Cases are skipped (a JSON line says so) once ``--budget`` seconds (default 450) have
-passed. With ``$OUT`` set, the lines are also written to ``$OUT/gpu_check.jsonl``.
+nothing stops the rest. Cases are skipped (a JSON line says so) once ``--budget`` seconds (default 420) have
+passed: the speed cases run right after the float32 correctness ones, then bf16 and quantized. With ``$OUT``
+set, the lines are also written to ``$OUT/gpu_check.jsonl``.
 
 Cases:
 - ``correctness``: tiny random Llama / Qwen2 / GPT-2 models (transformers configs built here), converted and built
@@ -237,9 +238,12 @@ def case_correctness(name: str, root: Path) -> dict[str, Any]:
     torch.set_float32_matmul_precision("highest")
     model = make_hf(TINY[name], root / f"{name}-hf", torch.float32)
     _, engine, seconds = convert_and_build(root / f"{name}-hf", root, name, "float32", max_seq_len=512)
-    session = TorchSession(engine, kv_cache_memory=64 << 20)
+    session = TorchSession(engine, kv_cache_memory=64 << 20)  # decode steps as CUDA graphs (the default)
     err = paged_run(session, model.config.vocab_size, lambda ids: hf_logits(model, ids))
-    return {"ok": err <= 1e-3, "model": name, "max_abs_err": err, "limit": 1e-3, "build_s": round(seconds, 1),
+    eager = TorchSession(engine, kv_cache_memory=64 << 20, decode_batch_sizes=[])
+    err_eager = paged_run(eager, model.config.vocab_size, lambda ids: hf_logits(model, ids))
+    return {"ok": max(err, err_eager) <= 1e-3, "model": name, "max_abs_err": err, "max_abs_err_no_graphs": err_eager,
+            "cuda_graphs_failed": session._decode.failed, "limit": 1e-3, "build_s": round(seconds, 1),
             "package_mb": package_mb(engine), "target": session.entry.target}  # fmt: skip
 
 
@@ -389,13 +393,14 @@ class Speed:
         return {"weight_bytes": self.weight_bytes, "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
                 "ceiling_tok_s": round(bandwidth / self.weight_bytes, 1)}  # fmt: skip
 
-    def engine_decode_b1(self) -> dict[str, Any]:
+    def engine_decode_b1(self, graphs: bool = True) -> dict[str, Any]:
         import numpy as np
 
         from trtbuild.backends.torch.session import TorchSession
 
         assert self.engine is not None, "the engine build failed"
-        session = TorchSession(self.engine, kv_cache_memory=2 << 30)
+        sizes = None if graphs else []
+        session = TorchSession(self.engine, kv_cache_memory=2 << 30, decode_batch_sizes=sizes)
         prompt = list(range(1, 129))
         table = list(range(1, 1 + (128 + 200) // 16 + 1))
         session.step(step_batch([prompt], [0], [table]))
@@ -409,9 +414,10 @@ class Speed:
             logits = session.step(step_batch([[5]], [pos], [table]))
             pos += 1
         seconds = time.perf_counter() - t
+        failed = session._decode.failed
         del session
-        return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
-                "finite": bool(np.isfinite(logits).all())}  # fmt: skip
+        return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3), "cuda_graphs": graphs,
+                "cuda_graphs_failed": failed, "finite": bool(np.isfinite(logits).all())}  # fmt: skip
 
     def engine_llm(self) -> dict[str, Any]:
         import numpy as np
@@ -470,7 +476,7 @@ class Speed:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=450.0, help="start no case after this many seconds")
+    parser.add_argument("--budget", type=float, default=420.0, help="start no case after this many seconds")
     parser.add_argument("--skip-speed", action="store_true", help="only the correctness cases")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: dry-run the correctness cases")
     args = parser.parse_args()
@@ -480,31 +486,36 @@ def main() -> None:
     run_case("environment", args.budget, case_environment)
     for name in TINY:
         run_case(f"correctness/{name}", args.budget, lambda name=name: case_correctness(name, work))
+    if not args.skip_speed and DEVICE == "cuda":
+        speed_cases(work, args.budget)
     run_case("bf16_greedy/llama", args.budget, lambda: case_bf16_greedy(work))
     for qformat in ("int8_wo", "int4_wo"):
         run_case(f"quantized/{qformat}", args.budget, lambda q=qformat: case_quantized(q, work))
-    if args.skip_speed or DEVICE != "cuda":
-        emit("summary", total_s=round(time.perf_counter() - START, 1),
-             failed=[r["case"] for r in RESULTS if r.get("ok") is False])  # fmt: skip
-        return
+    emit("summary", total_s=round(time.perf_counter() - START, 1),
+         failed=[r["case"] for r in RESULTS if r.get("ok") is False and "skipped" not in r],
+         skipped=[r["case"] for r in RESULTS if "skipped" in r])  # fmt: skip
+
+
+def speed_cases(work: Path, budget: float) -> None:
+    """The Llama-3.2-1B-shaped model: ceiling, build, the engine (with and without CUDA graphs), transformers."""
     holder: dict[str, Speed] = {}
 
     def setup() -> dict[str, Any]:
         holder["speed"] = Speed(work)
         return {"params": sum(p.numel() for p in holder["speed"].model.parameters())}
 
-    run_case("speed/model", args.budget, setup)
+    run_case("speed/model", budget, setup)
     if "speed" not in holder:
         return
     speed = holder["speed"]
-    run_case("speed/weight_read_ceiling", args.budget, speed.ceiling)
-    run_case("speed/build", args.budget, speed.build)
-    run_case("speed/engine_decode_b1", args.budget, speed.engine_decode_b1)
-    run_case("speed/engine_64x512x128_and_ttft", args.budget, speed.engine_llm)
-    run_case("speed/transformers_eager", args.budget, speed.hf_eager)
-    run_case("speed/transformers_static_compiled", args.budget, speed.hf_static_compiled)
-    emit("summary", total_s=round(time.perf_counter() - START, 1),
-         failed=[r["case"] for r in RESULTS if r.get("ok") is False])  # fmt: skip
+    run_case("speed/weight_read_ceiling", budget, speed.ceiling)
+    run_case("speed/build", budget, speed.build)
+    run_case("speed/engine_decode_b1", budget, speed.engine_decode_b1)
+    run_case("speed/engine_decode_b1_no_graphs", budget, lambda: speed.engine_decode_b1(graphs=False))
+    run_case("speed/engine_64x512x128_and_ttft", budget, speed.engine_llm)
+    run_case("speed/transformers_eager", budget, speed.hf_eager)
+    run_case("speed/transformers_static_compiled", budget, speed.hf_static_compiled)
+    del holder["speed"]
 
 
 if __name__ == "__main__":

@@ -21,20 +21,17 @@ QUANTIZED_CACHE_DTYPES = {KV_INT8: torch.int8, KV_FP8: torch.float8_e4m3fn}
 
 
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    """Rotate the first ``2 * cos.shape[-1]`` dims of ``x [T, H, D]`` (reference.apply_rotary)."""
-    half = cos.shape[-1]
-    rot = 2 * half
+    """Rotate the first ``2 * cos.shape[-1]`` dims of ``x [T, H, D]`` (as ``reference.apply_rotary``)."""
+    rot = 2 * cos.shape[-1]
     c, s = cos[:, None, :], sin[:, None, :]
-    out = x.clone()
-    if interleaved:
-        x1, x2 = x[..., 0:rot:2], x[..., 1:rot:2]
-        out[..., 0:rot:2] = x1 * c - x2 * s
-        out[..., 1:rot:2] = x2 * c + x1 * s
-    else:
-        x1, x2 = x[..., :half], x[..., half:rot]
-        out[..., :half] = x1 * c - x2 * s
-        out[..., half:rot] = x2 * c + x1 * s
-    return out
+    head, tail = x[..., :rot], x[..., rot:]
+    if interleaved:  # pairs (2i, 2i + 1)
+        even, odd = head[..., 0::2], head[..., 1::2]
+        rotated = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
+    else:  # halves (i, i + R/2)
+        first, second = head.chunk(2, dim=-1)
+        rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+    return torch.cat((rotated, tail), dim=-1)
 
 
 def quantize_kv(x: Tensor, scale: Tensor, kv_cache_dtype: int) -> Tensor:
@@ -46,17 +43,10 @@ def quantize_kv(x: Tensor, scale: Tensor, kv_cache_dtype: int) -> Tensor:
 
 
 def paged_attention_torch(
-    qkv: Tensor,
-    key_cache: Tensor,
-    value_cache: Tensor,
-    positions: Tensor,
-    block_tables: Tensor,
-    query_start_loc: Tensor,
-    cos_sin_cache: Tensor | None,
-    attrs: PagedAttentionAttrs,
-    k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
-) -> Tensor:
+    qkv: Tensor, key_cache: Tensor, value_cache: Tensor, positions: Tensor, block_tables: Tensor,
+    query_start_loc: Tensor, cos_sin_cache: Tensor | None, attrs: PagedAttentionAttrs,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> Tensor:  # fmt: skip
     """The op in plain torch (any device): writes the caches in place, returns ``[T, Hq * D]`` in ``qkv``'s dtype.
 
     Computes in float32, one sequence at a time (each token attends causally over its own sequence's context)."""
