@@ -447,7 +447,7 @@ class Speed:
         """(decode tok/s per sequence-step, total output tok/s) of transformers' greedy generate on a padded batch."""
         import torch
 
-        ids = torch.randint(1, 128000, (batch, prompt_len), device="cuda")
+        ids = torch.randint(1, 128000, (batch, prompt_len), device=DEVICE)
         kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": torch.ones_like(ids)}
         if compiled:
             kwargs["cache_implementation"] = "static"
