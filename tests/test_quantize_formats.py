@@ -79,8 +79,58 @@ def quantized(tmp_path_factory):
 @pytest.mark.parametrize("name", list(CASES))
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
+    check_against_fake_quant(OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT), model, name)
+
+
+class ImportedSession:
+    """The torch backend's imported module (what ``torch.export`` traces), run eagerly as a session."""
+
+    def __init__(self, ckpt) -> None:
+        from trtbuild.backends.torch.importer import PortableModule
+        from trtbuild.backends.torch.writer import cache_dtype
+        from trtbuild.build import portable_graph
+
+        cfg, build, io, graph = portable_graph(ckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
+        self.module = PortableModule(graph, io, torch.float32)
+        shape = (16, build.kv_block_size, cfg.num_kv_heads, cfg.head_size)
+        dtype = cache_dtype(cfg, torch.float32)
+        self.caches = [torch.zeros(shape).to(dtype) for _ in range(2 * cfg.num_layers)]
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        arrays = (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
+        with torch.no_grad():
+            return self.module(*map(torch.from_numpy, arrays), self.caches).numpy()
+
+
+# int8 per channel (+ int8 cache), int4 blocked with a partial last group, fp8 (+ fp8 cache), int8 activations with
+# a quantized tied head: every quantized op of the portable graph.
+TORCH_CASES = ["int8_wo+kv_int8", "int4_awq_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head"]
+
+
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
+    """The torch backend's DequantizeLinear / QuantizeLinear (int8 per channel, int4 blocked with a partial last
+    group, fp8) and quantized caches compute what modelopt's fake-quantized model computes."""
+    model, ckpt, _ = quantized[name]
+    check_against_fake_quant(ImportedSession(ckpt), model, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["int4_awq_g64_partial", "fp8+kv_fp8"])
+def test_compiled_torch_engine_matches_modelopt_fake_quant(quantized, name, tmp_path):
+    """The same through an AOTInductor-compiled CPU engine (slow: one compile each)."""
+    from trtbuild.backends.torch.session import TorchSession
+    from trtbuild.config import Backend, TorchConfig, TorchDevice
+
+    model, ckpt, _ = quantized[name]
+    build = BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4)
+    build_engine(ckpt, tmp_path / "engine", build, torch=TorchConfig(device=TorchDevice.CPU))
+    check_against_fake_quant(TorchSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, name)
+
+
+def check_against_fake_quant(session, model, name: str) -> None:
+    """Ragged prefill then decode steps through the (quantized) paged cache, every row vs the fake-quant model."""
     qformat = CASES[name].qformat
-    session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT)
     atol = 1e-4 if qformat in WEIGHT_ONLY else 1e-3
     rng = np.random.default_rng(3)
     seqs = [list(map(int, rng.integers(0, 97, n))) for n in (11, 5)]

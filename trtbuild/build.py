@@ -6,6 +6,7 @@ ENGINE_DIR layout::
     runtime_config.json     RuntimeConfig: model config, build options, engine file, I/O names
     engines/onnxruntime-cpu/model.onnx (+ model.onnx.data)   onnxruntime: the lowered graph, external weights
     engines/tensorrt-sm{XY}/engine.plan (+ cache_aliases.json) tensorrt: one serialized engine per GPU arch
+    engines/torch-<target>/model.pt2         torch: AOTInductor package for cuda-sm{XY} or cpu-<isa> (docs/gpu.md)
     tokenizer.json, tokenizer_config.json, chat_template.jinja   copied from the checkpoint when present
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -22,7 +23,16 @@ import onnx
 from .artifacts.atomic import atomic_output_dir
 from .artifacts.manifest import cpu_target, sha256_file, write_manifest
 from .checkpoint import WEIGHTS_FILE
-from .config import Backend, BuildConfig, EngineIO, ModelConfig, PerplexityGate, RuntimeConfig, TensorRTConfig
+from .config import (
+    Backend,
+    BuildConfig,
+    EngineIO,
+    ModelConfig,
+    PerplexityGate,
+    RuntimeConfig,
+    TensorRTConfig,
+    TorchConfig,
+)
 from .configio import to_dict
 from .convert.convert import copy_tokenizer_files
 from .errors import BuildError
@@ -57,6 +67,20 @@ def portable_graph(ckpt_dir: Path, build: BuildConfig) -> tuple[ModelConfig, Bui
     return model_cfg, build, io, emit_portable_graph(model_cfg, weights, build, io)
 
 
+@dataclass(frozen=True)
+class BuildRequest:
+    """One ``trtbuild build``: what every backend's build function (``trtbuild.backends.BACKENDS``) receives."""
+
+    ckpt_dir: Path
+    engine_dir: Path
+    build: BuildConfig
+    overwrite: bool = False
+    gate: PerplexityGate | None = None
+    tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    torch: TorchConfig = field(default_factory=TorchConfig)
+    start: float = 0.0
+
+
 def build_engine(
     ckpt_dir: Path,
     engine_dir: Path,
@@ -65,23 +89,36 @@ def build_engine(
     overwrite: bool = False,
     gate: PerplexityGate | None = None,
     tensorrt: TensorRTConfig | None = None,
+    torch: TorchConfig | None = None,
 ) -> BuildResult:
-    """Build ``engine_dir`` from the checkpoint at ``ckpt_dir``.
+    """Build ``engine_dir`` from the checkpoint at ``ckpt_dir`` with the backend of ``build``.
 
     With a ``gate``, the finished engine is evaluated against the reference engine before it is moved into place;
     when its perplexity rose too far the build raises ``BuildError`` and leaves no engine directory.
-    ``tensorrt`` holds the TensorRT-only options (given with another backend, they are an error).
+    ``tensorrt`` / ``torch`` hold the options of those backends (given with another backend, they are an error).
     """
+    from .backends import backend_entry
+
     start = time.perf_counter()
-    if build.backend is Backend.TENSORRT:
-        if gate is not None:
-            raise BuildError("--accuracy-gate evaluates on the CPU engine; gate the onnxruntime build instead")
-        return _build_tensorrt(ckpt_dir, engine_dir, build, tensorrt or TensorRTConfig(), overwrite, start)
-    if tensorrt is not None and tensorrt != TensorRTConfig():
+    if build.backend is not Backend.TENSORRT and tensorrt is not None and tensorrt != TensorRTConfig():
         raise BuildError("TensorRT options (--arch, --hardware-compatibility, ...) need --backend tensorrt")
+    if build.backend is not Backend.TORCH and torch is not None and torch != TorchConfig():
+        raise BuildError("torch options (--device, --dtype) need --backend torch")
+    if gate is not None and build.backend is not Backend.ONNXRUNTIME:
+        raise BuildError("--accuracy-gate evaluates on the CPU engine; gate the onnxruntime build instead")
+    request = BuildRequest(
+        Path(ckpt_dir), Path(engine_dir), build, overwrite, gate, tensorrt or TensorRTConfig(), torch or TorchConfig(),
+        start,
+    )  # fmt: skip
+    return backend_entry(build.backend).build(request)
+
+
+def build_onnxruntime(req: BuildRequest) -> BuildResult:
+    """The onnxruntime backend: portable graph -> onnxruntime lowering -> ``engines/onnxruntime-cpu/model.onnx``."""
+    ckpt_dir, engine_dir, gate = req.ckpt_dir, req.engine_dir, req.gate
     if gate is not None and not (gate.ref_engine / "runtime_config.json").is_file():
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
-    model_cfg, build, io, portable = portable_graph(ckpt_dir, build)
+    model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .backends.ort_lowering import lower_for_onnxruntime
     from .backends.ort_norms import use_ort_norms
     from .backends.ort_weights import reblock_int8_weights
@@ -89,7 +126,7 @@ def build_engine(
     engine = use_ort_norms(reblock_int8_weights(lower_for_onnxruntime(portable, io)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
-    with atomic_output_dir(engine_dir, overwrite=overwrite) as tmp:
+    with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:
         path = tmp / ORT_ENGINE
         path.parent.mkdir(parents=True)
         onnx.save_model(
@@ -116,7 +153,33 @@ def build_engine(
             graph={"portable_op_counts": portable_counts, "engine_op_counts": engine_counts},
             **({"accuracy_gate": gate_result} if gate_result is not None else {}),
         )
-    return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - start, gate_result)
+    return BuildResult(engine_dir, portable_counts, engine_counts, time.perf_counter() - req.start, gate_result)
+
+
+def build_torch(req: BuildRequest) -> BuildResult:
+    """The torch backend: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2`` (docs/gpu.md)."""
+    from .backends.torch.target import local_target
+
+    local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
+    model_cfg, build, io, portable = portable_graph(req.ckpt_dir, req.build)
+    from .backends.torch.writer import write_torch_engine
+
+    portable_counts = op_counts(portable)
+    with atomic_output_dir(req.engine_dir, overwrite=req.overwrite) as tmp:
+        entry = write_torch_engine(portable, model_cfg, build, io, req.torch, tmp)
+        del portable
+        RuntimeConfig(model=model_cfg, build=build, engine_file=entry.path, io=io).save(tmp)
+        copy_tokenizer_files(req.ckpt_dir, tmp)
+        write_manifest(
+            tmp,
+            backend=build.backend.value,
+            target=entry.target,
+            build_options={**to_dict(build), "torch": to_dict(req.torch)},
+            engines=[entry.to_dict()],
+            checkpoint=_checkpoint_digests(req.ckpt_dir),
+            graph={"portable_op_counts": portable_counts},
+        )
+    return BuildResult(req.engine_dir, portable_counts, {}, time.perf_counter() - req.start)
 
 
 def _checkpoint_digests(ckpt_dir: Path) -> dict[str, str]:
@@ -124,12 +187,13 @@ def _checkpoint_digests(ckpt_dir: Path) -> dict[str, str]:
     return {name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)}
 
 
-def _build_tensorrt(
-    ckpt_dir: Path, engine_dir: Path, build: BuildConfig, trt: TensorRTConfig, overwrite: bool, start: float
-) -> BuildResult:
+def build_tensorrt(req: BuildRequest) -> BuildResult:
     """The tensorrt backend: portable graph -> TensorRT lowering -> one engine per GPU arch (see docs/tensorrt.md)."""
     from .backends.tensorrt import build_tensorrt_engines, require_tensorrt
 
+    ckpt_dir, engine_dir, build, trt, overwrite, start = (
+        req.ckpt_dir, req.engine_dir, req.build, req.tensorrt, req.overwrite, req.start
+    )  # fmt: skip
     require_tensorrt()  # fail with the install hint before any heavy work
     model_cfg, build, io, portable = portable_graph(ckpt_dir, build)
     portable_counts = op_counts(portable)

@@ -65,6 +65,14 @@ class KVCacheDType(enum.Enum):
 class Backend(enum.Enum):
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
+    TORCH = "torch"  # the portable graph exported with torch.export and compiled by AOTInductor (docs/gpu.md)
+
+
+class TorchDevice(enum.Enum):
+    """Device type a torch engine is compiled for (AOTInductor generates code for exactly one)."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,14 @@ class TensorRTConfig:
             raise ValueError("ptx_version must be a PTX ISA version as major * 10 + minor, e.g. 85 for 8.5")
         if self.builder_optimization_level is not None and not 0 <= self.builder_optimization_level <= 5:
             raise ValueError("builder_optimization_level must be between 0 and 5")
+
+
+@dataclass(frozen=True)
+class TorchConfig:
+    """Options of ``trtbuild build --backend torch`` (each field is a CLI flag)."""
+
+    device: TorchDevice = field(default=TorchDevice.CUDA, metadata={"help": "torch engine device (--backend torch)"})
+    dtype: DType = field(default=DType.FLOAT32, metadata={"help": "torch engine compute dtype (--backend torch)"})
 
 
 @dataclass(frozen=True)

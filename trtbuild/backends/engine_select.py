@@ -29,8 +29,8 @@ AMPERE = (8, 0)
 class EngineEntry:
     """One engine of an engine directory, as listed in ``manifest.json["engines"]``."""
 
-    backend: str  # "tensorrt" or "onnxruntime"
-    target: str  # TensorRT: "sm90" (the arch it was built for); onnxruntime: e.g. "cpu-x86_64-linux"
+    backend: str  # "tensorrt", "onnxruntime" or "torch"
+    target: str  # tensorrt: "sm90" (the arch it was built for); onnxruntime: "cpu-x86_64-linux"; torch: "cuda-sm90"
     path: str  # relative to the engine directory, e.g. "engines/tensorrt-sm90/engine.plan"
     tensorrt_version: str | None = None  # e.g. "10.9.0.34"; None for other backends
     compute_capability: str | None = None  # of the build GPU, e.g. "9.0"
@@ -38,6 +38,8 @@ class EngineEntry:
     version_compatible: bool = False
     plugin_version: str | None = None  # trtbuild.plugins.paged_attention.tensorrt_plugin.PLUGIN_VERSION
     ptx_version: str | None = None  # PTX ISA of the embedded AOT plugin kernel, e.g. "8.5"; None: JIT plugin
+    torch_version: str | None = None  # torch engines: the torch that exported and compiled the package
+    triton_version: str | None = None  # torch engines: the Triton that generated its GPU kernels
 
     def __post_init__(self) -> None:
         if self.hardware_compatibility not in HARDWARE_COMPATIBILITY:
@@ -58,6 +60,8 @@ class EngineEntry:
             raise EngineError(f"manifest engine entry {dict(data)} is invalid ({e})") from None
 
     def describe(self) -> str:
+        if self.backend == "torch":
+            return f"torch {self.target}, torch {self.torch_version}"
         if self.backend != "tensorrt":
             return f"{self.backend} {self.target}"
         portable = " (ampere+: any GPU >= sm80)" if self.hardware_compatibility == "ampere+" else ""

@@ -1,4 +1,4 @@
-"""``trtbuild build CKPT_DIR -o ENGINE_DIR --backend onnxruntime [--recipe FILE]``."""
+"""``trtbuild build CKPT_DIR -o ENGINE_DIR --backend onnxruntime|tensorrt|torch [--recipe FILE]``."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ..config import Backend, BuildConfig, PerplexityGate, RuntimeConfig, TensorRTConfig
+from ..config import Backend, BuildConfig, PerplexityGate, RuntimeConfig, TensorRTConfig, TorchConfig
 from ..configio import from_dict
-from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import config_from_options, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
@@ -17,6 +17,7 @@ from .options import config_with_defaults, dataclass_options, load_recipe_option
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="engine directory")
 @dataclass_options(BuildConfig)
 @dataclass_options(TensorRTConfig)
+@dataclass_options(TorchConfig)
 @recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
 @click.option(
@@ -61,10 +62,11 @@ def build(
     cfg = config_with_defaults(BuildConfig, options, defaults)
     trt_defaults = spec.tensorrt if spec is not None and cfg.backend is Backend.TENSORRT else None
     trt = config_with_defaults(TensorRTConfig, options, trt_defaults)
+    torch_cfg = config_from_options(TorchConfig, options)
     gate = None
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})
-    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt)
+    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt, torch=torch_cfg)
     built = RuntimeConfig.load(output).build.max_seq_len
     if built < cfg.max_seq_len:  # capped by the model's position table
         click.echo(

@@ -11,12 +11,12 @@ from typing import Protocol
 
 import numpy as np
 
-from ..config import Backend, RuntimeConfig
+from ..config import RuntimeConfig
 from .batch import StepBatch
 
 
 class EngineSession(Protocol):
-    """What the runner needs from an engine (``OrtSession`` for onnxruntime; a TensorRT session later)."""
+    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``)."""
 
     config: RuntimeConfig
     num_blocks: int
@@ -34,7 +34,7 @@ def open_session(
     verify: bool = False,
     profile_kernels: bool = False,
 ) -> EngineSession:
-    """The session for the backend ``engine_dir`` was built with (TensorRT sessions import tensorrt lazily).
+    """The session for the backend ``engine_dir`` was built with (``trtbuild.backends.BACKENDS``; lazy imports).
 
     Every file the manifest lists must have its recorded size; ``verify`` also checks their sha256 (slower: it
     reads every byte) so that a file changed in place is refused rather than run. ``profile_kernels``: onnxruntime
@@ -51,14 +51,9 @@ def open_session(
     except Exception as e:
         raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
     check_engine_files(engine_dir, hashes=verify)
-    if config.build.backend is Backend.TENSORRT:
-        from .kv_cache import num_blocks_for_memory
-        from .trt_session import TensorRTSession
+    from ..backends import backend_entry
 
-        blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, kv_cache_memory)
-        return TensorRTSession(engine_dir, num_blocks=blocks)
-    from .ort_session import OrtSession
-
-    return OrtSession(
+    entry = backend_entry(config.build.backend)
+    return entry.open(
         engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
     )

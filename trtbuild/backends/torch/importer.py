@@ -1,0 +1,211 @@
+"""Import the portable graph (ONNX, ``trtbuild/graph/emit.py``) into a torch module for ``torch.export``.
+
+The module interprets the graph's nodes in order; tracing it with ``torch.export`` yields one flat graph of aten ops
+plus one ``torch.ops.trtbuild.paged_attention`` per layer. It covers exactly the ops the emitter produces (float and
+quantized checkpoints); any other op fails the import with one line naming it.
+
+Float initializers become buffers in the engine's compute dtype; quantized weights keep their integer / float8
+storage (int4 unpacked to int8) with float32 scales, and ``DequantizeLinear`` runs in the graph, where Inductor can
+fuse it into the consumer. The rotary table stays float32. Inputs: the five step tensors then the caches, as a list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+from torch import Tensor
+
+from ...config import EngineIO
+from ...errors import BuildError
+from ...plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
+from . import ops
+
+STEP_INPUTS = ("input_ids", "positions", "block_tables", "query_start_loc", "logits_indices")
+
+
+@dataclass(frozen=True)
+class Node:
+    op: str  # "Op" for the default domain, "domain::Op" otherwise
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: dict[str, Any]
+
+
+def _op_name(node: onnx.NodeProto) -> str:
+    return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+
+
+def _to_torch(array: np.ndarray) -> Tensor:
+    """An initializer as a torch tensor: int4 -> int8 values, float8_e4m3fn kept as float8."""
+    if array.dtype == np.dtype(ml_dtypes.int4):
+        return torch.from_numpy(array.astype(np.int8))
+    if array.dtype == np.dtype(ml_dtypes.float8_e4m3fn):
+        return torch.from_numpy(np.array(array).view(np.uint8)).view(torch.float8_e4m3fn)
+    array = np.ascontiguousarray(array)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+class PortableModule(torch.nn.Module):
+    """The portable graph as a torch module: ``forward(input_ids, positions, block_tables, query_start_loc,
+    logits_indices, caches) -> logits`` where ``caches`` is ``[key_cache.0, value_cache.0, key_cache.1, ...]``,
+    written in place. Logits are float32 ``[N, vocab]``."""
+
+    def __init__(self, model: onnx.ModelProto, io: EngineIO, dtype: torch.dtype) -> None:
+        super().__init__()
+        unknown = sorted({_op_name(n) for n in model.graph.node} - set(OPS))
+        if unknown:
+            raise BuildError(f"the torch backend cannot import op(s) {', '.join(unknown)} of the portable graph")
+        self.dtype = dtype
+        self.nodes = [
+            Node(_op_name(n), tuple(n.input), tuple(n.output), {a.name: helper.get_attribute_value(a) for a in n.attribute})  # noqa: E501
+            for n in model.graph.node
+        ]  # fmt: skip
+        self.consts: dict[str, np.ndarray] = {}  # small integer initializers read at import time (split sizes)
+        self._buffer_names: dict[str, str] = {}
+        for i, init in enumerate(model.graph.initializer):
+            array = numpy_helper.to_array(init)
+            if array.dtype == np.int64:
+                self.consts[init.name] = array
+                continue
+            tensor = _to_torch(array)
+            if tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn and not self._keep_float32(init.name):
+                tensor = tensor.to(dtype)
+            attr = f"w{i}"
+            self.register_buffer(attr, tensor)
+            self._buffer_names[init.name] = attr
+        names = [i.name for i in model.graph.input]
+        step = [getattr(io, n) for n in STEP_INPUTS]
+        if names[: len(step)] != step:
+            raise BuildError(f"portable graph inputs {names[: len(step)]} are not {step}")
+        self.step_inputs = tuple(step)
+        self.cache_inputs = tuple(names[len(step) :])
+        self.logits = io.logits
+
+    def _keep_float32(self, name: str) -> bool:
+        """Scales and the rotary table stay float32 (quantization math and the kernel read them as float32)."""
+        return name.endswith(("_scale", "cos_sin_cache"))
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        block_tables: Tensor,
+        query_start_loc: Tensor,
+        logits_indices: Tensor,
+        caches: list[Tensor],
+    ) -> Tensor:
+        env: dict[str, Any] = dict(
+            zip(self.step_inputs, (input_ids, positions, block_tables, query_start_loc, logits_indices), strict=True)
+        )
+        env.update(zip(self.cache_inputs, caches, strict=True))
+        env[""] = None
+        for name, attr in self._buffer_names.items():
+            env[name] = getattr(self, attr)
+        for node in self.nodes:
+            outs = OPS[node.op](self, node, [env[i] if i in env else self.consts[i] for i in node.inputs])
+            env.update(zip(node.outputs, outs, strict=False))
+        return env[self.logits].float()
+
+
+Handler = Callable[[PortableModule, Node, Sequence[Any]], Sequence[Any]]
+
+
+def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    data, idx = x
+    axis = node.attrs.get("axis", 0)
+    return (torch.index_select(data, axis, idx),)
+
+
+def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    return (torch.matmul(x[0], x[1].to(x[0].dtype)),)
+
+
+def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    a, b = x[0], x[1].to(x[0].dtype)
+    a = a.t() if node.attrs.get("transA", 0) else a
+    b = b.t() if node.attrs.get("transB", 0) else b
+    y = node.attrs.get("alpha", 1.0) * torch.matmul(a, b)
+    if len(x) > 2 and x[2] is not None:
+        y = y + node.attrs.get("beta", 1.0) * x[2]
+    return (y,)
+
+
+def _rms_norm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    h = x[0].float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + node.attrs.get("epsilon", 1e-5))
+    return ((h * x[1].float()).to(x[0].dtype),)
+
+
+def _layer_norm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    h = x[0].float()
+    w, b = x[1].float(), x[2].float() if len(x) > 2 and x[2] is not None else None
+    y = torch.nn.functional.layer_norm(h, (h.shape[-1],), w, b, node.attrs.get("epsilon", 1e-5))
+    return (y.to(x[0].dtype),)
+
+
+def _gelu(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    return (torch.nn.functional.gelu(x[0], approximate=node.attrs.get("approximate", "none")),)
+
+
+def _split(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    if len(x) < 2 or not isinstance(x[1], np.ndarray):
+        raise BuildError(f"Split {node.outputs[0]}: the torch backend needs constant split sizes")
+    return torch.split(x[0], [int(s) for s in x[1]], dim=node.attrs.get("axis", 0))
+
+
+def _quantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    """Per-tensor QuantizeLinear to the zero point's type (int8 or float8_e4m3fn), symmetric, saturating."""
+    data, scale, zero = x[0], x[1], x[2]
+    fp8 = zero.dtype == torch.float8_e4m3fn
+    return (ops.quantize_kv(data, scale, 17 if fp8 else 3),)
+
+
+def _dequantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial)."""
+    data, scale = x[0], x[1]
+    axis = node.attrs.get("axis", 1) % data.dim()
+    block = node.attrs.get("block_size", 0)
+    if block:
+        scale = torch.repeat_interleave(scale, block, dim=axis).narrow(axis, 0, data.shape[axis])
+    elif scale.dim() == 1 and data.dim() > 1:
+        shape = [1] * data.dim()
+        shape[axis] = -1
+        scale = scale.reshape(shape)
+    return ((data.float() * scale).to(m.dtype),)
+
+
+def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    qkv, kc, vc, positions, tables, qsl = x[:6]
+    cos_sin = x[6] if len(x) > 6 else None
+    k_scale, v_scale = (x[7], x[8]) if len(x) > 8 else (None, None)
+    a = node.attrs
+    out = ops.paged_attention(
+        qkv, kc, vc, positions, tables, qsl, cos_sin, k_scale, v_scale,
+        int(a["num_heads"]), int(a["num_kv_heads"]), int(a["head_size"]), float(a["scale"]),
+        bool(a.get("rotary_interleaved", 0)), int(a.get("kv_cache_dtype", KV_FLOAT)),
+    )  # fmt: skip
+    return (out, kc, vc)  # the cache outputs alias the (mutated) inputs
+
+
+OPS: dict[str, Handler] = {
+    "Gather": _gather,
+    "MatMul": _matmul,
+    "Gemm": _gemm,
+    "Add": lambda m, n, x: (x[0] + x[1],),
+    "Mul": lambda m, n, x: (x[0] * x[1],),
+    "Sigmoid": lambda m, n, x: (torch.sigmoid(x[0]),),
+    "Split": _split,
+    "Gelu": _gelu,
+    "RMSNormalization": _rms_norm,
+    "LayerNormalization": _layer_norm,
+    "QuantizeLinear": _quantize,
+    "DequantizeLinear": _dequantize,
+    f"{DOMAIN}::{OP_TYPE}": _paged_attention,
+}

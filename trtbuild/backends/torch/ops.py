@@ -1,0 +1,149 @@
+"""``torch.ops.trtbuild.paged_attention``: the ``trtbuild::PagedAttention`` plugin as a torch custom op.
+
+It writes this step's keys/values into ``key_cache`` / ``value_cache`` IN PLACE (declared in ``mutates_args``, so
+``torch.export`` and AOTInductor keep the caches as the engine's mutated inputs) and returns the attention output.
+On CUDA (float caches) the implementation is the project's Triton kernel, through its public launcher
+``plugins/paged_attention/triton_kernel.paged_attention_triton`` (the one the TensorRT plugin uses); elsewhere, and
+for quantized caches, it is :func:`paged_attention_torch`, checked against the numpy oracle
+(``plugins/paged_attention/reference.py``).
+AOTInductor calls the op through its proxy executor, so a process running a torch engine imports this module first
+(``TorchSession`` does).
+"""
+
+import torch
+from torch import Tensor
+
+from ...plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs
+from ...plugins.paged_attention.reference import FP8_MAX
+
+# ONNX element type of a quantized cache -> its torch storage dtype.
+QUANTIZED_CACHE_DTYPES = {KV_INT8: torch.int8, KV_FP8: torch.float8_e4m3fn}
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` dims of ``x [T, H, D]`` (as ``reference.apply_rotary``)."""
+    rot = 2 * cos.shape[-1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    head, tail = x[..., :rot], x[..., rot:]
+    if interleaved:  # pairs (2i, 2i + 1)
+        even, odd = head[..., 0::2], head[..., 1::2]
+        rotated = torch.stack((even * c - odd * s, odd * c + even * s), dim=-1).flatten(-2)
+    else:  # halves (i, i + R/2)
+        first, second = head.chunk(2, dim=-1)
+        rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
+    return torch.cat((rotated, tail), dim=-1)
+
+
+def quantize_kv(x: Tensor, scale: Tensor, kv_cache_dtype: int) -> Tensor:
+    """``x / scale`` in the cache format: int8 rounds half to even and saturates; fp8 E4M3FN saturates to +-448."""
+    y = x.float() / scale.float()
+    if kv_cache_dtype == KV_INT8:
+        return torch.round(y).clamp(-128, 127).to(torch.int8)
+    return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def paged_attention_torch(
+    qkv: Tensor, key_cache: Tensor, value_cache: Tensor, positions: Tensor, block_tables: Tensor,
+    query_start_loc: Tensor, cos_sin_cache: Tensor | None, attrs: PagedAttentionAttrs,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """The op in plain torch (any device): writes the caches in place, returns ``[T, Hq * D]`` in ``qkv``'s dtype.
+
+    Computes in float32, one sequence at a time (each token attends causally over its own sequence's context)."""
+    hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
+    t = qkv.shape[0]
+    x = qkv.float()
+    q = x[:, : hq * d].reshape(t, hq, d)
+    k = x[:, hq * d : (hq + hkv) * d].reshape(t, hkv, d)
+    v = x[:, (hq + hkv) * d :].reshape(t, hkv, d)
+    if cos_sin_cache is not None:
+        table = cos_sin_cache[positions].float()
+        half = table.shape[1] // 2
+        cos, sin = table[:, :half], table[:, half:]
+        q = _rotate(q, cos, sin, attrs.rotary_interleaved)
+        k = _rotate(k, cos, sin, attrs.rotary_interleaved)
+    block_size = key_cache.shape[1]
+    lens = query_start_loc[1:] - query_start_loc[:-1]
+    seq = torch.repeat_interleave(torch.arange(lens.shape[0], device=qkv.device), lens)
+    slots = block_tables[seq, positions // block_size] * block_size + positions % block_size
+    flat_k, flat_v = key_cache.view(-1, hkv, d), value_cache.view(-1, hkv, d)
+    quantized = attrs.kv_cache_dtype != KV_FLOAT
+    if quantized:
+        assert k_scale is not None and v_scale is not None
+        flat_k[slots] = quantize_kv(k, k_scale, attrs.kv_cache_dtype)
+        flat_v[slots] = quantize_kv(v, v_scale, attrs.kv_cache_dtype)
+    else:
+        flat_k[slots] = k.to(key_cache.dtype)
+        flat_v[slots] = v.to(value_cache.dtype)
+    group = hq // hkv
+    out = torch.empty((t, hq, d), dtype=torch.float32, device=qkv.device)
+    bounds = query_start_loc.tolist()
+    for b in range(len(bounds) - 1):
+        lo, hi = bounds[b], bounds[b + 1]
+        pos = positions[lo:hi]
+        ctx_pos = torch.arange(int(pos[-1]) + 1, device=qkv.device)
+        ctx_slots = block_tables[b, ctx_pos // block_size] * block_size + ctx_pos % block_size
+        keys, vals = flat_k[ctx_slots].float(), flat_v[ctx_slots].float()
+        if quantized:
+            keys, vals = keys * k_scale.float(), vals * v_scale.float()  # type: ignore[union-attr]
+        keys = keys.repeat_interleave(group, dim=1)
+        vals = vals.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[lo:hi], keys) * attrs.scale
+        scores = scores.masked_fill(ctx_pos[None, None, :] > pos[None, :, None], float("-inf"))
+        out[lo:hi] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vals)
+    return out.reshape(t, hq * d).to(qkv.dtype)
+
+
+@torch.library.custom_op("trtbuild::paged_attention", mutates_args=("key_cache", "value_cache"))
+def paged_attention(
+    qkv: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    positions: Tensor,
+    block_tables: Tensor,
+    query_start_loc: Tensor,
+    cos_sin_cache: Tensor | None,
+    k_scale: Tensor | None,
+    v_scale: Tensor | None,
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float,
+    rotary_interleaved: bool,
+    kv_cache_dtype: int,
+) -> Tensor:
+    """``trtbuild::PagedAttention`` (plugins/paged_attention/README.md): writes the caches, returns ``[T, Hq*D]``.
+
+    This body is the implementation for every device but CUDA (see :func:`paged_attention_cuda`)."""
+    attrs = PagedAttentionAttrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype)
+    return paged_attention_torch(
+        qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale, v_scale
+    )
+
+
+@paged_attention.register_kernel("cuda")
+def paged_attention_cuda(
+    qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
+    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype,
+):  # fmt: skip
+    """The CUDA implementation: the Triton kernel for float caches (the torch code for quantized ones, which the
+    kernel does not read). Runs on CPU tensors too under ``TRITON_INTERPRET=1`` (how the tests check it)."""
+    attrs = PagedAttentionAttrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype)
+    if kv_cache_dtype != KV_FLOAT:
+        return paged_attention_torch(
+            qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale,
+            v_scale,
+        )  # fmt: skip
+    from ...plugins.paged_attention.triton_kernel import paged_attention_triton
+
+    return paged_attention_triton(
+        qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs
+    )
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(
+    qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
+    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype,
+):  # fmt: skip
+    return qkv.new_empty((qkv.shape[0], num_heads * head_size))

@@ -1,0 +1,88 @@
+"""``TorchSession``: runs a torch engine (an AOTInductor ``model.pt2``) one step at a time over a paged KV cache.
+
+The KV pool is one key and one value tensor ``[NB, BS, Hkv, D]`` per layer on the engine's device (compute dtype,
+or int8 / float8 for a quantized cache), sized from ``kv_cache_memory``; the engine's paged-attention op writes
+each step's keys/values into it in place. Only the requested logits rows leave the engine (``logits_indices``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...artifacts.manifest import read_manifest
+from ...config import RuntimeConfig, TorchConfig
+from ...configio import from_dict
+from ...errors import EngineError
+from ...runtime.batch import StepBatch
+from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
+from .decode_graphs import DecodeGraphs
+from .target import select_torch_engine
+from .writer import TORCH_DTYPES, cache_dtype
+
+CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class TorchSession:
+    """An ``EngineSession`` for the torch backend.
+
+    ``decode_batch_sizes``: pure decode steps of up to the largest of these sizes run padded to the next one, as
+    CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
+    ``max_batch_size`` on CUDA, none on the CPU.
+    """
+
+    def __init__(
+        self,
+        engine_dir: Path,
+        *,
+        kv_cache_memory: int,
+        num_threads: int | None = None,
+        decode_batch_sizes: Sequence[int] | None = None,
+    ) -> None:
+        engine_dir = Path(engine_dir)
+        try:
+            self.config = RuntimeConfig.load(engine_dir)
+            manifest = read_manifest(engine_dir)
+            torch_cfg = from_dict(TorchConfig, manifest["build_options"]["torch"], "manifest torch options")
+        except Exception as e:
+            raise EngineError(f"{engine_dir}: not a loadable torch engine directory ({e})") from None
+        self.entry = select_torch_engine(manifest, str(engine_dir))
+        self.device = torch.device(torch_cfg.device.value)
+        if num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(num_threads)
+        model, build = self.config.model, self.config.build
+        dtype = cache_dtype(model, TORCH_DTYPES[torch_cfg.dtype])
+        shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
+        per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        self.num_blocks = kv_cache_memory // per_block
+        if self.num_blocks < 2:
+            raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
+        self.caches = [
+            torch.zeros((self.num_blocks, *shape), dtype=dtype, device=self.device) for _ in range(2 * model.num_layers)
+        ]
+        path = engine_dir / self.entry.path
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(path))
+        except Exception as e:
+            raise EngineError(f"{path}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+        if decode_batch_sizes is None:
+            on_gpu = self.device.type == "cuda"
+            decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
+        max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
+        self._decode = DecodeGraphs(self._runner, self.caches, decode_batch_sizes, max_blocks)
+
+    def step(self, batch: StepBatch) -> np.ndarray:
+        """Run the model on ``batch`` (its K/V go into the pool in place); returns float32 logits ``[N, vocab]``."""
+        if self._decode.fits(batch):
+            return self._decode.run(batch).float().cpu().numpy()
+        tensors = [
+            torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True)
+            for a in (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
+        ]
+        with torch.inference_mode():
+            logits = self._runner(*tensors, self.caches)
+        return logits.float().cpu().numpy()

@@ -1,0 +1,147 @@
+"""Build a torch engine: portable graph -> torch module -> ``torch.export`` (dynamic sizes) -> AOTInductor package.
+
+Written under the engine directory: ``engines/torch-<target>/model.pt2`` (target ``cuda-sm90``, ``cpu-avx512``,
+see ``target.py``), plus ``runtime_config.json`` and the manifest entry recording torch / Triton versions and the
+target. Building for CUDA needs a GPU of the architecture it builds for: the one it runs on.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+
+from ...config import BuildConfig, DType, EngineIO, KVCacheDType, ModelConfig, TorchConfig, TorchDevice
+from ..engine_select import EngineEntry
+from .importer import PortableModule
+from .target import local_target
+
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16}
+MAX_NUM_BLOCKS = 1 << 24
+
+
+def cache_dtype(model: ModelConfig, dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of a torch engine's KV cache: the compute dtype, or the quantized cache's int8 / float8."""
+    return {KVCacheDType.INT8: torch.int8, KVCacheDType.FP8: torch.float8_e4m3fn}.get(model.kv_cache_dtype, dtype)
+
+
+@dataclass(frozen=True)
+class ExampleStep:
+    """A small valid step (2 sequences, 5 tokens) used to trace the module; every size is >= 2 so export keeps it
+    symbolic."""
+
+    tensors: tuple[torch.Tensor, ...]
+    caches: list[torch.Tensor]
+
+
+def example_step(model: ModelConfig, block_size: int, dtype: torch.dtype, device: str) -> ExampleStep:
+    long = dict(dtype=torch.long, device=device)
+    tensors = (
+        torch.arange(5, **long) % model.vocab_size,  # input_ids
+        torch.tensor([0, 1, 2, 0, 1], **long),  # positions
+        torch.tensor([[1, 2, 3], [4, 5, 6]], **long),  # block_tables
+        torch.tensor([0, 3, 5], **long),  # query_start_loc
+        torch.tensor([2, 4], **long),  # logits_indices
+    )
+    shape = (8, block_size, model.num_kv_heads, model.head_size)
+    caches = [
+        torch.zeros(shape, dtype=torch.float32, device=device).to(cache_dtype(model, dtype))
+        for _ in range(2 * model.num_layers)
+    ]
+    return ExampleStep(tensors, caches)
+
+
+def dynamic_shapes(model: ModelConfig, build: BuildConfig) -> tuple[object, ...]:
+    dim = torch.export.Dim
+    tokens = dim("num_tokens", min=1, max=build.max_num_tokens)
+    seqs = dim("num_seqs", min=1, max=build.max_batch_size)
+    seqs1 = dim("num_seqs_plus_1", min=2, max=build.max_batch_size + 1)
+    width = dim("max_blocks_per_seq", min=1, max=math.ceil(build.max_seq_len / build.kv_block_size) + 1)
+    blocks = dim("num_blocks", min=2, max=MAX_NUM_BLOCKS)
+    logits = dim("num_logits", min=1, max=build.max_num_tokens)
+    caches = [{0: blocks} for _ in range(2 * model.num_layers)]
+    return ({0: tokens}, {0: tokens}, {0: seqs, 1: width}, {0: seqs1}, {0: logits}, caches)
+
+
+def write_torch_engine(
+    portable: onnx.ModelProto, model: ModelConfig, build: BuildConfig, io: EngineIO, cfg: TorchConfig, out_dir: Path
+) -> EngineEntry:
+    """Export and AOT-compile ``portable`` into ``out_dir/engines/torch-<target>/model.pt2``; returns its entry."""
+    target = local_target(cfg.device)
+    device = cfg.device.value
+    if cfg.device is TorchDevice.CUDA:
+        ensure_cuda_home()
+    dtype = TORCH_DTYPES[cfg.dtype]
+    module = PortableModule(portable, io, dtype).to(device).eval()
+    example = example_step(model, build.kv_block_size, dtype, device)
+    with torch.no_grad():
+        program = torch.export.export(
+            module, (*example.tensors, example.caches), dynamic_shapes=dynamic_shapes(model, build)
+        )
+    del module
+    rel = Path("engines") / f"torch-{target}" / "model.pt2"
+    (out_dir / rel).parent.mkdir(parents=True)
+    options = {}
+    if hasattr(torch._inductor.config.aot_inductor, "emit_multi_arch_kernel"):
+        options["aot_inductor.emit_multi_arch_kernel"] = False  # this GPU's cubins only: no nvcc/fatbinary needed
+    torch._inductor.aoti_compile_and_package(program, package_path=str(out_dir / rel), inductor_configs=options)
+    return EngineEntry(
+        backend="torch",
+        target=target,
+        path=rel.as_posix(),
+        compute_capability=_compute_capability(cfg.device),
+        torch_version=torch.__version__,
+        triton_version=_version("triton"),
+    )
+
+
+def ensure_cuda_home() -> str | None:
+    """Make sure AOTInductor finds CUDA headers and ``libcuda.so``; returns the CUDA home it will use.
+
+    AOTInductor compiles its C++ wrapper against the CUDA headers and links ``-lcuda``, found through ``CUDA_HOME``
+    (or nvcc, or /usr/local/cuda). A machine with torch and Triton but no CUDA toolkit still has both: the headers
+    Triton bundles and the driver's ``libcuda.so.1``. Then torch is pointed at a directory made of links to them.
+    """
+    from torch.utils import cpp_extension
+
+    if cpp_extension.CUDA_HOME is not None:
+        return cpp_extension.CUDA_HOME
+    try:
+        import triton
+        from triton.backends.nvidia.driver import libcuda_dirs
+
+        include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+        dirs = [Path(d) for d in libcuda_dirs()]
+    except Exception:  # no Triton, or no driver library: AOTInductor will say what it misses
+        return None
+    if not (include / "cuda.h").is_file():
+        return None
+    home = Path(tempfile.mkdtemp(prefix="trtbuild-cuda-home-"))
+    (home / "include").symlink_to(include, target_is_directory=True)
+    (home / "lib64").mkdir()
+    for d in dirs:
+        if (d / "libcuda.so.1").exists():
+            (home / "lib64" / "libcuda.so").symlink_to(d / "libcuda.so.1")
+            break
+    os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = str(home)
+    return str(home)
+
+
+def _compute_capability(device: TorchDevice) -> str | None:
+    if device is not TorchDevice.CUDA:
+        return None
+    major, minor = torch.cuda.get_device_capability(0)
+    return f"{major}.{minor}"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
