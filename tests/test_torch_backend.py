@@ -171,10 +171,13 @@ def test_cuda_without_gpu_is_one_line(tiny_engines, tmp_path):
 def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, tmp_path):
     import shutil
 
+    from trtbuild.artifacts.manifest import manifest_digest
+
     engine = shutil.copytree(torch_engines["gpt2"][2], tmp_path / "engine")
     manifest = json.loads((engine / "manifest.json").read_text())
     manifest["engines"][0]["target"] = "cpu-sse9"
     manifest["engines"][0]["torch_version"] = "1.0.0"
+    manifest["digest"] = manifest_digest(manifest)  # a consistent manifest of another target, not a tampered one
     (engine / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EngineError, match=r"built for cpu-sse9.*built with torch 1.0.0.*--backend torch --device cpu"):
         LLM(engine)
