@@ -292,13 +292,13 @@ def test_client_sees_typed_errors(client):
 # ------------------------------------------------------------------------------------------- the CLI process
 
 
-def test_cli_serves_and_sigterm_finishes_the_stream_then_exits_0(engine):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", "--served-model-name", MODEL],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+@pytest.mark.parametrize("grace", [30.0, 0.0])
+def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, grace):
+    """SIGTERM: new connections are refused; the open stream finishes within the grace period (or is cut when the
+    grace is 0); the process exits 0."""
+    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0"]
+    command += ["--served-model-name", MODEL, "--shutdown-grace", str(grace), "--max-num-seqs", "1"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         line = ""
         while "serving" not in line:
@@ -314,15 +314,26 @@ def test_cli_serves_and_sigterm_finishes_the_stream_then_exits_0(engine):
             except openai.APIConnectionError:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+        # n = 10 with --max-num-seqs 1: the completions run one after another (1,200 steps): time to signal
         stream = client.completions.create(
-            model=MODEL, prompt="the", max_tokens=100, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=MODEL, prompt="the", max_tokens=120, n=10, temperature=0, stream=True, extra_body={"ignore_eos": True}
         )
         it = iter(stream)
-        text = next(it).choices[0].text
+        chunks = [next(it)]
         proc.send_signal(signal.SIGTERM)
-        chunks = list(it)
-        text += "".join(c.choices[0].text for c in chunks)
-        assert chunks[-1].choices[0].finish_reason == "length"  # finished within the grace period
+        if grace:  # while the stream drains, nothing new is admitted (with no grace it is cut before we could ask)
+            time.sleep(0.3)
+            with pytest.raises((openai.APIConnectionError, openai.InternalServerError)):
+                openai.OpenAI(base_url=base, api_key="none", max_retries=0).models.list()
+        try:
+            chunks += list(it)
+        except (openai.APIError, openai.APIConnectionError):
+            assert grace == 0
+        finished = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        if grace:
+            assert finished == ["length"] * 10
+        else:
+            assert finished != ["length"] * 10  # cut: the requests were aborted
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
@@ -335,3 +346,14 @@ def test_cli_bad_engine_dir_is_one_error_line(tmp_path):
         [sys.executable, "-m", "trtbuild.cli", "serve", str(tmp_path / "missing")], capture_output=True, text=True
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error:") and "Traceback" not in proc.stderr
+
+
+def test_load_generator_reports_every_request(url, engine):
+    script = Path(__file__).parents[1] / "benchmarks" / "serve.py"
+    args = ["--base-url", url, "--api-key", API_KEY, "--tokenizer", str(engine), "--num-requests", "6"]
+    args += ["--input-len", "8", "--output-len", "8", "--concurrency", "3", "--request-rate", "50", "--json"]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["completed"] == 6 and summary["output_tokens"] == 48 and summary["prompt_tokens"] >= 48
+    assert summary["output_throughput"] > 0 and summary["ttft_ms"]["p99"] >= summary["ttft_ms"]["p50"] > 0
