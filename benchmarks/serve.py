@@ -10,9 +10,9 @@ Sends ``--num-requests`` streamed ``/v1/completions`` requests, each a text prom
 arrive at ``--request-rate`` per second (Poisson) or all at once (``inf``), at most ``--concurrency`` in flight.
 One warm-up request runs first and is not counted.
 
-Reports request/s, output and total tok/s, and p50/p90/p99 of TTFT (send to the first text), TPOT ((end - first
+Reports request/s, output and total tok/s, and p50/p90/p99 of TTFT (send to the first chunk), TPOT ((end - first
 token) / (output tokens - 1)), ITL (gaps between streamed chunks) and end-to-end latency. Output tokens are the
-server's ``usage`` when it sends one in the stream, else the number of chunks with text.
+server's ``usage`` when it sends one in the stream, else the number of chunks (one per token on both servers).
 """
 
 from __future__ import annotations
@@ -91,7 +91,10 @@ async def one_request(client: Any, args: argparse.Namespace, prompt: str, extra:
         )
         async for chunk in stream:
             now = time.perf_counter()
-            if chunk.choices and chunk.choices[0].text:
+            choice = chunk.choices[0] if chunk.choices else None
+            # one chunk per token (its text may be empty: an incomplete character); llama.cpp ends with a chunk
+            # that only says finish_reason
+            if choice is not None and (choice.text or choice.finish_reason is None):
                 if chunks == 0:
                     result.ttft = now - start
                 else:
@@ -224,6 +227,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.request_rate > 0:
         p.error("--request-rate must be > 0")
     return args
+
+
+def summarize_run(argv: list[str]) -> dict[str, Any]:
+    """Run the load described by ``argv`` (this script's flags) and return the summary without printing it."""
+    return asyncio.run(run(parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from ..errors import RequestError
 from ..runtime.llm import LLM
 from ..runtime.outputs import CompletionState
 from ..runtime.sampling import SamplingParams, TokenLogprobs
-from ..runtime.sequence import FinishReason
+from ..runtime.sequence import FinishReason, RequestStatus
 from .metrics import ServerMetrics
 
 
@@ -194,10 +194,19 @@ class EngineLoop:
             state.cancelled = True
 
     def _fail_all(self, error: Exception) -> None:
+        """An engine step raised: abort every running request (their streams end with finish_reason abort)."""
+        self.metrics.engine_errors.inc()
         for sub in self._active:
             self._cancel(sub)
-        self.metrics.engine_errors.inc()
-        self.llm.step()  # only aborts the cancelled requests (nothing else is queued): no engine call
+        try:
+            self.llm.step()  # only aborts the cancelled requests (nothing else is queued): no engine call
+        except Exception:  # the scheduler is in no state to abort: end the requests' streams here
+            now = time.perf_counter()
+            for sub in self._active:
+                for state in sub.states:
+                    if not state.finished:
+                        state.finish(now)
+                        state.seq.status = RequestStatus.FINISHED_ABORTED
 
     def _publish(self) -> None:
         """Hand every active request its new output; drop the finished ones; refresh the gauges and histograms."""
