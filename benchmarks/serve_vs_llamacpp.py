@@ -46,7 +46,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, path: str, timeout: float = 300) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, path: str, timeout: float = 1800) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
