@@ -64,7 +64,11 @@ def wait_healthy(url: str, proc: subprocess.Popen, path: str, timeout: float = 1
 def start(command: list[str], url: str, path: str, log: Path) -> subprocess.Popen:
     out = log.open("w")
     proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    wait_healthy(url, proc, path)
+    try:
+        wait_healthy(url, proc, path)
+    except BaseException:
+        proc.kill()
+        raise
     return proc
 
 
