@@ -146,9 +146,14 @@ def main() -> None:
                     summary["paused"] = pauses.paused_since_reset()
                     if not summary["paused"]:
                         break
-                    print(f"[{name}] paused during the level (attempt {attempt + 1}): again", file=sys.stderr)
+                    print(
+                        f"[{name}] paused during the level (attempt {attempt + 1}): {json.dumps(summary)}",
+                        file=sys.stderr,
+                    )
                 print(json.dumps(summary), file=sys.stderr, flush=True)
                 results[name].append(summary)
+                if args.json is not None:  # after every level: an interrupted run keeps what it measured
+                    args.json.write_text(json.dumps(results, indent=1) + "\n")
     finally:
         for proc in servers:
             proc.send_signal(signal.SIGINT)
@@ -158,8 +163,6 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     print_comparison(results)
-    if args.json is not None:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
 
 
 def print_comparison(results: dict[str, list[dict]]) -> None:
