@@ -292,7 +292,7 @@ def test_client_sees_typed_errors(client):
 # ------------------------------------------------------------------------------------------- the CLI process
 
 
-@pytest.mark.parametrize("grace", [30.0, 0.0])
+@pytest.mark.parametrize("grace", [120.0, 0.0])
 def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, grace):
     """SIGTERM: new connections are refused; the open stream finishes within the grace period (or is cut when the
     grace is 0); the process exits 0."""
@@ -314,9 +314,11 @@ def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, gra
             except openai.APIConnectionError:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
-        # n = 10 with --max-num-seqs 1: the completions run one after another (1,200 steps): time to signal
+        # With --max-num-seqs 1 the n completions run one after another (n x 120 steps): time to signal. Without a
+        # grace period, 100 of them (12,000 steps) cannot all finish before the shutdown cuts them.
+        n = 10 if grace else 100
         stream = client.completions.create(
-            model=MODEL, prompt="the", max_tokens=120, n=10, temperature=0, stream=True, extra_body={"ignore_eos": True}
+            model=MODEL, prompt="the", max_tokens=120, n=n, temperature=0, stream=True, extra_body={"ignore_eos": True}
         )
         it = iter(stream)
         chunks = [next(it)]
@@ -331,9 +333,9 @@ def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, gra
             assert grace == 0
         finished = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
         if grace:
-            assert finished == ["length"] * 10
+            assert finished == ["length"] * n
         else:
-            assert finished != ["length"] * 10  # cut: the requests were aborted
+            assert finished != ["length"] * n  # cut: the requests were aborted
         assert proc.wait(30) == 0
     finally:
         if proc.poll() is None:
