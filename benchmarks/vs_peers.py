@@ -83,7 +83,7 @@ def atomic_dir(final: Path, make) -> Path:
     """``make(tmp)`` into a temporary sibling of ``final``, then rename it; skipped when ``final`` exists."""
     if final.exists():
         return final
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # concurrent runs never share one
     shutil.rmtree(tmp, ignore_errors=True)
     t = time.perf_counter()
     make(tmp)
@@ -419,46 +419,46 @@ def check_cell(check: dict) -> str:
 
 
 def table(result: dict) -> str:
+    """The markdown table of medians (rows with no figure left out), then bandwidth, conditions and errors."""
     s, checks = result["samples"], result["checks"]
     meta = result.get("meta", {})
     batches = sorted({x["batch"] for x in s if x["metric"] == "output_tok_s"})
-    trt_by_prec = {p: [v for v, (q, _) in TRT_VARIANTS.items() if q == p] for p in PRECISIONS}
-    gguf = {p: GGUF_VARIANTS[p][0] for p in PRECISIONS}
 
-    def trt_cell(metric: str, precision: str, batch: int, scale: float = 1.0, unit: str = "") -> str:
-        vs = [v for v in trt_by_prec[precision] if median(s, metric, "trtbuild", v, batch) is not None]
-        if not vs:
-            return "—"
-        if len(vs) == 1 and precision == "fp32":
-            return fmt(median(s, metric, "trtbuild", vs[0], batch), scale, unit)
-        return ", ".join(f"{fmt(median(s, metric, 'trtbuild', v, batch), scale, unit)} ({v})" for v in vs)
+    def cell(system: str, metric: str, precision: str, sizes: list[int], scale: float = 1.0, unit: str = "") -> str:
+        """One system's medians for one precision: per variant, the figures for ``sizes`` joined by ' / '."""
+        variants = [v for v, (q, _) in TRT_VARIANTS.items() if q == precision] if system == "trtbuild" else [precision]
+        parts = []
+        for v in variants:
+            figures = [median(s, metric, system, v, b) for b in sizes]
+            if any(f is not None for f in figures):
+                label = v if system == "trtbuild" else GGUF_VARIANTS[precision][0] if system == "llama" else ""
+                shown = " / ".join(fmt(f, scale, unit) for f in figures)
+                parts.append(f"{shown} ({label})" if label and precision != "fp32" else shown)
+        return ", ".join(parts) or "—"
 
     rows = [f"| | {TITLES['trtbuild']} | {TITLES['ort']} | {TITLES['llama']} |", "|---|---|---|---|"]
-    for p in PRECISIONS:
-        llama = fmt(median(s, "decode_tok_s", "llama", p, 1))
-        llama += f" ({gguf[p]})" if llama != "—" else ""
-        ort = fmt(median(s, "decode_tok_s", "ort", p, 1))
-        rows.append(f"| decode tok/s, batch 1, {p} | {trt_cell('decode_tok_s', p, 1)} | {ort} | {llama} |")
-    for p in PRECISIONS:
-        cells = [trt_cell("ttft_s", p, 1, 1000, " ms"), fmt(median(s, "ttft_s", "ort", p, 1), 1000, " ms")]
-        cells.append(fmt(median(s, "ttft_s", "llama", p, 1), 1000, " ms"))
+
+    def row(label: str, cells: list[str]) -> None:
         if any(c != "—" for c in cells):
-            rows.append(f"| TTFT, 128-token prompt, {p} | {' | '.join(cells)} |")
+            rows.append(f"| {label} | {' | '.join(cells)} |")
+
     for p in PRECISIONS:
-        for system_batches in [batches]:
-            if not system_batches:
-                continue
-            label = " / ".join(str(b) for b in system_batches)
-            trt = " / ".join(trt_cell("output_tok_s", p, b) for b in system_batches)
-            ort = " / ".join(fmt(median(s, "output_tok_s", "ort", p, b)) for b in system_batches)
-            if trt.strip("— /") or ort.strip("— /"):
-                rows.append(f"| output tok/s, {label} prompts at once, {p} | {trt} | {ort} (static batch) | — |")
+        row(f"decode tok/s, batch 1, {p}", [cell(x, "decode_tok_s", p, [1]) for x in SYSTEMS])
+    for p in PRECISIONS:
+        row(
+            f"TTFT, {meta.get('prompt_len', 128)}-token prompt, {p}",
+            [cell(x, "ttft_s", p, [1], 1000, " ms") for x in SYSTEMS],
+        )
+    sizes = " / ".join(map(str, batches))
+    for p in PRECISIONS:
+        trt, ort = cell("trtbuild", "output_tok_s", p, batches), cell("ort", "output_tok_s", p, batches)
+        row(f"output tok/s, {sizes} prompts at once, {p}", [trt, ort + " (static batch)" if ort != "—" else ort, "—"])
     for p in PRECISIONS if checks else ():
         cells = [
             ", ".join(check_cell(c) for c in checks if c["system"] == sys_ and precision_of(c) == p) or "—"
             for sys_ in SYSTEMS
         ]
-        rows.append(f"| {CHECK_TOKENS} greedy tokens = trtbuild fp32's, {p} | {' | '.join(cells)} |")
+        row(f"first {CHECK_TOKENS} greedy tokens = trtbuild fp32's, {p}", cells)
     lines = rows
     bw = median(s, "bandwidth_gb_s", "machine", "", 0)
     wb = result.get("fp32_weight_bytes")
@@ -470,7 +470,7 @@ def table(result: dict) -> str:
         lines.append(
             f"{meta.get('date', '')}; {meta.get('threads')} threads each; medians of {meta.get('rounds')} interleaved "
             f"rounds; {meta.get('prompt_len')} prompt tokens, {meta.get('new_tokens')} new greedy, EOS ignored; "
-            f"peers: {meta.get('peer_versions', {})}; took {meta.get('elapsed_s', 0):.0f}s"
+            f"peers: {meta.get('peer_versions', {})}; took {meta.get('elapsed_s', 0) / 60:.1f} min"
         )
     for e in result.get("errors", []):
         lines.append(f"error: {e}")
