@@ -79,10 +79,15 @@ def run_cmd(cmd: list[str], env: dict | None = None, timeout: int = 3600) -> str
     return res.stdout
 
 
+NO_PREPARE = False  # --no-prepare: use what --work holds, prepare nothing
+
+
 def atomic_dir(final: Path, make) -> Path:
     """``make(tmp)`` into a temporary sibling of ``final``, then rename it; skipped when ``final`` exists."""
     if final.exists():
         return final
+    if NO_PREPARE:
+        raise Failed(f"{final} is not prepared (--no-prepare)")
     tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # concurrent runs never share one
     shutil.rmtree(tmp, ignore_errors=True)
     t = time.perf_counter()
@@ -510,6 +515,7 @@ def main() -> None:
     parser.add_argument("--precisions", type=csv(str), default=list(PRECISIONS))
     parser.add_argument("--systems", type=csv(str), default=list(SYSTEMS))
     parser.add_argument("--prepare-only", action="store_true", help="prepare the models, measure nothing")
+    parser.add_argument("--no-prepare", action="store_true", help="measure only what --work already holds")
     parser.add_argument("--json", type=Path, help="also write samples, medians' inputs and checks here")
     parser.add_argument("--merge", type=Path, nargs="+", help="print one table from these --json files and exit")
     args = parser.parse_args()
@@ -523,6 +529,8 @@ def main() -> None:
     ]:
         if not set(values) <= set(allowed):
             parser.error(f"{name}: choose from {', '.join(allowed)}")
+    global NO_PREPARE
+    NO_PREPARE = args.no_prepare
     start = time.perf_counter()
     peers = None
     if {"ort", "llama"} & set(args.systems):
