@@ -490,8 +490,9 @@ def merge(paths: list[Path]) -> dict:
             out[key] += part.get(key, [])
         out["fp32_weight_bytes"] = part.get("fp32_weight_bytes", out.get("fp32_weight_bytes"))
         meta = dict(part.get("meta", {}))
-        if "meta" in out:
+        if "meta" in out:  # the parts' durations add up; their round counts are listed (e.g. "2/1")
             meta["elapsed_s"] = out["meta"]["elapsed_s"] + meta.get("elapsed_s", 0)
+            meta["rounds"] = f"{out['meta']['rounds']}/{meta.get('rounds')}"
         out["meta"] = meta
     return out
 
