@@ -493,7 +493,9 @@ def merge(paths: list[Path]) -> dict:
         if "meta" in out:  # the parts' durations add up; their round counts are listed (e.g. "2/1")
             meta["elapsed_s"] = out["meta"]["elapsed_s"] + meta.get("elapsed_s", 0)
             meta["rounds"] = f"{out['meta']['rounds']}/{meta.get('rounds')}"
+            meta["peer_versions"] = meta.get("peer_versions") or out["meta"].get("peer_versions", {})
         out["meta"] = meta
+    out["checks"] = list({(c["system"], c["variant"]): c for c in out["checks"]}.values())  # a repeated check: the last
     return out
 
 
