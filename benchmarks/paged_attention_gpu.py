@@ -236,8 +236,8 @@ def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
         flops = 4 * batch * hq * d * new * (new + 1) / 2  # causal QK^T + PV
         for key in ("kernel", "kernel_fused", "sdpa"):
             res[f"{key}_TFLOPs"] = round(flops / res[f"{key}_ms"] / 1e9, 1)
-    res["ratio_vs_sdpa"] = round(res["sdpa_ms"] / res["kernel_ms"], 3)
-    res["ratio_fused_vs_sdpa"] = round(res["sdpa_ms"] / res["kernel_fused_ms"], 3)
+    res["ratio_vs_sdpa"] = float(f"{res['sdpa_ms'] / res['kernel_ms']:.3g}")  # 3 significant digits: never 0
+    res["ratio_fused_vs_sdpa"] = float(f"{res['sdpa_ms'] / res['kernel_fused_ms']:.3g}")
     return res
 
 

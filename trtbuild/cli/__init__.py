@@ -44,20 +44,32 @@ cli.add_command(inspect)
 cli.add_command(verify)
 
 
+_interrupted: list[int] = []  # the signals received; once one has, any error on the way out is its consequence
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
+    _interrupted.append(signum)
     raise KeyboardInterrupt
 
 
 def main() -> None:
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         cli.main(standalone_mode=False)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("aborted", err=True)
+        sys.exit(130)
     except TrtbuildError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(130)
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+    except Exception:
+        # The KeyboardInterrupt raised at a signal can surface as another exception when it lands inside an
+        # extension's call (safetensors turns it into a ValueError): after a signal, every error means "aborted".
+        if _interrupted:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        raise

@@ -58,6 +58,7 @@ class Submission:
     sent_tokens: list[int] = field(default_factory=list)  # per state: tokens already handed out
     first_token_time: list[float | None] = field(default_factory=list)
     last_token_time: list[float] = field(default_factory=list)
+    finish_sent: set[int] = field(default_factory=set)  # completions whose last update was handed out
     aborted: bool = False
 
     @property
@@ -239,6 +240,10 @@ class EngineLoop:
             self._call(_deliver, deliveries)
 
     def _update(self, sub: Submission, i: int, now: float) -> Update | None:
+        """Completion ``i``'s new output since its last update; None when there is none (a finished completion's
+        last update is handed out once, though its request stays active until all of its completions finish)."""
+        if i in sub.finish_sent:
+            return None
         state = sub.states[i]
         tokens = state.seq.output_token_ids[sub.sent_tokens[i] :]
         text = state.take_delta()
@@ -255,6 +260,8 @@ class EngineLoop:
             self.metrics.output_tokens.inc(len(tokens))
         logprobs = [] if state.logprobs is None else state.logprobs[sub.sent_tokens[i] :]
         sub.sent_tokens[i] += len(tokens)
+        if finish is not None:
+            sub.finish_sent.add(i)
         return Update(i, text, list(tokens), list(logprobs), finish)
 
     def _call(self, fn: Any, *args: Any) -> None:
