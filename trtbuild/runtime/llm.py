@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,8 @@ from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
 from .sequence import Sequence as Seq
 from .session import open_session
+from .step_shaping import split_step
+from .streams import FinishedRequests, TextStream
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 __all__ = [
@@ -52,83 +54,6 @@ __all__ = [
 
 Prompt = str | Sequence[int]  # text, or token ids
 Messages = Sequence[Mapping[str, Any]]  # a chat: [{"role": "user", "content": "..."}, ...]
-
-# Step shaping: the ORT attention pads a step to [num_seqs, longest chunk], so a step mixing long prefill chunks
-# with decodes is split into engine calls whose padded size stays within PAD_RATIO x its tokens + PAD_SLACK.
-PAD_RATIO = 1.25
-PAD_SLACK = 64
-
-
-def split_step(chunk_lens: Sequence[int]) -> list[list[int]]:
-    """Group a step's sequences (by their new-token counts) into engine calls; returns indices per call.
-
-    Longest chunks first; a sequence joins the current call while ``calls x longest <= PAD_RATIO x tokens +
-    PAD_SLACK``. Decodes (1 token) therefore share one call and each long prefill chunk gets its own.
-    """
-    groups: list[list[int]] = []
-    tokens = 0
-    for b in sorted(range(len(chunk_lens)), key=lambda b: -chunk_lens[b]):
-        n = chunk_lens[b]
-        if groups and (len(groups[-1]) + 1) * chunk_lens[groups[-1][0]] <= PAD_RATIO * (tokens + n) + PAD_SLACK:
-            groups[-1].append(b)
-            tokens += n
-        else:
-            groups.append([b])
-            tokens = n
-    return groups
-
-
-class TextStream(Iterator[str]):
-    """Text deltas of one streamed request (``LLM.generate_stream``); ``output`` holds the result once exhausted.
-
-    The deltas concatenate to ``output.text``. Dropping or ``close()``-ing an unfinished stream aborts its request.
-    """
-
-    def __init__(self, llm: LLM, request_id: str, state: CompletionState, prompt: str | None) -> None:
-        self._llm, self._id, self._state, self._prompt = llm, request_id, state, prompt
-        self.output: RequestOutput | None = None
-
-    def __next__(self) -> str:
-        state = self._state
-        while True:
-            delta = state.take_delta()
-            if delta:
-                return delta
-            if state.finished:
-                if self.output is None:
-                    self.output = self._llm._request_output(self._id, self._prompt, [state])
-                raise StopIteration
-            self._llm._step()
-
-    def close(self) -> None:
-        if not self._state.finished:
-            self._state.cancelled = True  # aborted before the next step (safe even from a finalizer)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-class FinishedRequests(Iterator[tuple[int, RequestOutput]]):
-    """What ``LLM.generate_iter`` returns: ``(prompt index, RequestOutput)`` pairs in completion order."""
-
-    def __init__(
-        self, num_requests: int, items: Iterator[tuple[int, RequestOutput]], abort: Callable[[], None]
-    ) -> None:
-        self.num_requests = num_requests
-        self._items, self._abort = items, abort
-
-    def __next__(self) -> tuple[int, RequestOutput]:
-        return next(self._items)
-
-    def close(self) -> None:
-        """Abort the requests that have not finished."""
-        close = getattr(self._items, "close", None)
-        if close is not None:
-            close()
-        self._abort()
-
-    def __del__(self) -> None:
-        self.close()
 
 
 class LLM:
