@@ -6,12 +6,13 @@ costs a few µs of dispatch on top of its work (about 20 nodes a layer; the firs
 
 1. metadata shared by all layers, computed once per step: each token's sequence ``b_t`` and row ``r_t`` in a
    ``[B, Sq]`` padded query layout (Sq = longest query chunk; a padding row repeats its sequence's last token),
-   each token's (sequence, block column, offset) in the gathered context, the boolean causal mask
-   ``j <= position`` over the gathered context of ``M * BS`` positions, and the rotary rows of the step's positions;
+   the block-table columns that hold cached positions (those before the batch's last first-new-token position:
+   none for fresh prompts), the additive mask over the keys (cached positions before each sequence's first new
+   token, then its new rows causally), and the rotary rows of the step's positions;
 2. per layer: split QKV; one ``RotaryEmbedding`` over q and k together (every head of a token turns by the same
-   angles); gather the layer's cache blocks through ``block_tables`` and scatter this step's keys/values into them
-   (the cache itself is read-only to the graph); one opset-23 ``Attention`` (GQA, boolean mask) over the padded
-   queries ``[B, Sq, Hq * D]`` and the context ``[B, M * BS, Hkv * D]``; ``GatherND`` back to ``[T, Hq * D]``.
+   angles); gather the layer's cached blocks and append this step's padded keys/values (``Concat``: the cache
+   itself is read-only to the graph); one opset-23 ``Attention`` (GQA, additive mask) over the padded queries
+   ``[B, Sq, Hq * D]`` and the keys ``[B, Sctx + Sq, Hkv * D]``; ``GatherND`` back to ``[T, Hq * D]``.
 
 The cache write becomes two graph outputs per layer, ``new_keys.{n}`` / ``new_values.{n}`` (``[T, Hkv, D]``,
 keys rotated), which the runtime stores at the step's slots after the run (``OrtSession``).

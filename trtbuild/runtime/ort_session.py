@@ -7,6 +7,7 @@ small metadata inputs, runs, then writes the step's new keys/values into the cac
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,7 +57,7 @@ class OrtSession:
         opts.add_session_config_entry("session.dynamic_block_base", "4")
         if profile_kernels:
             opts.enable_profiling = True
-            opts.profile_file_prefix = str(Path(os.environ.get("TMPDIR", "/tmp")) / "trtbuild-ort-profile")
+            opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "trtbuild-ort-profile")
         for key, value in (session_config or {}).items():
             opts.add_session_config_entry(key, value)
         path = engine_dir / self.config.engine_file
@@ -103,11 +104,9 @@ class OrtSession:
             self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
         logits = outs[0].numpy()
         times = self.times
-        times.bind, times.run, times.cache_write = (
-            times.bind + t1 - t0,
-            times.run + t2 - t1,
-            times.cache_write + time.perf_counter() - t2,
-        )
+        times.bind += t1 - t0
+        times.run += t2 - t1
+        times.cache_write += time.perf_counter() - t2
         times.calls += 1
         return logits
 
