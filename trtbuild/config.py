@@ -276,10 +276,18 @@ class TorchConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split."""
+    """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split.
+
+    The default text (``flask_docs``: technical prose with code) is of another domain than the default calibration
+    text (``lee_news``: news), because static activation ranges that fit the calibration text can fail on others.
+    """
 
     dataset: str = field(
-        default="lee_news", metadata={"help": "dataset name (its evaluation split) or text/JSONL path"}
+        default="flask_docs",
+        metadata={
+            "help": "dataset name (its evaluation split) or text/JSONL path; the default, technical prose with "
+            "code, is of another domain than quantize's default calibration text (news)"
+        },
     )
     windows: int = field(default=8, metadata={"help": "number of windows"})
     seq_len: int = field(default=512, metadata={"help": "tokens per window"})
