@@ -52,6 +52,10 @@ def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_B
     kept = [n for n in graph.node if n.name not in dead]
     del graph.node[:]
     graph.node.extend(kept)
+    used = {i for n in kept for i in n.input}  # drop the removed nodes' constants (onnxruntime warns about them)
+    inits = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
     return model
 
 
