@@ -29,6 +29,7 @@ class Case(NamedTuple):
     group: int = 32
     model: str = "llama_gqa"  # in-features 64 (qkv, gate_up, out) and 96 (down); untied lm_head
     exclude: tuple[str, ...] = ("lm_head",)
+    zero_points: bool = False  # int4: unsigned codes and a zero point per group
 
 
 # Group 64 leaves llama_gqa's mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
@@ -44,6 +45,9 @@ CASES = {
     "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8),
     "int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8),
     "int4_awq+head": Case(QFormat.INT4_AWQ, exclude=()),
+    "int4_wo_zp": Case(QFormat.INT4_WO, zero_points=True),
+    "int4_awq_zp_g64_partial": Case(QFormat.INT4_AWQ, group=64, zero_points=True),
+    "int4_awq_zp_g128": Case(QFormat.INT4_AWQ, group=128, zero_points=True),  # one partial group of 64 or 96
     "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=()),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
@@ -65,6 +69,7 @@ def quantized(tmp_path_factory):
             kv_cache_dtype=case.kv,
             group_size=case.group,
             exclude=list(case.exclude),
+            zero_points=case.zero_points,
             calib_dataset=str(text),
             calib_size=2,
             calib_seq_len=24,

@@ -121,6 +121,13 @@ class QuantConfig:
         default=0.8,
         metadata={"help": "int8_sq migration strength (0: none, 1: all of the activation range to weights)"},
     )
+    zero_points: bool = field(
+        default=False,
+        metadata={
+            "help": "int4 formats: unsigned codes 0..15 and a zero point per group (asymmetric ranges, as "
+            "llama.cpp's Q4_1 and the AWQ paper); onnxruntime and torch engines, not TensorRT"
+        },
+    )
 
     def __post_init__(self) -> None:
         size, seq_len = CALIBRATION_DEFAULTS.get(self.qformat, DEFAULT_CALIBRATION)
@@ -133,6 +140,8 @@ class QuantConfig:
                 raise ValueError(f"{name} must be positive")
         if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise ValueError("smoothquant_alpha must be in [0, 1]")
+        if self.zero_points and self.qformat not in (QFormat.INT4_WO, QFormat.INT4_AWQ):
+            raise ValueError(f"zero_points applies to the int4 formats only, not {self.qformat.value}")
 
 
 @dataclass(frozen=True)

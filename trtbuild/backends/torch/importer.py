@@ -43,9 +43,11 @@ def _op_name(node: onnx.NodeProto) -> str:
 
 
 def _to_torch(array: np.ndarray) -> Tensor:
-    """An initializer as a torch tensor: int4 -> int8 values, float8_e4m3fn kept as float8."""
+    """An initializer as a torch tensor: int4 -> int8 values, uint4 -> uint8, float8_e4m3fn kept as float8."""
     if array.dtype == np.dtype(ml_dtypes.int4):
         return torch.from_numpy(array.astype(np.int8))
+    if array.dtype == np.dtype(ml_dtypes.uint4):
+        return torch.from_numpy(array.astype(np.uint8))
     if array.dtype == np.dtype(ml_dtypes.float8_e4m3fn):
         return torch.from_numpy(np.array(array).view(np.uint8)).view(torch.float8_e4m3fn)
     array = np.ascontiguousarray(array)
@@ -168,17 +170,21 @@ def _quantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 
 
 def _dequantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial)."""
+    """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial); a blocked
+    zero point (int4 with zero points) is subtracted, per-tensor / per-axis ones are 0 in trtbuild's graphs."""
     data, scale = x[0], x[1]
     axis = node.attrs.get("axis", 1) % data.dim()
     block = node.attrs.get("block_size", 0)
+    values = data.float()
     if block:
         scale = torch.repeat_interleave(scale, block, dim=axis).narrow(axis, 0, data.shape[axis])
+        if len(x) > 2 and x[2] is not None:
+            values = values - torch.repeat_interleave(x[2], block, dim=axis).narrow(axis, 0, data.shape[axis]).float()
     elif scale.dim() == 1 and data.dim() > 1:
         shape = [1] * data.dim()
         shape[axis] = -1
         scale = scale.reshape(shape)
-    return ((data.float() * scale).to(m.dtype),)
+    return ((values * scale).to(m.dtype),)
 
 
 def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
