@@ -24,10 +24,12 @@ import numpy as np
 
 from ..config import ModelConfig, QFormat, QuantConfig
 from .hf_model import LINEARS
-from .int4 import Int4Weight, fake_quantize, grouped, install, quantize_weight
+from .int4 import Int4Weight, fake_quantize, group_ranges, grouped, install, quantize_weight
 
-SCALE_GRID = [i / 20 for i in range(20)]  # alpha of s = mean|x| ** alpha
-CLIP_GRID = [1.0 - i / 20 for i in range(11)]  # range shrink ratios
+SCALE_GRID = [i / 10 for i in range(10)]  # alpha of s = mean|x| ** alpha, then refined to the nearest 0.05
+CLIP_GRID = [1.0 - i / 20 for i in range(11)]  # range shrink ratios, as llm-awq's
+RANK = 64  # eigen-directions of the Gram matrix the scale search keeps exactly
+SEARCH_ROWS = 512  # weight rows the scale search measures (evenly spaced)
 UNCLIPPED = ("self_attn.q_proj", "self_attn.k_proj")
 MIN_MAGNITUDE = 1e-4
 
@@ -57,7 +59,6 @@ def quantize_int4(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.n
     import torch
 
     from ..progress import Progress
-
     from .calibrate import excluded_linears
 
     excluded = set(excluded_linears(cfg, qcfg.exclude))
@@ -71,8 +72,8 @@ def quantize_int4(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.n
         return
     with torch.no_grad():
         hidden, kwargs = _first_layer_inputs(model, samples)
-        bar = Progress(len(layers), f"calibrating {qcfg.qformat.value} (AWQ search)", "layer", enabled=None if progress else False)
-        with bar:
+        desc = f"calibrating {qcfg.qformat.value} (AWQ searches)"
+        with Progress(len(layers), desc, "layer", enabled=None if progress else False) as bar:
             for n, layer in enumerate(layers):
                 groups = _quantized_groups(n, excluded)
                 stats = _record_inputs(layer, groups, hidden, kwargs)
@@ -142,24 +143,54 @@ def output_error(dw: Any, gram: Any) -> Any:
     return ((dw @ gram) * dw).sum(-1)
 
 
+def low_rank(gram: Any, rank: int = RANK) -> tuple[Any, Any]:
+    """``(basis [in, rank], residual [in])`` with ``gram ~ basis basis^T + diag(residual)``: the top eigenvectors
+    (three subspace iterations; activation Gram matrices are dominated by a few outlier directions), the rest by
+    its exact diagonal."""
+    import torch
+
+    rank = min(rank, gram.shape[0])
+    v = torch.randn(gram.shape[0], rank, generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        v, _ = torch.linalg.qr(gram @ v)
+    eigenvalues, u = torch.linalg.eigh(v.T @ gram @ v)
+    basis = (v @ u) * eigenvalues.clamp_min(0.0).sqrt()
+    return basis, (torch.diagonal(gram) - basis.square().sum(1)).clamp_min(0.0)
+
+
+def _scale_search(w: Any, stats: InputStats, group: int, zero_points: bool) -> Any:
+    """AWQ's per-input-channel scale ``s`` (``Q(W s)`` on ``x / s``) with the least output error of ``w``: ``alpha``
+    on a coarse grid, then refined between its neighbours; the error is measured on at most ``SEARCH_ROWS``
+    evenly spaced rows of ``w``, through the low-rank-plus-diagonal form of the input's Gram matrix."""
+
+    rows = w[:: max(1, w.shape[0] // SEARCH_ROWS)]
+    cols = w.shape[1]
+    basis, residual = low_rank(stats.gram)
+    magnitude = stats.mean_abs.clamp_min(MIN_MAGNITUDE)
+    errors: dict[float, tuple[float, Any]] = {}
+
+    def error(alpha: float) -> float:
+        if alpha not in errors:
+            s = magnitude.pow(alpha)
+            s = s / (s.max() * s.min()).sqrt()
+            ws = grouped(rows * s, group)
+            dws = (fake_quantize(ws, group_ranges(ws, zero_points)) - ws).flatten(-2)[:, :cols]  # = dW_eff * s
+            err = (dws @ (basis / s[:, None])).square().sum() + (dws.square() @ (residual / s.square())).sum()
+            errors[alpha] = (float(err), s)
+        return errors[alpha][0]
+
+    coarse = min(SCALE_GRID, key=error)
+    step = SCALE_GRID[1] - SCALE_GRID[0]
+    best = min([coarse, *(a for a in (coarse - step / 2, coarse + step / 2) if 0.0 <= a < 1.0)], key=error)
+    return errors[best][1]
+
+
 def _awq_group(modules: list[Any], names: tuple[str, ...], stats: InputStats, qcfg: QuantConfig) -> None:
     """Scale search over the modules reading one input, then each module's clip search; installs the result."""
     import torch
 
     group, zp = qcfg.group_size, qcfg.zero_points
-    w = torch.cat([m.weight.float() for m in modules])
-    cols = w.shape[1]
-    magnitude = stats.mean_abs.clamp_min(MIN_MAGNITUDE)
-    best: tuple[float, Any] | None = None
-    for alpha in SCALE_GRID:
-        s = magnitude.pow(alpha)
-        s = s / (s.max() * s.min()).sqrt()
-        wq = fake_quantize(grouped(w * s, group), zp).flatten(-2)[:, :cols] / s
-        err = float(output_error(wq - w, stats.gram).sum())
-        if best is None or err < best[0]:
-            best = (err, s)
-    assert best is not None
-    s = best[1]
+    s = _scale_search(torch.cat([m.weight.float() for m in modules]), stats, group, zp)
     gram_scaled = stats.gram / (s[:, None] * s[None, :])  # the Gram matrix of x / s
     blocks = _diagonal_blocks(gram_scaled, group)
     for module, name in zip(modules, names, strict=True):
@@ -184,10 +215,11 @@ def _clip_ratios(wg: Any, blocks: Any, zero_points: bool) -> Any:
     """Per output row and group, the range shrink of ``CLIP_GRID`` with the least output error: ``[out, groups, 1]``."""
     import torch
 
+    ranges = group_ranges(wg, zero_points)
     best_err = torch.full(wg.shape[:2], float("inf"))
     best_ratio = torch.ones(wg.shape[:2])
     for ratio in CLIP_GRID:
-        dw = (fake_quantize(wg, zero_points, ratio) - wg).transpose(0, 1)  # [groups, out, group]
+        dw = (fake_quantize(wg, ranges, ratio) - wg).transpose(0, 1)  # [groups, out, group]
         err = output_error(dw, blocks).T  # [out, groups]
         better = err < best_err
         best_err = torch.where(better, err, best_err)

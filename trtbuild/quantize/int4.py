@@ -54,23 +54,31 @@ def grouped(w: Any, group: int) -> Any:
     return w.reshape(*w.shape[:-1], -1, group)
 
 
-def fake_quantize(wg: Any, zero_points: bool, ratio: Any = 1.0) -> Any:
-    """Quantize-dequantize grouped weights ``[..., groups, group]`` with ranges shrunk by ``ratio``
-    (broadcast against ``[..., groups, 1]``)."""
-    scale, zp = group_params(wg, zero_points, ratio)
-    return (codes_of(wg, scale, zp) - (0.0 if zp is None else zp)) * scale
+def group_ranges(wg: Any, zero_points: bool) -> tuple[Any, Any | None]:
+    """The range of grouped weights ``[..., groups, group]``, each ``[..., groups, 1]``: ``(amax, None)``
+    (symmetric), or ``(max, min)`` widened to hold 0 (zero points: 0 stays exact)."""
+    if not zero_points:
+        return wg.abs().amax(dim=-1, keepdim=True), None
+    return wg.amax(dim=-1, keepdim=True).clamp_min(0.0), wg.amin(dim=-1, keepdim=True).clamp_max(0.0)
 
 
-def group_params(wg: Any, zero_points: bool, ratio: Any = 1.0) -> tuple[Any, Any | None]:
-    """``(scale, zero point or None)`` of grouped weights, each ``[..., groups, 1]`` (zero point as float)."""
+def group_params(ranges: tuple[Any, Any | None], ratio: Any = 1.0) -> tuple[Any, Any | None]:
+    """``(scale, zero point or None)``, each ``[..., groups, 1]`` (zero point as float), of ``ranges`` shrunk by
+    ``ratio`` (a number, or broadcast against ``[..., groups, 1]``)."""
     import torch
 
-    if not zero_points:
-        return (wg.abs().amax(dim=-1, keepdim=True) * ratio / SYMMETRIC_BOUND).clamp_min(TINY), None
-    hi = wg.amax(dim=-1, keepdim=True).clamp_min(0.0) * ratio  # the range holds 0, so zero stays exact
-    lo = wg.amin(dim=-1, keepdim=True).clamp_max(0.0) * ratio
-    scale = ((hi - lo) / UNSIGNED_MAX).clamp_min(TINY)
-    return scale, torch.round(-lo / scale).clamp(0.0, UNSIGNED_MAX)
+    hi, lo = ranges
+    if lo is None:
+        return (hi * ratio / SYMMETRIC_BOUND).clamp_min(TINY), None
+    scale = ((hi - lo) * ratio / UNSIGNED_MAX).clamp_min(TINY)
+    return scale, torch.round(-lo * ratio / scale).clamp(0.0, UNSIGNED_MAX)
+
+
+def fake_quantize(wg: Any, ranges: tuple[Any, Any | None], ratio: Any = 1.0) -> Any:
+    """Quantize-dequantize grouped weights ``[..., groups, group]`` of ``ranges`` (``group_ranges``) shrunk by
+    ``ratio``."""
+    scale, zp = group_params(ranges, ratio)
+    return (codes_of(wg, scale, zp) - (0.0 if zp is None else zp)) * scale
 
 
 def codes_of(wg: Any, scale: Any, zp: Any | None) -> Any:
@@ -87,7 +95,7 @@ def quantize_weight(w: Any, group: int, zero_points: bool, ratio: Any = 1.0) -> 
     import torch
 
     wg = grouped(w.float(), group)
-    scale, zp = group_params(wg, zero_points, ratio)
+    scale, zp = group_params(group_ranges(wg, zero_points), ratio)
     codes = codes_of(wg, scale, zp).flatten(-2)[:, : w.shape[1]]
     return Int4Weight(
         codes.to(torch.int8 if zp is None else torch.uint8),
