@@ -100,7 +100,7 @@ class RopeConfig:
 # for a ~100M-parameter model. int8_sq / fp8 / KV-cache ranges need one forward pass (64 x 512: ~15 s on
 # SmolLM2-135M); int4_awq's scale and clip searches run many passes per sample (4 x 256: 369-529 s there).
 DEFAULT_CALIBRATION = (64, 512)
-CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 256)}
+CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512)}
 
 
 @dataclass(frozen=True)
