@@ -98,7 +98,7 @@ class RopeConfig:
 
 # Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
 # for a ~100M-parameter model. int8_sq / fp8 / KV-cache ranges need one forward pass (64 x 512: ~15 s on
-# SmolLM2-135M); int4_awq's scale and clip searches run many passes per sample (4 x 256: 369-529 s there).
+# SmolLM2-135M); int4_awq (quantize/awq.py) runs one forward pass per layer and token-independent searches.
 DEFAULT_CALIBRATION = (64, 512)
 CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512)}
 
@@ -125,13 +125,12 @@ class QuantConfig:
         default=None,
         metadata={
             "help": "calibration samples [default: 4 for int4_awq, 64 for the others]; more samples give steadier "
-            "ranges, and calibration time grows with calib_size x calib_seq_len (int4_awq's searches at 4 x 256: "
-            "6-9 minutes for SmolLM2-135M on 2 CPU cores; 64 x 512 would take hours there)"
+            "ranges, and the forward passes grow with calib_size x calib_seq_len (int4_awq's searches do not)"
         },
     )
     calib_seq_len: int | None = field(
         default=None,
-        metadata={"help": "tokens per calibration sample [default: 256 for int4_awq, 512 for the others]"},
+        metadata={"help": "tokens per calibration sample [default: 512]"},
     )
     exclude: list[str] = field(
         default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
