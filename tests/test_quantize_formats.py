@@ -1,5 +1,6 @@
-"""Every quantization format on a tiny random Llama: the engine agrees with modelopt's fake-quantized torch model,
-through prefill and decode steps of the paged cache, and onnxruntime runs it on its integer kernels."""
+"""Every quantization format on a tiny random Llama: the engine agrees with modelopt's fake-quantized torch model
+(for int4, the model ``quantize/awq.py`` leaves: dequantized weights and pre-quant scale hooks), through prefill
+and decode steps of the paged cache, and onnxruntime runs it on its integer kernels."""
 
 from __future__ import annotations
 
