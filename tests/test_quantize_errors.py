@@ -38,6 +38,7 @@ CASES = {
     "architecture": (["--qformat", "fp8", "--src", "gpt2"], "architecture GPT2LMHeadModel is not supported"),
     "nothing left": (["--qformat", "int8_wo", "--exclude", "*"], "leaves no linear layer to quantize"),
     "bad size": (["--qformat", "int8_wo", "--calib-size", "0"], "calib_size must be positive"),
+    "zero points": (["--qformat", "int8_wo", "--zero-points"], "zero_points applies to the int4 formats only"),
 }
 
 

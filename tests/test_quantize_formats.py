@@ -1,5 +1,6 @@
-"""Every quantization format on a tiny random Llama: the engine agrees with modelopt's fake-quantized torch model,
-through prefill and decode steps of the paged cache, and onnxruntime runs it on its integer kernels."""
+"""Every quantization format on a tiny random Llama: the engine agrees with modelopt's fake-quantized torch model
+(for int4, the model ``quantize/awq.py`` leaves: dequantized weights and pre-quant scale hooks), through prefill
+and decode steps of the paged cache, and onnxruntime runs it on its integer kernels."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class Case(NamedTuple):
     group: int = 32
     model: str = "llama_gqa"  # in-features 64 (qkv, gate_up, out) and 96 (down); untied lm_head
     exclude: tuple[str, ...] = ("lm_head",)
+    zero_points: bool = False  # int4: unsigned codes and a zero point per group
     activations: ActivationScales = ActivationScales.DYNAMIC  # int8_sq / fp8 only
 
 
@@ -50,6 +52,9 @@ CASES = {
     "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8, activations=STATIC),
     "int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8),
     "int4_awq+head": Case(QFormat.INT4_AWQ, exclude=()),
+    "int4_wo_zp": Case(QFormat.INT4_WO, zero_points=True),
+    "int4_awq_zp_g64_partial": Case(QFormat.INT4_AWQ, group=64, zero_points=True),
+    "int4_awq_zp_g128": Case(QFormat.INT4_AWQ, group=128, zero_points=True),  # one partial group of 64 or 96
     # static: at the default MatMulNBits level (which dynamic int8 runs at) the head's activations are int8 too
     "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=(), activations=STATIC),
 }
@@ -83,6 +88,7 @@ def quantized(tmp_path_factory):
             kv_cache_dtype=case.kv,
             group_size=case.group,
             exclude=list(case.exclude),
+            zero_points=case.zero_points,
             calib_dataset=str(text),
             calib_size=2,
             calib_seq_len=24,
@@ -124,7 +130,14 @@ class ImportedSession:
 
 # int8 per channel (+ int8 cache), int4 blocked with a partial last group, fp8 rowwise (+ fp8 cache), dynamic int8
 # activations with a quantized tied head, static int8 activations: every quantized op of the portable graph.
-TORCH_CASES = ["int8_wo+kv_int8", "int4_awq_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head", "int8_sq_static"]
+TORCH_CASES = [
+    "int8_wo+kv_int8",
+    "int4_awq_g64_partial",
+    "int4_awq_zp_g64_partial",
+    "fp8+kv_fp8",
+    "int8_sq+tied_head",
+    "int8_sq_static",
+]
 
 
 @pytest.mark.parametrize("name", TORCH_CASES)
@@ -203,7 +216,18 @@ KERNELS = {
 
 @pytest.mark.parametrize(
     "name",
-    ["int8_sq", "int8_sq_static", "int8_wo", "int4_wo", "int4_awq", "int4_awq_g64_partial", "fp8", "int8_sq+kv_fp8"],
+    [
+        "int8_sq",
+        "int8_sq_static",
+        "int8_wo",
+        "int4_wo",
+        "int4_awq",
+        "int4_awq_g64_partial",
+        "int4_wo_zp",
+        "int4_awq_zp_g64_partial",
+        "fp8",
+        "int8_sq+kv_fp8",
+    ],
 )
 def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     _, _, engine = quantized[name]
@@ -342,3 +366,67 @@ def test_tensorrt_lowering_refuses_dynamic_activation_scales(quantized):
         _, _, _, dynamic = portable_graph(quantized[name][1], build)
         with pytest.raises(BuildError, match="--activation-scales static"):
             lower_for_tensorrt(dynamic, build)
+
+
+def test_zero_point_checkpoint_layout(quantized):
+    """Zero points: unsigned codes packed as before, a uint8 zero point per group in 0..15, and the codes minus
+    the zero points times the scales reproduce the fake-quantized model's weight."""
+    from safetensors import safe_open
+
+    _, qckpt, _ = quantized["int4_awq_zp_g64_partial"]
+    with safe_open(str(qckpt / "rank0.safetensors"), framework="pt") as f:
+        zp, scale = f.get_tensor("layers.0.mlp.down.weight_zero_point"), f.get_tensor("layers.0.mlp.down.weight_scale")
+        assert "layers.0.attn.qkv.weight_zero_point" in f.keys()  # noqa: SIM118
+    assert zp.dtype is torch.uint8 and zp.shape == scale.shape == (64, 2) and int(zp.max()) <= 15
+    cfg, weights = load_any_checkpoint(qckpt)
+    assert cfg.quantization.zero_points
+    codes = weights["layers.0.mlp.down.weight"]
+    assert codes.dtype == ml_dtypes.uint4 and codes.shape == (64, 96)
+    assert weights["layers.0.mlp.down.weight_zero_point"].dtype == ml_dtypes.uint4
+    zps = np.repeat(zp.numpy().astype(np.float32), 64, 1)[:, :96]
+    w = (codes.astype(np.float32) - zps) * np.repeat(scale.numpy(), 64, 1)[:, :96]
+    down = quantized["int4_awq_zp_g64_partial"][0].model.layers[0].mlp.down_proj
+    np.testing.assert_allclose(w, down.weight.detach().numpy(), atol=1e-6)
+    with safe_open(str(quantized["int4_awq"][1] / "rank0.safetensors"), framework="pt") as f:
+        assert not any(k.endswith("zero_point") for k in f.keys())  # noqa: SIM118  (symmetric: none)
+
+
+@pytest.mark.parametrize("name", ["int4_wo_zp", "int4_awq_zp_g64_partial", "int4_awq_zp_g128"])
+def test_zero_point_int4_round_trips_through_matmulnbits(quantized, name, tmp_path):
+    """A zero-point linear of the checkpoint, emitted as the portable graph states it (uint4 weight, blocked scale
+    and uint4 zero point), becomes one ``MatMulNBits`` with zero points computing ``x @ ((q - zp) * s).T``."""
+    from onnx import TensorProto
+
+    from trtbuild.graph.builder import GraphBuilder
+    from trtbuild.quantize.formats import emit_quantized_linear
+
+    cfg, weights = load_any_checkpoint(quantized[name][1])
+    group = cfg.quantization.group_size
+    for prefix in ("layers.1.attn.qkv", "layers.1.mlp.down"):
+        codes, scale, zp = (weights[prefix + s] for s in (".weight", ".weight_scale", ".weight_zero_point"))
+        rows, cols = codes.shape
+        g = GraphBuilder(21)
+        y = emit_quantized_linear(g, weights, g.add_input("x", TensorProto.FLOAT, [5, cols]), prefix, cfg.quantization)
+        g.add_output(y, TensorProto.FLOAT, [5, rows])
+        opts = ort.SessionOptions()
+        opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+        opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+        model = g.model(with_plugin_domain=False).SerializeToString()
+        sess = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        nodes = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+        assert [n.op_type for n in nodes] == ["MatMulNBits"] and len(nodes[0].input) >= 4 and nodes[0].input[3]
+        xs = np.random.default_rng(0).standard_normal((5, cols)).astype(np.float32)
+        zps = np.repeat(zp.astype(np.float32), group, 1)[:, :cols]
+        w = (codes.astype(np.float32) - zps) * np.repeat(scale, group, 1)[:, :cols]
+        np.testing.assert_allclose(sess.run(None, {"x": xs})[0], xs @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_tensorrt_lowering_refuses_zero_points(quantized):
+    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.build import portable_graph
+    from trtbuild.errors import BuildError
+
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    _, _, _, graph = portable_graph(quantized["int4_wo_zp"][1], build)  # whole groups of 32: only the zero points
+    with pytest.raises(BuildError, match="int4 with zero points, which TensorRT's DequantizeLayer does not take"):
+        lower_for_tensorrt(graph, build)

@@ -1,8 +1,10 @@
 """Acceptance of every quantization format on the real SmolLM2-135M (slow: calibration and builds take minutes).
 
 Reference: the float32 engine of the dequantized GGUF. Perplexity on 8 windows x 512 tokens of the lee_news
-evaluation split (``trtbuild eval``'s default); calibration on 16 x 256 tokens of its (disjoint) calibration split
-(4 x 256 for AWQ). int4 is judged at group 128, as the issue asks: SmolLM2's 576 in-features end in a half group.
+evaluation split; calibration on 16 x 256 tokens of its (disjoint) calibration split (4 x 512 for AWQ, its
+default). The int4 formats are also judged on flask_docs (another domain: technical prose with code), with issue
+14's targets (llama.cpp Q4_0's increase there, modelopt's AWQ). int4 is judged at group 128, as the issue asks:
+SmolLM2's 576 in-features end in a half group.
 Gates these formats do not meet on this model are marked xfail with the measured figure (docs/quantization.md
 has the evidence: on this 135M model int4 at group 128 costs 2.5-8.7% for *each* linear kind on its own).
 """
@@ -42,14 +44,15 @@ def perplexity(smollm2_float, tmp_path_factory):
 
     ckpt, _, _ = smollm2_float
     root = tmp_path_factory.mktemp("formats")
-    cache: dict[str, float] = {}
+    cache: dict[tuple[str, str], float] = {}
 
-    def get(name: str, **fields) -> float:
-        if name not in cache:
+    def get(name: str, on: EvalConfig = EVAL, **fields) -> float:
+        if not (root / name).is_dir():
             quantize(ckpt, root / f"{name}-ckpt", QuantConfig(**{**CALIB, **fields}), progress=False)
             build_engine(root / f"{name}-ckpt", root / name, BUILD)
-            cache[name] = evaluate(root / name, EVAL).perplexity
-        return cache[name]
+        if (name, on.dataset) not in cache:
+            cache[name, on.dataset] = evaluate(root / name, on).perplexity
+        return cache[name, on.dataset]
 
     return get
 
@@ -59,7 +62,7 @@ def increase(ppl: float, ref: float) -> float:
 
 
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]  # down_proj's input (silu(gate) * up) has the activation outliers
-AWQ_CALIB = dict(calib_size=4, calib_seq_len=256)  # AWQ-full's searches: 369-529 s at 4 x 256 (2 cores)
+AWQ_CALIB = dict(calib_size=4, calib_seq_len=512)  # int4_awq's default (QuantConfig)
 
 # name -> (QuantConfig fields, the issue's target increase in %, the bound measured here that guards regressions)
 FORMATS = {
@@ -67,7 +70,7 @@ FORMATS = {
     "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 5.0),  # measured +3.9% (per-tensor static activations)
     "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, exclude=DOWN_FLOAT), 1.0, 1.0),  # recipe; measured +0.84%
     "fp8": (dict(qformat=QFormat.FP8), 1.0, 3.5),  # measured +2.7% (per-tensor E4M3 weights and activations)
-    "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB), 4.0, 28.0),  # measured +24.9%
+    "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB), 4.0, 30.0),  # measured +27.2%
 }
 
 
@@ -95,3 +98,53 @@ def test_int4_awq_beats_round_to_nearest(perplexity):
     rtn = perplexity("int4_wo_g128", qformat=QFormat.INT4_WO, group_size=128)  # measured +58.6%
     awq = perplexity("int4_awq_g128", **FORMATS["int4_awq_g128"][0])  # calibrated on 4 x 256 tokens only
     assert awq < rtn
+
+
+# --- int4 across domains (issue 14): calibrated on lee_news, judged on flask_docs (technical prose with code) ---
+CROSS = EvalConfig(dataset="flask_docs", windows=8, seq_len=512)
+Q4_0_CROSS = 24.2  # llama.cpp Q4_0 (symmetric, group 32, 4.5 bits per weight) on these windows (issue 14)
+MODELOPT_AWQ_CROSS = 35.3  # modelopt's AWQ at group 128 (4 x 256; benchmarks/awq_vs_modelopt.py reproduces it)
+ZP = dict(zero_points=True)
+
+# name -> (QuantConfig fields, bound measured on flask_docs that guards regressions, in %)
+INT4_CROSS = {
+    "int4_wo_g128": (dict(qformat=QFormat.INT4_WO, group_size=128), 72.0),  # measured +68.0%
+    "int4_wo_zp_g128": (dict(qformat=QFormat.INT4_WO, group_size=128, **ZP), 42.0),  # measured +38.3%
+    "int4_awq_g128": (FORMATS["int4_awq_g128"][0], 38.0),  # measured +35.6%
+    "int4_awq_zp_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB, **ZP), 27.0),  # +24.5%
+}
+
+
+@pytest.fixture(scope="module")
+def cross_reference(smollm2_float):
+    return evaluate(smollm2_float[1], CROSS).perplexity
+
+
+@pytest.mark.parametrize("name", list(INT4_CROSS))
+def test_int4_cross_domain_within_measured_bound(perplexity, cross_reference, name):
+    fields, bound = INT4_CROSS[name]
+    assert increase(perplexity(name, CROSS, **fields), cross_reference) <= bound
+
+
+@pytest.mark.parametrize("zp", ["", "_zp"])
+def test_int4_awq_cross_domain_beats_round_to_nearest(perplexity, zp):
+    awq = perplexity(f"int4_awq{zp}_g128", CROSS, **INT4_CROSS[f"int4_awq{zp}_g128"][0])
+    rtn = perplexity(f"int4_wo{zp}_g128", CROSS, **INT4_CROSS[f"int4_wo{zp}_g128"][0])
+    assert awq < rtn  # measured +35.6% < +68.0% (symmetric), +24.5% < +38.3% (zero points)
+
+
+@pytest.mark.parametrize("zp", ["", "_zp"])
+def test_int4_awq_cross_domain_beats_modelopt_awq(request, perplexity, cross_reference, zp):
+    """The issue's target: AWQ at group 128 < modelopt's own AWQ at group 128 (+35.3%)."""
+    if not zp:
+        reason = "symmetric: measured +35.6% vs modelopt's +35.3% (zero points: +24.5%); see docs/quantization.md"
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+    awq = perplexity(f"int4_awq{zp}_g128", CROSS, **INT4_CROSS[f"int4_awq{zp}_g128"][0])
+    assert increase(awq, cross_reference) < MODELOPT_AWQ_CROSS
+
+
+def test_int4_symmetric_within_q4_0_cross_domain(request, perplexity, cross_reference):
+    """The issue's target: symmetric int4 at <= 4.5 bits per weight (group 128: 4.25) <= llama.cpp Q4_0's increase."""
+    reason = "measured +35.6% at group 128 (zero points, 4.28 bits: +24.5%); see docs/quantization.md"
+    request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+    assert increase(perplexity("int4_awq_g128", CROSS, **INT4_CROSS["int4_awq_g128"][0]), cross_reference) <= Q4_0_CROSS

@@ -98,9 +98,9 @@ class RopeConfig:
 
 # Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
 # for a ~100M-parameter model. int8_sq / fp8 / KV-cache ranges need one forward pass (64 x 512: ~15 s on
-# SmolLM2-135M); int4_awq's scale and clip searches run many passes per sample (4 x 256: 369-529 s there).
+# SmolLM2-135M); int4_awq (quantize/awq.py) runs one forward pass per layer and token-independent searches.
 DEFAULT_CALIBRATION = (64, 512)
-CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 256)}
+CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512)}
 
 
 # SmoothQuant's migration strength when a QuantConfig does not give one. Static per-tensor int8 ranges need most of
@@ -132,13 +132,12 @@ class QuantConfig:
         default=None,
         metadata={
             "help": "calibration samples [default: 4 for int4_awq, 64 for the others]; more samples give steadier "
-            "ranges, and calibration time grows with calib_size x calib_seq_len (int4_awq's searches at 4 x 256: "
-            "6-9 minutes for SmolLM2-135M on 2 CPU cores; 64 x 512 would take hours there)"
+            "ranges, and the forward passes grow with calib_size x calib_seq_len (int4_awq's searches do not)"
         },
     )
     calib_seq_len: int | None = field(
         default=None,
-        metadata={"help": "tokens per calibration sample [default: 256 for int4_awq, 512 for the others]"},
+        metadata={"help": "tokens per calibration sample [default: 512]"},
     )
     exclude: list[str] = field(
         default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
@@ -148,6 +147,13 @@ class QuantConfig:
         metadata={
             "help": "int8_sq migration strength (0: none, 1: all of the activation range to weights) [default: 0.5 "
             "with dynamic activation scales, 0.8 with static ones: docs/quantization.md has the measurements]"
+        },
+    )
+    zero_points: bool = field(
+        default=False,
+        metadata={
+            "help": "int4 formats: unsigned codes 0..15 and a zero point per group (asymmetric ranges, as "
+            "llama.cpp's Q4_1 and the AWQ paper); onnxruntime and torch engines, not TensorRT"
         },
     )
 
@@ -164,6 +170,8 @@ class QuantConfig:
                 raise ValueError(f"{name} must be positive")
         if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise ValueError("smoothquant_alpha must be in [0, 1]")
+        if self.zero_points and self.qformat not in (QFormat.INT4_WO, QFormat.INT4_AWQ):
+            raise ValueError(f"zero_points applies to the int4 formats only, not {self.qformat.value}")
 
 
 @dataclass(frozen=True)

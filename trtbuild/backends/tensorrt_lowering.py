@@ -194,7 +194,8 @@ def _check_static_activations(graph: onnx.GraphProto) -> None:
 
 def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> None:
     """Refuse blocked ``DequantizeLinear`` weights whose last block is partial (ONNX and onnxruntime allow it; the
-    TensorRT block quantization this backend was written against takes whole blocks only, unverified here)."""
+    TensorRT block quantization this backend was written against takes whole blocks only, unverified here), and
+    int4 weights with zero points (``uint4``; TensorRT's DequantizeLayer takes no zero point)."""
     for node in graph.node:
         weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
         if weight is None:
@@ -203,6 +204,11 @@ def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.Ten
         block = attrs.get("block_size", 0)
         if not block:
             continue
+        if weight.data_type == TensorProto.UINT4:
+            raise BuildError(
+                f"{node.name}: int4 with zero points, which TensorRT's DequantizeLayer does not take: quantize "
+                "without --zero-points, or build with --backend onnxruntime or torch"
+            )
         axis = attrs.get("axis", 1) % len(weight.dims)
         if weight.dims[axis] % block:
             raise BuildError(

@@ -15,6 +15,11 @@ Each ``QFormat`` starts from modelopt's own config (``FORMATS[...].modelopt_conf
 - for a quantized KV cache, modelopt's per-tensor K/V quantizers (``*[kv]_bmm_quantizer``: keys after rotary,
   as the cache stores them).
 
+The int4 formats are calibrated by trtbuild itself (``awq.py``: round-to-nearest or AWQ, symmetric or with zero
+points): modelopt then only quantizes what else the format holds (the LM head when not excluded, KV-cache ranges,
+calibrated on the int4 model). ``modelopt_int4=True`` keeps modelopt's own int4 calibration (symmetric only),
+for comparison (``benchmarks/awq_vs_modelopt.py``).
+
 After calibration the modules that one canonical tensor fuses (q/k/v, gate/up) get one pre-quant scale
 (averaged; weights re-smoothed and re-quantized, as modelopt's export does) and one input range: the model is
 then exactly what the exported checkpoint computes, and serves as the fake-quantized oracle.
@@ -34,7 +39,8 @@ from typing import Any
 import numpy as np
 
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
-from .formats import FORMATS, dynamic_activations
+from ..errors import TrtbuildError
+from .formats import FORMATS, Numeric, dynamic_activations
 from .hf_model import canonical_linears, hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
@@ -45,12 +51,15 @@ def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
     return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
-def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig) -> dict[str, Any]:
-    """modelopt's config for ``qcfg.qformat`` with trtbuild's block size, exclusions and KV-cache quantizers."""
+def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig, *, int4_by_trtbuild: bool = False) -> dict[str, Any]:
+    """modelopt's config for ``qcfg.qformat`` with trtbuild's block size, exclusions and KV-cache quantizers
+    (with ``int4_by_trtbuild``, every decoder linear is left to ``awq.py``: disabled here)."""
     import modelopt.torch.quantization as mtq
 
     spec = FORMATS[qcfg.qformat]
     name = spec.dynamic_modelopt_config if dynamic_activations(qcfg) and spec.dynamic_modelopt_config else None
+    if int4_by_trtbuild:
+        name = "INT4_BLOCKWISE_WEIGHT_ONLY_CFG"
     config = copy.deepcopy(getattr(mtq, name or spec.modelopt_config))
     if qcfg.qformat is QFormat.INT8_SQ:
         config["algorithm"] = {"method": "smoothquant", "alpha": qcfg.smoothquant_alpha}
@@ -62,16 +71,29 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig) -> dict[str, Any]:
         kv = {"num_bits": KV_NUM_BITS[qcfg.kv_cache_dtype], "axis": None}
         config["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv})
     excluded = excluded_linears(cfg, qcfg.exclude)
+    if int4_by_trtbuild:  # the LM head's quantizer stays on (modelopt refuses a config quantizing no weight)
+        excluded = [n for n in canonical_linears(cfg) if n != "lm_head"]
+        head = {"num_bits": 8, "axis": 0}  # quantize_lm_head's
+        config["quant_cfg"].append({"quantizer_name": "lm_head.weight_quantizer", "cfg": head, "enable": True})
     for name in excluded:
         for module in hf_modules(name):
             config["quant_cfg"].append({"quantizer_name": f"{module}.*", "enable": False})
     return config
 
 
-def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarray, *, progress: bool = True) -> Any:
+def calibrate(
+    model: Any,
+    cfg: ModelConfig,
+    qcfg: QuantConfig,
+    samples: np.ndarray,
+    *,
+    progress: bool = True,
+    modelopt_int4: bool = False,
+) -> Any:
     """Quantize ``model`` in place with modelopt, calibrating on ``samples`` ``[n, L]`` token ids; returns it.
 
-    With no samples, modelopt calibrates the weights alone (weight-only round-to-nearest)."""
+    With no samples, modelopt calibrates the weights alone (weight-only round-to-nearest). int4 formats are
+    calibrated by ``awq.py`` unless ``modelopt_int4``."""
     import torch
 
     from ..progress import progress as progress_bar
@@ -89,6 +111,10 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
             for row in progress_bar(samples, len(samples), desc, "sample", enabled=shown):
                 m(torch.from_numpy(np.ascontiguousarray(row))[None])
 
+    if FORMATS[qcfg.qformat].weights is Numeric.INT4 and not modelopt_int4:
+        return _calibrate_int4(model, cfg, qcfg, samples, forward_loop, progress)
+    if qcfg.zero_points:
+        raise TrtbuildError("modelopt's int4 calibration has no zero points")
     with warnings.catch_warnings(), _quiet(progress):
         warnings.simplefilter("ignore")
         mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if len(samples) else None)
@@ -97,6 +123,26 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
             make_inputs_dynamic(model, FORMATS[qcfg.qformat].dynamic_block)
         if qcfg.qformat is QFormat.INT4_AWQ:  # AWQ's clip search, on the weights as the fused graph smooths them
             mtq.calibrate(model, {"method": "awq_clip"}, forward_loop)
+        if "lm_head" not in excluded_linears(cfg, qcfg.exclude):
+            quantize_lm_head(model)
+    return model
+
+
+def _calibrate_int4(
+    model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarray, forward_loop: Any, progress: bool
+) -> Any:
+    """int4 by ``awq.py``; then modelopt's KV-cache ranges (on the int4 model) and int8 LM head."""
+    import modelopt.torch.quantization as mtq
+
+    from .awq import quantize_int4
+
+    with warnings.catch_warnings(), _quiet(progress):
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, modelopt_config(cfg, qcfg, int4_by_trtbuild=True), None)
+        model.get_submodule("lm_head").weight_quantizer.disable()  # quantize_lm_head's, if not excluded
+        quantize_int4(model, cfg, qcfg, samples, progress=progress)
+        if qcfg.kv_cache_dtype in KV_NUM_BITS:
+            mtq.calibrate(model, "max", forward_loop)
         if "lm_head" not in excluded_linears(cfg, qcfg.exclude):
             quantize_lm_head(model)
     return model

@@ -8,6 +8,7 @@ Checkpoint tensors of a quantized linear ``P`` (canonical prefix, e.g. ``layers.
 | ``P.weight_scale`` (float32) | ``[out]`` | ``[out]`` (*) | ``[out]`` | ``[out, ceil(in/group)]`` |
 | ``P.input_scale`` (float32) | ``[]``, static | ``[]``, static | — | — |
 | ``P.pre_quant_scale`` (float32) | ``[in]`` where not folded | — | — | ``[in]`` where not folded |
+| ``P.weight_zero_point`` (uint8) | — | — | — | ``[out, ceil(in/group)]``, values 0..15, with ``zero_points`` |
 
 ``weight = q * weight_scale`` (per output channel, or per block of ``group`` input features). (*) fp8 weights are
 per output channel with dynamic activations (FP8 rowwise) and per tensor per source module with static ones (the
@@ -15,7 +16,9 @@ scale vector is then constant over each fused module's rows: q | k | v). The act
 ``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and then quantized symmetrically, ``saturate(round(x / s))``:
 with ``ActivationScales.STATIC`` by the calibrated per-tensor ``s = input_scale``; with ``DYNAMIC`` by
 ``s = amax / bound`` of its own values, per block of ``dynamic_block`` in-features of each token (int8: 16) or per
-token (fp8). Zero points are always 0 (symmetric).
+token (fp8). Zero points are 0 (symmetric) except int4's with ``zero_points``: unsigned codes (0..15),
+``weight = (q - weight_zero_point) * weight_scale``, a ``uint4`` weight with a blocked ``uint4`` zero point in the
+graph.
 
 In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
 activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
@@ -110,9 +113,15 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inpu
     (``static_inputs``: with its calibrated per-tensor activation scale).
 
     The integers are recovered from modelopt's own fake-quantized weight (``q = fq(w) / scale``), so the checkpoint
-    holds exactly the values the fake-quantized model computes with.
+    holds exactly the values the fake-quantized model computes with. Modules quantized by trtbuild's int4
+    (``int4.install``) carry their codes: ``int4.export_int4_linear``.
     """
     import torch
+
+    if hasattr(modules[0], "int4_weight"):
+        from .int4 import export_int4_linear
+
+        return export_int4_linear(modules, prefix)
 
     ints, scales = [], []
     for m in modules:
@@ -159,11 +168,13 @@ def pack_int4(q: Any) -> Any:
     return (u[..., 0] | (u[..., 1] << 4)).contiguous()
 
 
-def unpack_int4(packed: np.ndarray) -> np.ndarray:
-    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]``."""
+def unpack_int4(packed: np.ndarray, *, signed: bool = True) -> np.ndarray:
+    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]`` (``ml_dtypes.uint4`` unless ``signed``)."""
     lo = (packed & 0x0F).astype(np.int8)
     hi = (packed >> 4).astype(np.int8)
     both = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
+    if not signed:
+        return both.astype(ml_dtypes.uint4)
     return np.where(both > 7, both - 16, both).astype(ml_dtypes.int4)
 
 
@@ -204,8 +215,11 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
     wt = g.initializer(prefix + ".weight", np.ascontiguousarray(w.T))  # [in, out]
     if scale.ndim == 2:  # [out, ceil(in/group)] -> blocked along the in axis of [in, out]
         assert scale.shape[1] == -(-w.shape[1] // group_size), (prefix, scale.shape, group_size)
-        st = g.initializer(prefix + ".weight_scale", np.ascontiguousarray(scale.T))
-        wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=0, block_size=group_size)
+        inputs = [wt, g.initializer(prefix + ".weight_scale", np.ascontiguousarray(scale.T))]
+        if prefix + ".weight_zero_point" in weights:  # uint4 codes, uint4 zero point per block
+            zp = np.asarray(weights[prefix + ".weight_zero_point"]).T.astype(ml_dtypes.uint4)
+            inputs.append(g.initializer(prefix + ".weight_zero_point", zp))
+        wd = g.op("DequantizeLinear", inputs, name=prefix + ".weight_dq", axis=0, block_size=group_size)
     else:
         st = g.initializer(prefix + ".weight_scale", scale)
         wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=1)

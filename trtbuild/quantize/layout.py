@@ -45,6 +45,8 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
         if spec.weights is Numeric.INT4:
             out[prefix + ".weight"] = ((rows, cols // 2), "U8")
             out[prefix + ".weight_scale"] = ((rows, -(-cols // q.group_size)), "F32")  # last group may be partial
+            if q.zero_points:
+                out[prefix + ".weight_zero_point"] = ((rows, -(-cols // q.group_size)), "U8")
         else:
             out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
             out[prefix + ".weight_scale"] = ((rows,), "F32")
@@ -61,7 +63,8 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
 
 def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """A float or quantized checkpoint for the graph: float tensors as float32, quantized weights as int8,
-    ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked)."""
+    ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked; ``ml_dtypes.uint4`` with zero
+    points, which load as ``ml_dtypes.uint4`` ``[out, groups]``)."""
     if not (ckpt_dir / "config.json").is_file():
         return load_checkpoint(ckpt_dir)  # its errors name what is missing
     try:
@@ -92,8 +95,10 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
                     raise BuildError(f"{path}: tensor {name} has dtype {t.dtype}, expected {dtype}")
                 if t.dtype is torch.float8_e4m3fn:
                     weights[name] = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+                elif name.endswith(".weight_zero_point"):
+                    weights[name] = t.numpy().astype(ml_dtypes.uint4)
                 elif dtype == "U8":
-                    weights[name] = unpack_int4(t.numpy())
+                    weights[name] = unpack_int4(t.numpy(), signed=not cfg.quantization.zero_points)
                 elif dtype == "I8":
                     weights[name] = t.numpy()
                 else:

@@ -50,9 +50,11 @@ def quantize(
     overwrite: bool = False,
     progress: bool = True,
     keep_model: bool = False,
+    modelopt_int4: bool = False,
     cache_dir: Path | None = None,
 ) -> QuantizeResult:
-    """Quantize ``src`` into the checkpoint directory ``out``."""
+    """Quantize ``src`` into the checkpoint directory ``out`` (``modelopt_int4``: int4 calibrated by modelopt's own
+    round-to-nearest / AWQ instead of ``awq.py``, symmetric only; for comparisons)."""
     start = time.perf_counter()
     out = out.absolute()
     if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
@@ -64,7 +66,7 @@ def quantize(
         samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
         model = build_hf_model(cfg, weights)
         t = time.perf_counter()
-        calibrate(model, cfg, qcfg, samples, progress=progress)
+        calibrate(model, cfg, qcfg, samples, progress=progress, modelopt_int4=modelopt_int4)
         calib_seconds = time.perf_counter() - t
         qcfg_out = replace(qcfg, exclude=list(qcfg.exclude))
         new_cfg = replace(cfg, quantization=qcfg_out)

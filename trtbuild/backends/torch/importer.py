@@ -44,9 +44,11 @@ def _op_name(node: onnx.NodeProto) -> str:
 
 
 def _to_torch(array: np.ndarray) -> Tensor:
-    """An initializer as a torch tensor: int4 -> int8 values, float8_e4m3fn kept as float8."""
+    """An initializer as a torch tensor: int4 -> int8 values, uint4 -> uint8, float8_e4m3fn kept as float8."""
     if array.dtype == np.dtype(ml_dtypes.int4):
         return torch.from_numpy(array.astype(np.int8))
+    if array.dtype == np.dtype(ml_dtypes.uint4):
+        return torch.from_numpy(array.astype(np.uint8))
     if array.dtype == np.dtype(ml_dtypes.float8_e4m3fn):
         return torch.from_numpy(np.array(array).view(np.uint8)).view(torch.float8_e4m3fn)
     array = np.ascontiguousarray(array)
@@ -175,9 +177,13 @@ def _quantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 
 
 def _dequantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial)."""
+    """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial); a blocked
+    zero point (int4 with zero points) is subtracted, per-tensor / per-axis ones are 0 in trtbuild's graphs."""
     data, scale = x[0], x[1]
-    return ((data.float() * _expand_scale(node, data, scale)).to(m.dtype),)
+    values = data.float()
+    if node.attrs.get("block_size", 0) and len(x) > 2 and x[2] is not None:
+        values = values - _expand_scale(node, data, x[2]).float()  # repeated over blocks as the scale is
+    return ((values * _expand_scale(node, data, scale)).to(m.dtype),)
 
 
 def _expand_scale(node: Node, data: Tensor, scale: Tensor) -> Tensor:
