@@ -2,9 +2,9 @@
 
 Reference: the float32 engine of the dequantized GGUF. Perplexity on 8 windows x 512 tokens of the lee_news
 evaluation split; calibration on 16 x 256 tokens of its (disjoint) calibration split (4 x 512 for AWQ, its
-default). The int4 formats are also judged on flask_docs (another domain: technical prose with code), with issue
-14's targets (llama.cpp Q4_0's increase there, modelopt's AWQ). int4 is judged at group 128, as the issue asks:
-SmolLM2's 576 in-features end in a half group.
+default). The int4, W8A8 and FP8 formats are also judged on flask_docs (another domain: technical prose with
+code), with issue 14's targets (llama.cpp Q8_0's and Q4_0's increases there, modelopt's AWQ, FP8 rowwise
+<= 1%). int4 is judged at group 128, as the issue asks: SmolLM2's 576 in-features end in a half group.
 Gates these formats do not meet on this model are marked xfail with the measured figure (docs/quantization.md
 has the evidence: on this 135M model int4 at group 128 costs 2.5-8.7% for *each* linear kind on its own).
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from trtbuild.build import build_engine
-from trtbuild.config import BuildConfig, EvalConfig, KVCacheDType, QFormat, QuantConfig
+from trtbuild.config import ActivationScales, BuildConfig, EvalConfig, KVCacheDType, QFormat, QuantConfig
 from trtbuild.eval import evaluate
 
 pytestmark = pytest.mark.slow
@@ -61,15 +61,20 @@ def increase(ppl: float, ref: float) -> float:
     return 100.0 * (ppl / ref - 1.0)
 
 
+STATIC = ActivationScales.STATIC
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]  # down_proj's input (silu(gate) * up) has the activation outliers
 AWQ_CALIB = dict(calib_size=4, calib_seq_len=512)  # int4_awq's default (QuantConfig)
 
 # name -> (QuantConfig fields, the issue's target increase in %, the bound measured here that guards regressions)
 FORMATS = {
-    "int8_wo": (dict(qformat=QFormat.INT8_WO), 0.5, 0.5),  # measured +0.29%
-    "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 5.0),  # measured +3.9% (per-tensor static activations)
-    "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, exclude=DOWN_FLOAT), 1.0, 1.0),  # recipe; measured +0.84%
-    "fp8": (dict(qformat=QFormat.FP8), 1.0, 3.5),  # measured +2.7% (per-tensor E4M3 weights and activations)
+    "int8_wo": (dict(qformat=QFormat.INT8_WO), 0.5, 0.5),  # measured +0.29-0.35%
+    # W8A8, dynamic int8 activations per block of 16 (the default) with SmoothQuant at alpha 0.3
+    "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 1.0),  # measured +0.32%
+    "int8_sq_static": (dict(qformat=QFormat.INT8_SQ, activation_scales=STATIC), 1.0, 5.0),  # measured +3.9%
+    # the int8_sq recipe (static, for its TensorRT targets; mlp.down in float): measured +0.84%
+    "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, activation_scales=STATIC, exclude=DOWN_FLOAT), 1.0, 1.0),
+    "fp8": (dict(qformat=QFormat.FP8), 1.0, 3.5),  # rowwise (per-channel weights, per-token activations): +2.86%
+    "fp8_static": (dict(qformat=QFormat.FP8, activation_scales=STATIC), 1.0, 3.5),  # measured +2.7%
     "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB), 4.0, 30.0),  # measured +27.2%
 }
 
@@ -148,3 +153,35 @@ def test_int4_symmetric_within_q4_0_cross_domain(request, perplexity, cross_refe
     reason = "measured +35.6% at group 128 (zero points, 4.28 bits: +24.5%); see docs/quantization.md"
     request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
     assert increase(perplexity("int4_awq_g128", CROSS, **INT4_CROSS["int4_awq_g128"][0]), cross_reference) <= Q4_0_CROSS
+
+
+# --- W8A8 and FP8 across domains (issue 14): calibrated on lee_news, judged on flask_docs ---
+Q8_0_CROSS = 0.58  # llama.cpp Q8_0 (int8 weights and activations per block of 32) on these windows (issue 14)
+
+# name -> (the issue's target increase on flask_docs in %, the bound measured here that guards regressions)
+W8A8_CROSS = {
+    "int8_wo": (0.5, 0.5),  # measured +0.23%
+    "int8_sq": (Q8_0_CROSS, 0.5),  # dynamic W8A8: measured +0.04%
+    "fp8": (1.0, 5.0),  # FP8 rowwise: measured +4.08% (E4M3's 3 mantissa bits on a 135M model: docs/quantization.md)
+}
+
+
+@pytest.mark.parametrize("name", list(W8A8_CROSS))
+def test_w8a8_cross_domain_within_measured_bound(perplexity, cross_reference, name):
+    _, bound = W8A8_CROSS[name]
+    assert increase(perplexity(name, CROSS, **FORMATS[name][0]), cross_reference) <= bound
+
+
+@pytest.mark.parametrize("name", list(W8A8_CROSS))
+def test_w8a8_cross_domain_within_issue_target(request, perplexity, cross_reference, name):
+    target, bound = W8A8_CROSS[name]
+    if bound > target:
+        request.applymarker(pytest.mark.xfail(reason="not met on SmolLM2-135M: see docs/quantization.md", strict=False))
+    assert increase(perplexity(name, CROSS, **FORMATS[name][0]), cross_reference) <= target
+
+
+def test_dynamic_activation_scales_hold_across_domains(perplexity, cross_reference):
+    """Static per-tensor int8 ranges calibrated on news clip technical text's outliers; dynamic ones do not."""
+    dynamic = perplexity("int8_sq", CROSS, **FORMATS["int8_sq"][0])
+    static = perplexity("int8_sq_static", CROSS, **FORMATS["int8_sq_static"][0])
+    assert increase(dynamic, cross_reference) < increase(static, cross_reference) / 4
