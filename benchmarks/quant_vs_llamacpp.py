@@ -251,21 +251,22 @@ class AccuracyCache:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.data = json.loads(path.read_text()) if path.is_file() else {}
+
+    def read(self) -> dict:
+        """The file as it is now: runs for other formats may share ``--work`` and add to it meanwhile."""
+        return json.loads(self.path.read_text()) if self.path.is_file() else {}
 
     @staticmethod
     def key(row: Row, dataset: str, args: argparse.Namespace) -> str:
         return f"{row.system}|{row.name}|{dataset}|{args.windows}x{args.seq_len}|{row.model.stat().st_mtime_ns}"
 
     def get(self, row: Row, dataset: str, args: argparse.Namespace) -> float | None:
-        return self.data.get(self.key(row, dataset, args))
+        return self.read().get(self.key(row, dataset, args))
 
     def put(self, row: Row, dataset: str, args: argparse.Namespace, ppl: float) -> None:
-        """Add one figure to the file (re-read first: runs for other variants may share ``--work``)."""
-        self.data = {**(json.loads(self.path.read_text()) if self.path.is_file() else {}), **self.data}
-        self.data[self.key(row, dataset, args)] = ppl
+        data = self.read() | {self.key(row, dataset, args): ppl}
         tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.data, indent=1))
+        tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(self.path)
 
 
@@ -502,17 +503,10 @@ def main() -> None:
             row.ppl = {d: p for d in args.datasets if (p := cache.get(row, d, args)) is not None}
     if "speed" in args.only:
         measure_speed(args, rows, peers, result)
-    result["meta"] = {
-        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "windows": args.windows,
-        "seq_len": args.seq_len,
-        "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens,
-        "threads": args.threads,
-        "rounds": args.rounds if "speed" in args.only else 0,
-        "llama_cpp_python": llamacpp_version(peers) if peers else None,
-        "elapsed_s": time.perf_counter() - start,
-    }
+    meta = {k: getattr(args, k) for k in ("windows", "seq_len", "prompt_len", "new_tokens", "threads")}
+    meta |= {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": time.perf_counter() - start}
+    meta |= {"rounds": args.rounds if "speed" in args.only else 0}
+    result["meta"] = meta | {"llama_cpp_python": llamacpp_version(peers) if peers else None}
     result["rows"] = [
         {
             "system": r.system,
