@@ -293,7 +293,7 @@ def measure_accuracy(args: argparse.Namespace, rows: list[Row], peers: Peers | N
                     if row.system == "trtbuild":
                         ppl = evaluate(row.model, cfg).perplexity
                     else:
-                        sums = llamacpp_nll_sums(peers, row.model, windows, args.threads)
+                        sums = llamacpp_nll_sums(peers, row.model, windows, args.eval_threads)
                         ppl = math.exp(sum(sums) / (windows.shape[0] * (args.seq_len - 1)))
                 except (TrtbuildError, Failed, subprocess.TimeoutExpired) as exc:
                     error(f"perplexity {row.system} {row.name} {dataset}: {exc}")
@@ -317,7 +317,7 @@ def sanity_check(args: argparse.Namespace, rows: list[Row], peers: Peers | None,
     trt = evaluate(refs["trtbuild"].model, cfg).perplexity
     window = eval_windows(refs["trtbuild"].model, cfg)
     try:
-        nll = llamacpp_nll_sums(peers, refs["llama.cpp"].model, window, args.threads)[0]
+        nll = llamacpp_nll_sums(peers, refs["llama.cpp"].model, window, args.eval_threads)[0]
         llama = math.exp(nll / (args.seq_len - 1))
     except (Failed, subprocess.TimeoutExpired) as exc:
         error(f"sanity check: {exc}")
@@ -434,6 +434,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--eval-threads",
+        type=int,
+        default=2,
+        help="llama.cpp threads for perplexity (on a shared machine 1 is faster: its threads spin-wait)",
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--json", type=Path, help="also write every figure and sample here")
