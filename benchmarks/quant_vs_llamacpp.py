@@ -503,12 +503,12 @@ def main() -> None:
         rows += prepare_llamacpp(args, peers, args.llamacpp)
     if "accuracy" in args.only:
         measure_accuracy(args, rows, peers, result)
-    else:  # earlier runs' perplexities, when cached
+    if "speed" in args.only:
+        measure_speed(args, rows, peers, result)
+    if "accuracy" not in args.only:  # earlier (or concurrent) runs' perplexities, when cached
         cache = AccuracyCache(args.work / "accuracy.json")
         for row in rows:
             row.ppl = {d: p for d in args.datasets if (p := cache.get(row, d, args)) is not None}
-    if "speed" in args.only:
-        measure_speed(args, rows, peers, result)
     meta = {k: getattr(args, k) for k in ("windows", "seq_len", "prompt_len", "new_tokens", "threads")}
     meta |= {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "elapsed_s": time.perf_counter() - start}
     meta |= {"rounds": args.rounds if "speed" in args.only else 0}
