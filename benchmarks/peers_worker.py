@@ -1,4 +1,4 @@
-"""One peer measurement, run by ``vs_peers.py`` inside the peers' virtualenv (never the project's).
+"""One peer measurement, run by ``vs_peers.py`` or ``quant_vs_llamacpp.py`` in the peers' virtualenv (never ours).
 
 Reads one JSON request on stdin and prints one JSON line on stdout. Requests:
 
@@ -9,6 +9,9 @@ Reads one JSON request on stdin and prints one JSON line on stdout. Requests:
   ``greedy`` returns the new token ids of prompt 0; ``decode`` times one prompt (TTFT = prompt evaluation and the
   first token; decode tok/s = the tokens after the first per second); ``batch`` times all prompts as one static
   batch (onnxruntime-genai only; equal-length prompts, so no padding) and returns output tok/s.
+- ``{"task": "nll", "model": GGUF, "windows": [[ids]], "threads": T}``: llama.cpp's logits for every position of
+  each window (one ``eval`` of the given token ids, no re-tokenization, no BOS added); returns ``nll_sums``, per
+  window the summed negative log-likelihood (nats) of tokens 1.. scored from the logits one position earlier.
 
 EOS is ignored: llama.cpp's loop never looks at it; onnxruntime-genai gets ``min_length = max_length`` (EOS masked).
 """
@@ -95,6 +98,23 @@ def quantize_gguf(src: str, dst: str, ftype: int) -> dict:
     return {"ok": True}
 
 
+def window_nll(model: str, windows: list[list[int]], threads: int) -> dict:
+    import llama_cpp
+
+    n = max(map(len, windows))
+    llm = llama_cpp.Llama(
+        model_path=model, n_threads=threads, n_threads_batch=threads, n_ctx=n, n_batch=n, logits_all=True, verbose=False
+    )
+    sums = []
+    for ids in windows:
+        llm.reset()
+        llm.eval(ids)
+        logits = np.asarray(llm.scores[: len(ids) - 1], dtype=np.float64)
+        log_z = np.logaddexp.reduce(logits, axis=-1)
+        sums.append(float(np.sum(log_z - logits[np.arange(len(ids) - 1), ids[1:]])))
+    return {"nll_sums": sums}
+
+
 def measure(req: dict) -> dict:
     prompts, new_tokens = req["prompts"], req["new_tokens"]
     if req["system"] == "ort":
@@ -113,8 +133,12 @@ def measure(req: dict) -> dict:
 def main() -> None:
     req = json.loads(sys.stdin.read())
     try:
-        quantize = req["task"] == "quantize_gguf"
-        result = quantize_gguf(req["src"], req["dst"], req["ftype"]) if quantize else measure(req)
+        if req["task"] == "quantize_gguf":
+            result = quantize_gguf(req["src"], req["dst"], req["ftype"])
+        elif req["task"] == "nll":
+            result = window_nll(req["model"], req["windows"], req["threads"])
+        else:
+            result = measure(req)
     except Exception as exc:  # reported to vs_peers.py as one error line
         result = {"error": f"{type(exc).__name__}: {exc}"}
     print(json.dumps(result), flush=True)
