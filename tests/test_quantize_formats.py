@@ -105,7 +105,10 @@ def quantized(tmp_path_factory):
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
     session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=session_config(CASES[name]))
-    check_against_fake_quant(session, model, name)
+    # MatMulNBits quantizes its activations with its own float arithmetic, not the graph's x / (amax / 127) rounded
+    # half to even: a rare one-code flip in some block moves the tiny model's logits by ~2e-3 (the torch importer,
+    # which runs the graph's own Q/DQ, is held to 1e-3 below)
+    check_against_fake_quant(session, model, name, atol=5e-3 if dynamic_int8(CASES[name]) else None)
 
 
 class ImportedSession:
@@ -128,8 +131,8 @@ class ImportedSession:
             return self.module(*map(torch.from_numpy, arrays), self.caches).numpy()
 
 
-# int8 per channel (+ int8 cache), int4 blocked with a partial last group, fp8 rowwise (+ fp8 cache), dynamic int8
-# activations with a quantized tied head, static int8 activations: every quantized op of the portable graph.
+# int8 per channel (+ int8 cache), int4 blocked with a partial last group (+ zero points), fp8 static (+ fp8 cache)
+# and rowwise, int8 activations static (+ a quantized tied head) and dynamic: every quantized op of the graph.
 TORCH_CASES = [
     "int8_wo+kv_int8",
     "int4_awq_g64_partial",
@@ -137,6 +140,8 @@ TORCH_CASES = [
     "fp8+kv_fp8",
     "int8_sq+tied_head",
     "int8_sq_static",
+    "int8_sq",
+    "fp8",
 ]
 
 
@@ -162,10 +167,10 @@ def test_compiled_torch_engine_matches_modelopt_fake_quant(quantized, name, tmp_
     check_against_fake_quant(TorchSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, name)
 
 
-def check_against_fake_quant(session, model, name: str) -> None:
+def check_against_fake_quant(session, model, name: str, atol: float | None = None) -> None:
     """Ragged prefill then decode steps through the (quantized) paged cache, every row vs the fake-quant model."""
     qformat = CASES[name].qformat
-    atol = 1e-4 if qformat in WEIGHT_ONLY else 1e-3
+    atol = atol or (1e-4 if qformat in WEIGHT_ONLY else 1e-3)
     rng = np.random.default_rng(3)
     seqs = [list(map(int, rng.integers(0, 97, n))) for n in (11, 5)]
     tables = [[3, 7, 1, 9, 12], [5, 2, 8, 4, 11]]
