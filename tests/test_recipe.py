@@ -66,7 +66,7 @@ def test_recipe_round_trips_and_resolves_relative_paths(tmp_path):
     recipe = load_recipe(write(tmp_path, _set(GOOD, "formats.1.quantization.calib_dataset", "calib.txt")))
     assert recipe.model.path == tmp_path / "model-dir" and recipe.model.dtype is DType.FLOAT16
     assert recipe.format("int8").quantization.calib_dataset == str(tmp_path / "calib.txt")  # a file: made absolute
-    assert recipe.accuracy_gate.eval.dataset == "lee_news"  # a dataset name stays a name
+    assert recipe.accuracy_gate.eval.dataset == "flask_docs"  # a dataset name stays a name
     assert recipe.tensorrt_for(recipe.targets[1]) == TensorRTConfig(arch=["sm90"], version_compatible=True)
     assert recipe.build.max_seq_len == 256 and recipe.build_for(recipe.targets[1]).backend is Backend.TENSORRT
     assert recipe.format("int8").quantization == QuantConfig(

@@ -120,9 +120,9 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .backends.ort_lowering import lower_for_onnxruntime
-    from .backends.ort_weights import reblock_int8_weights
+    from .backends.ort_weights import hand_activations_to_kernel, reblock_int8_weights
 
-    engine = reblock_int8_weights(lower_for_onnxruntime(portable, io))
+    engine = reblock_int8_weights(hand_activations_to_kernel(lower_for_onnxruntime(portable, io)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:

@@ -47,11 +47,22 @@ class PositionKind(enum.Enum):
 class QFormat(enum.Enum):
     """Weight/activation quantization formats of ``trtbuild quantize``."""
 
-    INT8_SQ = "int8_sq"  # INT8 SmoothQuant: per-channel int8 weights, per-tensor int8 activations, smoothing folded
-    FP8 = "fp8"  # FLOAT8E4M3FN weights and activations, per-tensor scales
+    INT8_SQ = "int8_sq"  # INT8 SmoothQuant: per-channel int8 weights, int8 activations (``ActivationScales``), smoothed
+    FP8 = "fp8"  # FLOAT8E4M3FN weights and activations: rowwise (per channel / per token) or per-tensor static
     INT8_WO = "int8_wo"  # int8 weight-only, per-channel scales
     INT4_WO = "int4_wo"  # int4 weight-only round-to-nearest, per-group scales
     INT4_AWQ = "int4_awq"  # int4 weight-only with AWQ activation-aware scaling, per-group scales
+
+
+class ActivationScales(enum.Enum):
+    """How ``int8_sq`` and ``fp8`` quantize a linear's input activations (weight-only formats have none)."""
+
+    # Computed at run time from the values themselves: int8 per block of 16 in-features of each token (onnxruntime's
+    # MatMulNBits quantizes its activations so, at full speed), fp8 per token. Holds on text of any domain.
+    DYNAMIC = "dynamic"
+    # One per-tensor scale per linear, calibrated offline (what TensorRT's int8/fp8 Q/DQ GEMMs take). Fits the
+    # calibration text: on another domain the clipped outliers cost accuracy (docs/quantization.md).
+    STATIC = "static"
 
 
 class KVCacheDType(enum.Enum):
@@ -98,6 +109,14 @@ class QuantConfig:
 
     qformat: QFormat = field(metadata={"help": "quantization format"})
     kv_cache_dtype: KVCacheDType = field(default=KVCacheDType.FLOAT32, metadata={"help": "KV cache storage dtype"})
+    activation_scales: ActivationScales = field(
+        default=ActivationScales.DYNAMIC,
+        metadata={
+            "help": "int8_sq / fp8 activation scales: dynamic (per block of 16 in-features for int8, per token for "
+            "fp8, computed at run time) or static (per tensor, calibrated: what TensorRT needs; fits the "
+            "calibration text's domain only)"
+        },
+    )
     group_size: int = field(
         default=128, metadata={"help": "int4 block size along in-features: a power of two >= 16 (last may be partial)"}
     )
@@ -276,10 +295,18 @@ class TorchConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split."""
+    """Options of ``trtbuild eval``: perplexity over non-overlapping windows of a dataset's evaluation split.
+
+    The default text (``flask_docs``: technical prose with code) is of another domain than the default calibration
+    text (``lee_news``: news), because static activation ranges that fit the calibration text can fail on others.
+    """
 
     dataset: str = field(
-        default="lee_news", metadata={"help": "dataset name (its evaluation split) or text/JSONL path"}
+        default="flask_docs",
+        metadata={
+            "help": "dataset name (its evaluation split) or text/JSONL path; the default, technical prose with "
+            "code, is of another domain than quantize's default calibration text (news)"
+        },
     )
     windows: int = field(default=8, metadata={"help": "number of windows"})
     seq_len: int = field(default=512, metadata={"help": "tokens per window"})

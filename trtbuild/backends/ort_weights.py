@@ -8,6 +8,11 @@ weights alone: +0.29%; emulated in torch on 8 x 512 tokens of lee_news, the engi
 restates each such weight as the same int8 codes with its per-channel scale repeated over blocks of
 ``ACTIVATION_BLOCK`` in-features: identical weights, finer activation quantization inside the kernel, at the same
 speed (float-activation levels 0/1 of the 8-bit kernel are ~50x slower on the CPU).
+
+W8A8 with dynamic activation scales (``int8_sq``'s default) is the same kernel: the portable graph states the
+activation's Q/DQ per block of 16 in-features with run-time scales (``quantize.formats.emit_dynamic_quantization``),
+which is what MatMulNBits does inside itself, so ``hand_activations_to_kernel`` removes those nodes and the MatMul
+then takes the float activation and becomes MatMulNBits like a weight-only one.
 """
 
 from __future__ import annotations
@@ -17,6 +22,37 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
+
+
+def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) -> onnx.ModelProto:
+    """Remove, in place, each dynamic int8 activation Q/DQ (per ``block`` in-features) feeding a MatMul of an int8
+    weight: MatMulNBits quantizes its activations exactly so (accuracy level 4). Returns ``model``."""
+    graph = model.graph
+    producer = {out: n for n in graph.node for out in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    dead: set[str] = set()
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
+        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or not q.name.endswith(".q"):
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
+        weight = inits.get(weight_dq.input[0]) if weight_dq is not None else None
+        if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != block:
+            continue
+        if weight is None or weight.data_type != TensorProto.INT8:
+            continue
+        base = q.name[: -len("q")]  # the emitted nodes are named {base}blocks, {base}abs, ..., {base}rows
+        blocks = producer[q.input[0]]
+        node.input[0] = blocks.input[0]
+        dead.update(n.name for n in graph.node if n.name.startswith(base))
+    kept = [n for n in graph.node if n.name not in dead]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return model
 
 
 def reblock_int8_weights(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) -> onnx.ModelProto:

@@ -61,6 +61,7 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
         raise BuildError(f"the portable graph has no {DOMAIN}::{OP_TYPE} node; was it built by trtbuild?")
     initializers = {init.name: init for init in graph.initializer}
     _check_whole_blocks(graph, initializers)
+    _check_static_activations(graph)
     graph_inputs = {vi.name: vi for vi in graph.input}
     graph_outputs = {vi.name for vi in graph.output}
     casts: dict[tuple[str, int], str] = {}
@@ -178,6 +179,17 @@ def profile_shapes(model: onnx.ModelProto, build: BuildConfig) -> dict[str, tupl
                 raise BuildError(f"graph input {vi.name!r}: no TensorRT profile range for dimension {dim.dim_param!r}")
         shapes[vi.name] = tuple(tuple(d[i] for d in dims) for i in range(3))
     return shapes
+
+
+def _check_static_activations(graph: onnx.GraphProto) -> None:
+    """Refuse activations quantized with run-time scales (``--activation-scales dynamic``, computed in the graph):
+    TensorRT's explicit-quantization int8 / fp8 GEMMs take a constant per-tensor activation scale."""
+    for node in graph.node:
+        if node.op_type == "QuantizeLinear" and any(a.name == "block_size" for a in node.attribute):
+            raise BuildError(
+                f"{node.name}: activations quantized with dynamic scales, which the TensorRT backend does not take; "
+                "quantize with --activation-scales static, or build with --backend onnxruntime or torch"
+            )
 
 
 def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> None:

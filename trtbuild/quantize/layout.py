@@ -18,7 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
-from ..config import KVCacheDType, ModelConfig
+from ..config import ActivationScales, KVCacheDType, ModelConfig
 from ..convert.layout import expected_tensors
 from ..errors import BuildError, ConfigError
 from .calibrate import excluded_linears
@@ -48,7 +48,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
         else:
             out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
             out[prefix + ".weight_scale"] = ((rows,), "F32")
-        if spec.activations is not None:
+        if spec.activations is not None and q.activation_scales is ActivationScales.STATIC:
             out[prefix + ".input_scale"] = ((), "F32")
         if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
             out[prefix + ".pre_quant_scale"] = ((cols,), "F32")

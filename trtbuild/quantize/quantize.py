@@ -25,7 +25,7 @@ from ..config import KVCacheDType, ModelConfig, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
-from .formats import FORMATS, Numeric, export_linear, linear_format
+from .formats import FORMATS, Numeric, dynamic_activations, export_linear, linear_format, static_activations
 from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
 from .layout import UNFOLDED_PRE_QUANT_SCALE
 
@@ -100,9 +100,10 @@ def _float_checkpoint(src: Path, out: Path) -> Iterator[Path]:
 
 
 def needs_data(qcfg: QuantConfig) -> bool:
-    """Whether calibration runs the model: weight-only round-to-nearest with a float KV cache reads weights only."""
+    """Whether calibration runs the model: round-to-nearest weights with dynamic (or no) activation scales and a
+    float KV cache read weights only."""
     spec = FORMATS[qcfg.qformat]
-    return spec.activations is not None or spec.smoothing or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
+    return static_activations(qcfg) or spec.smoothing or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
 
 
 def _load_config(ckpt_dir: Path) -> ModelConfig:
@@ -124,6 +125,15 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     linears = [n for n in canonical_linears(cfg) if n not in excluded]
     if not linears:
         raise TrtbuildError(f"--exclude {' '.join(qcfg.exclude)} leaves no linear layer to quantize")
+    block = FORMATS[qcfg.qformat].dynamic_block
+    if dynamic_activations(qcfg) and block is not None:
+        in_features = {cfg.hidden_size, cfg.num_heads * cfg.head_size, cfg.intermediate_size}
+        widths = sorted(w for w in in_features if w % block)
+        if widths:
+            raise TrtbuildError(
+                f"{qcfg.qformat.value} with dynamic activation scales quantizes activations per {block} in-features, "
+                f"which {widths[0]} is not a multiple of; use --activation-scales static"
+            )
     group = qcfg.group_size
     if FORMATS[qcfg.qformat].blocked and (group < 16 or group & (group - 1)):
         raise TrtbuildError(
@@ -155,7 +165,7 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     tensors: dict[str, Any] = {}
     for prefix in quantized_linears(cfg):
         modules = [model.get_submodule(m) for m in hf_modules(prefix)]
-        tensors.update(export_linear(linear_format(q.qformat, prefix), modules, prefix))
+        tensors.update(export_linear(linear_format(q.qformat, prefix), modules, prefix, static_activations(q)))
         floats.pop(prefix + ".weight", None)  # a tied lm_head has no tensor of its own: the quantized one is new
     i = cfg.intermediate_size
     for n in range(cfg.num_layers):

@@ -27,6 +27,7 @@ from ...errors import BuildError
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
 from . import ops
 
+FLOAT8 = onnx.TensorProto.FLOAT8E4M3FN
 STEP_INPUTS = ("input_ids", "positions", "block_tables", "query_start_loc", "logits_indices")
 
 
@@ -75,7 +76,11 @@ class PortableModule(torch.nn.Module):
                 self.consts[init.name] = array
                 continue
             tensor = _to_torch(array)
-            if tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn and not self._keep_float32(init.name):
+            if (
+                tensor.is_floating_point()
+                and tensor.dtype != torch.float8_e4m3fn
+                and not self._keep_float32(init.name, tensor)
+            ):
                 tensor = tensor.to(dtype)
             attr = f"w{i}"
             self.register_buffer(attr, tensor)
@@ -88,9 +93,10 @@ class PortableModule(torch.nn.Module):
         self.cache_inputs = tuple(names[len(step) :])
         self.logits = io.logits
 
-    def _keep_float32(self, name: str) -> bool:
-        """Scales and the rotary table stay float32 (quantization math and the kernel read them as float32)."""
-        return name.endswith(("_scale", "cos_sin_cache"))
+    def _keep_float32(self, name: str, tensor: Tensor) -> bool:
+        """Scales, scalar constants and the rotary table stay float32 (quantization math and the kernel read them as
+        float32; a 0-d float32 tensor does not promote a half-precision operand)."""
+        return tensor.dim() == 0 or name.endswith(("_scale", "cos_sin_cache"))
 
     def forward(
         self,
@@ -161,24 +167,30 @@ def _split(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 
 
 def _quantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    """Per-tensor QuantizeLinear to the zero point's type (int8 or float8_e4m3fn), symmetric, saturating."""
-    data, scale, zero = x[0], x[1], x[2]
-    fp8 = zero.dtype == torch.float8_e4m3fn
-    return (ops.quantize_kv(data, scale, 17 if fp8 else 3),)
+    """QuantizeLinear to int8 or float8_e4m3fn (the zero point's type, else ``output_dtype``), symmetric,
+    saturating: per tensor, or blocked with scales computed in the graph (dynamic activation scales)."""
+    data, scale = x[0], x[1]
+    fp8 = (x[2].dtype == torch.float8_e4m3fn) if len(x) > 2 else node.attrs.get("output_dtype") == FLOAT8
+    return (ops.quantize_kv(data, _expand_scale(node, data, scale), 17 if fp8 else 3),)
 
 
 def _dequantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     """DequantizeLinear: per tensor, per axis, or blocked along ``axis`` (the last block may be partial)."""
     data, scale = x[0], x[1]
+    return ((data.float() * _expand_scale(node, data, scale)).to(m.dtype),)
+
+
+def _expand_scale(node: Node, data: Tensor, scale: Tensor) -> Tensor:
+    """A Q/DQ node's scale broadcastable to ``data``: per tensor, per ``axis``, or repeated over blocks."""
     axis = node.attrs.get("axis", 1) % data.dim()
     block = node.attrs.get("block_size", 0)
     if block:
-        scale = torch.repeat_interleave(scale, block, dim=axis).narrow(axis, 0, data.shape[axis])
-    elif scale.dim() == 1 and data.dim() > 1:
+        return torch.repeat_interleave(scale, block, dim=axis).narrow(axis, 0, data.shape[axis])
+    if scale.dim() == 1 and data.dim() > 1:
         shape = [1] * data.dim()
         shape[axis] = -1
-        scale = scale.reshape(shape)
-    return ((data.float() * scale).to(m.dtype),)
+        return scale.reshape(shape)
+    return scale
 
 
 def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
@@ -206,6 +218,14 @@ OPS: dict[str, Handler] = {
     "RMSNormalization": _rms_norm,
     "LayerNormalization": _layer_norm,
     "QuantizeLinear": _quantize,
+    # dynamic activation scales (quantize.formats.emit_dynamic_quantization), computed in float32
+    "Reshape": lambda m, n, x: (x[0].reshape([int(v) for v in x[1]]),),
+    "Abs": lambda m, n, x: (torch.abs(x[0].float()),),
+    "ReduceMax": lambda m, n, x: (
+        torch.amax(x[0], dim=[int(a) for a in x[1]], keepdim=bool(n.attrs.get("keepdims", 1))),
+    ),
+    "Div": lambda m, n, x: (x[0] / x[1],),
+    "Max": lambda m, n, x: (torch.maximum(x[0], x[1]),),
     "DequantizeLinear": _dequantize,
     f"{DOMAIN}::{OP_TYPE}": _paged_attention,
 }
