@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import math
 import sys
 import tempfile
@@ -213,10 +212,10 @@ def modelopt_fp8_config(cfg: Any, axis: int | None, acts: str | None) -> dict[st
     input quantizer) or none."""
     import modelopt.torch.quantization as mtq
 
-    from trtbuild.config import QFormat, QuantConfig
+    from trtbuild.config import ActivationScales, QFormat, QuantConfig
     from trtbuild.quantize.calibrate import modelopt_config
 
-    config = modelopt_config(cfg, QuantConfig(qformat=QFormat.FP8))
+    config = modelopt_config(cfg, QuantConfig(qformat=QFormat.FP8, activation_scales=ActivationScales.STATIC))
     for entry in config["quant_cfg"]:
         if entry.get("quantizer_name") == "*weight_quantizer":
             entry["cfg"] = {**entry["cfg"], "axis": axis}
@@ -261,8 +260,7 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
     from trtbuild.quantize.hf_model import LINEARS, canonical_linears, hf_modules
 
     spec = FORMATS[QFormat.FP8]
-    if not model.get_submodule(hf_modules(canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled:
-        spec = dataclasses.replace(spec, activations=None)  # weight-only variant: no input_scale to export
+    static = model.get_submodule(hf_modules(canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled
     for prefix in canonical_linears(cfg):
         if prefix == "lm_head":
             continue
@@ -270,7 +268,7 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
         modules = [model.get_submodule(n) for n in names]
         if not modules[0].weight_quantizer.is_enabled:
             continue
-        t = export_linear(spec, modules, prefix)
+        t = export_linear(spec, modules, prefix, static)
         w = t[prefix + ".weight"].float() * t[prefix + ".weight_scale"][:, None]
         rows = [base.get_submodule(n).out_features for n in names]
         for n, part in zip(names, torch.split(w, rows), strict=True):
@@ -291,6 +289,7 @@ def main() -> None:
     parser.add_argument(
         "--draws", type=int, default=0, help="random-grid draws of own:w_tensor and own:w_channel (the spread)"
     )
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (1 runs better on a crowded machine)")
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--calib-size", type=int, default=16)
@@ -307,7 +306,7 @@ def main() -> None:
     from trtbuild.quantize.hf_model import build_hf_model
     from trtbuild.quantize.quantize import calibration_samples
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     qcfg = QuantConfig(qformat=QFormat.FP8, calib_size=args.calib_size, calib_seq_len=args.calib_seq_len)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
@@ -327,7 +326,8 @@ def main() -> None:
                 nll += float(torch.nn.functional.cross_entropy(logits[:-1], torch.from_numpy(row[1:]), reduction="sum"))
         return math.exp(nll / (rows.shape[0] * (rows.shape[1] - 1)))
 
-    calib = static_amax(build_hf_model(cfg, weights), samples)
+    static = any(OWN[v][1] == "static" for v in args.variants if v in OWN)
+    calib = static_amax(build_hf_model(cfg, weights), samples) if static else {}
     searched = any(OWN[v][0] and OWN[v][0].endswith("@search") for v in args.variants if v in OWN)
     moments = input_moments(build_hf_model(cfg, weights), samples) if searched else None
     rows: list[tuple[str, list[float]]] = []
