@@ -54,6 +54,7 @@ OWN: dict[str, tuple[str | None, str | None]] = {
     "own:w_channel+a_static": ("channel", "static"),
     "own:w_channel+a_token": ("channel", "token"),  # FP8 rowwise
     "own:w_channel@search+a_token": ("channel@search", "token"),  # FP8 rowwise, searched weight scales
+    "own:w_channel@search_a+a_token": ("channel@search_a", "token"),  # ... searched against fp8 activations
 }
 # modelopt variants: (weight axis, activations) on top of FP8_DEFAULT_CFG / FP8_PER_CHANNEL_PER_TOKEN_CFG
 MODELOPT: dict[str, tuple[int | None, str | None]] = {
@@ -126,8 +127,10 @@ def static_amax(model: Any, samples: np.ndarray) -> dict[str, Any]:
 SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}  # modules reading one input
 
 
-def input_moments(model: Any, samples: np.ndarray) -> dict[str, Any]:
-    """Per-linear ``H = E[x x^T]`` ``[in, in]`` of its input over the calibration ``samples``."""
+def input_moments(model: Any, samples: np.ndarray, token_quantized: bool = False) -> dict[str, Any]:
+    """Per-linear ``(H, C)`` of its input ``x`` over the calibration ``samples``: ``H = E[x x^T]`` ``[in, in]``
+    and ``C`` None; with ``token_quantized``, of the per-token E4M3 input ``xq`` the weights will meet:
+    ``H = E[xq xq^T]`` and ``C = E[xq (xq - x)^T]`` (the activation error the weight rounding may offset)."""
     import torch
 
     def reader(name: str) -> str:  # the module whose input hook records the shared input
@@ -140,7 +143,9 @@ def input_moments(model: Any, samples: np.ndarray) -> dict[str, Any]:
     def hook(name: str) -> Callable[..., None]:
         def record(_m: Any, args: tuple[Any, ...]) -> None:
             x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            sums[name] = sums[name] + x.T @ x if name in sums else x.T @ x
+            xq = e4m3(x, x.abs().amax(-1, keepdim=True)) if token_quantized else x
+            new = torch.stack([xq.T @ xq, xq.T @ (xq - x)])
+            sums[name] = sums[name] + new if name in sums else new
 
         return record
 
@@ -150,20 +155,27 @@ def input_moments(model: Any, samples: np.ndarray) -> dict[str, Any]:
             model(torch.from_numpy(np.ascontiguousarray(row))[None])
     for h in handles:
         h.remove()
-    return {n: sums[reader(n)] / samples.size for n in linears}
+    moments = {n: sums[reader(n)] / samples.size for n in linears}
+    return {n: (m[0], m[1] if token_quantized else None) for n, m in moments.items()}
 
 
-def searched_amax(w: Any, granularity: str, h: Any, steps: int = 16) -> Any:
-    """The range of ``w`` x ``2^(k / steps)``, ``k < steps``, with the least output error ``e^T H e`` (per row
-    for ``channel``, summed over the rows for ``tensor``): the E4M3 grid offset that suits the inputs best."""
+def searched_amax(w: Any, granularity: str, moments: tuple[Any, Any], steps: int = 16) -> Any:
+    """The range of ``w`` x ``2^(k / steps)``, ``k < steps``, with the least output error (per row for ``channel``,
+    summed over the rows for ``tensor``): the E4M3 grid offset that suits the inputs best. The error of a row ``w``
+    rounded to ``w + e``: ``e^T H e`` for float inputs, ``E[(e.xq + w.(xq - x))^2] = e^T H e + 2 e^T C w + const``
+    for quantized ones (``input_moments``)."""
     import torch
 
+    h, c = moments
+    wc = None if c is None else w @ c.T
     base = weight_amax(w, granularity)
     best_err, best = None, None
     for k in range(steps):
         amax = base * 2.0 ** (k / steps)
         e = e4m3(w, amax) - w
         err = ((e @ h) * e).sum(1, keepdim=True)
+        if wc is not None:
+            err = err + 2 * (e * wc).sum(1, keepdim=True)
         if granularity == "tensor":
             err = err.sum()
         if best is None:
@@ -192,7 +204,7 @@ def apply_own(
         if weights is not None:
             kind, _, rounding = weights.partition("@")
             with torch.no_grad():
-                if rounding == "search":
+                if rounding.startswith("search"):
                     assert moments is not None
                     amax = searched_amax(m.weight, kind, moments[name])
                 else:
@@ -328,8 +340,11 @@ def main() -> None:
 
     static = any(OWN[v][1] == "static" for v in args.variants if v in OWN)
     calib = static_amax(build_hf_model(cfg, weights), samples) if static else {}
-    searched = any(OWN[v][0] and OWN[v][0].endswith("@search") for v in args.variants if v in OWN)
-    moments = input_moments(build_hf_model(cfg, weights), samples) if searched else None
+    moments: dict[bool, dict[str, Any]] = {}  # token_quantized -> input_moments
+    for kind in {str(OWN[v][0]) for v in args.variants if v in OWN and "@search" in str(OWN[v][0])}:
+        quantized = kind.endswith("@search_a")
+        if quantized not in moments:
+            moments[quantized] = input_moments(build_hf_model(cfg, weights), samples, quantized)
     rows: list[tuple[str, list[float]]] = []
 
     def score(name: str, model: Any) -> None:
@@ -344,7 +359,7 @@ def main() -> None:
     for name in [v for v in args.variants if v != "float"]:
         if name in OWN:
             model = build_hf_model(cfg, weights)
-            apply_own(model, *OWN[name], calib, moments=moments)
+            apply_own(model, *OWN[name], calib, moments=moments.get(str(OWN[name][0]).endswith("@search_a")))
             score(name, model)
         elif name in MODELOPT:
             model = build_hf_model(cfg, weights)
