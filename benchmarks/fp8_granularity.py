@@ -1,7 +1,7 @@
 """FP8 (E4M3) scale granularity on SmolLM2-135M: per-tensor vs per-channel weights, static vs dynamic activations.
 
-    python benchmarks/fp8_granularity.py [--datasets lee_news shakespeare] [--variants NAME ...]
-        [--windows 8] [--seq-len 512] [--calib-size 16] [--calib-seq-len 256]
+    python benchmarks/fp8_granularity.py [--datasets lee_news flask_docs] [--variants NAME ...] [--checkpoint]
+        [--draws N] [--threads T] [--windows 8] [--seq-len 512] [--calib-size 16] [--calib-seq-len 256]
 
 Every linear but ``lm_head`` of the transformers model rebuilt from the float32 checkpoint of the GGUF is
 fake-quantized, and the perplexity on the evaluation windows ``trtbuild eval`` scores (``eval.eval_windows``) is
@@ -11,13 +11,19 @@ compared with the float model's. Two implementations of the same casts:
   ``scale``; ``scale = amax / 448``, as the checkpoint stores it and ONNX QuantizeLinear divides by it). Weights per
   tensor (per source module: q, k, v, gate, up separately, as trtbuild's fp8 checkpoint is) or per output channel;
   activations static per tensor (max over the lee_news calibration split), dynamic per tensor, or dynamic per
-  token (each row's max, computed at run time);
+  token (each row's max, computed at run time). Weight ranges ``@pow2``: rounded up to 448 x a power of two (the
+  same E4M3 grid for both granularities); ``@search``: each row's (or module's) range times the ``2^(k/16)`` with
+  the least output error ``e^T H e`` on the calibration inputs; ``@search_a``: the same against the per-token fp8
+  inputs the weights will meet. ``--draws N``: N runs of per-tensor and per-channel weights with every range times
+  a random factor in [1, 2) (the E4M3 grid moved, nothing clipped): the spread of the rounding draw;
 - ``mo:``: modelopt's quantizers (``FP8_DEFAULT_CFG``; its weight quantizer with ``axis: 0``;
   ``FP8_PER_CHANNEL_PER_TOKEN_CFG``), calibrated as ``trtbuild quantize`` does (``calibrate.modelopt_config`` +
   ``mtq.quantize`` + ``calibrate.unify_fused_groups``), then also the checkpoint tensors ``formats.export_linear``
-  writes for them, dequantized back into the model (``ckpt:``), so the export step is checked too.
+  writes for them, dequantized back into the model (``ckpt:``, with ``--checkpoint``), so the export step is checked
+  too.
 
-Runs in torch (no engine build): 10-30 s per row and dataset on 2 cores.
+Runs in torch (no engine build): 30 s to a few minutes per row and dataset on 2 shared cores. Findings:
+docs/quantization.md, "FP8 scale granularity".
 """
 
 from __future__ import annotations
@@ -295,7 +301,7 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", nargs="+", default=["lee_news", "shakespeare"])
+    parser.add_argument("--datasets", nargs="+", default=["lee_news", "flask_docs"])
     parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=DEFAULT_VARIANTS)
     parser.add_argument("--checkpoint", action="store_true", help="also score the exported tensors of mo: variants")
     parser.add_argument(
