@@ -275,7 +275,7 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
 
     from trtbuild.config import QFormat
     from trtbuild.quantize.formats import FORMATS, export_linear
-    from trtbuild.quantize.hf_model import LINEARS, canonical_linears, hf_modules
+    from trtbuild.quantize.hf_model import canonical_linears, hf_modules
 
     spec = FORMATS[QFormat.FP8]
     static = model.get_submodule(hf_modules(canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled
@@ -295,7 +295,6 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
             if prefix + ".input_scale" in t:
                 amax = t[prefix + ".input_scale"] * E4M3_MAX
                 base.get_submodule(n).register_forward_pre_hook(lambda _m, args, a=amax: (e4m3(args[0], a),))
-    assert len(LINEARS) == 4
     return base
 
 
