@@ -45,7 +45,8 @@ def test_calibration_defaults_are_per_format_and_small_for_awq(monkeypatch, caps
     for fmt in QFormat:
         cfg = QuantConfig(fmt)
         assert cfg.calib_size * cfg.calib_seq_len <= 64 * 512
-    assert QuantConfig(QFormat.FP8).calib_size == 64 and QuantConfig(QFormat.INT4_AWQ, calib_size=8).calib_size == 8
+    assert QuantConfig(QFormat.INT8_WO).calib_size == 64 and QuantConfig(QFormat.FP8).calib_size == 16
+    assert QuantConfig(QFormat.INT4_AWQ, calib_size=8).calib_size == 8
     code, out, _ = cli(monkeypatch, capsys, "quantize", "--help")
     text = " ".join(out.split())
     assert code == 0 and "4 for int4_awq" in text and "forward passes grow with" in text and "searches do not" in text

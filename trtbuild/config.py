@@ -97,10 +97,12 @@ class RopeConfig:
 
 
 # Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
-# for a ~100M-parameter model. int8_sq / fp8 / KV-cache ranges need one forward pass (64 x 512: ~15 s on
-# SmolLM2-135M); int4_awq (quantize/awq.py) runs one forward pass per layer and token-independent searches.
+# for a ~100M-parameter model. Static ranges and KV-cache ranges need one forward pass (64 x 512); int8_sq's
+# SmoothQuant statistics and fp8's rowwise scale search need few tokens (16 x 256 measured as well as 64 x 512 and
+# SmoothQuant's passes over 64 x 512 took minutes); int4_awq (quantize/awq.py) runs one forward pass per layer and
+# token-independent searches.
 DEFAULT_CALIBRATION = (64, 512)
-CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512)}
+CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512), QFormat.INT8_SQ: (16, 256), QFormat.FP8: (16, 256)}
 
 
 # SmoothQuant's migration strength when a QuantConfig does not give one. Static per-tensor int8 ranges need most of
@@ -132,13 +134,14 @@ class QuantConfig:
     calib_size: int | None = field(
         default=None,
         metadata={
-            "help": "calibration samples [default: 4 for int4_awq, 64 for the others]; more samples give steadier "
+            "help": "calibration samples [default: 4 for int4_awq, 16 for int8_sq and fp8, 64 for the others]; more "
+            "samples give steadier "
             "ranges, and the forward passes grow with calib_size x calib_seq_len (int4_awq's searches do not)"
         },
     )
     calib_seq_len: int | None = field(
         default=None,
-        metadata={"help": "tokens per calibration sample [default: 512]"},
+        metadata={"help": "tokens per calibration sample [default: 256 for int8_sq and fp8, 512 for the others]"},
     )
     exclude: list[str] = field(
         default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}

@@ -121,6 +121,10 @@ def calibrate(
         unify_fused_groups(model, cfg)
         if dynamic_activations(qcfg):
             make_inputs_dynamic(model, FORMATS[qcfg.qformat].dynamic_block)
+        if qcfg.qformat is QFormat.FP8 and dynamic_activations(qcfg) and len(samples):
+            from .fp8 import search_weight_scales
+
+            search_weight_scales(model, cfg, qcfg, samples)
         if qcfg.qformat is QFormat.INT4_AWQ:  # AWQ's clip search, on the weights as the fused graph smooths them
             mtq.calibrate(model, {"method": "awq_clip"}, forward_loop)
         if "lm_head" not in excluded_linears(cfg, qcfg.exclude):

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..artifacts.atomic import atomic_output_dir, scratch_dir
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
-from ..config import KVCacheDType, ModelConfig, QuantConfig
+from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
@@ -102,10 +102,11 @@ def _float_checkpoint(src: Path, out: Path) -> Iterator[Path]:
 
 
 def needs_data(qcfg: QuantConfig) -> bool:
-    """Whether calibration runs the model: round-to-nearest weights with dynamic (or no) activation scales and a
-    float KV cache read weights only."""
+    """Whether calibration runs the model: static activation ranges, smoothing, fp8's rowwise scale search
+    (``fp8.py``) and KV-cache ranges read tokens; round-to-nearest int8 / int4 weights read weights only."""
     spec = FORMATS[qcfg.qformat]
-    return static_activations(qcfg) or spec.smoothing or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
+    searched = qcfg.qformat is QFormat.FP8
+    return static_activations(qcfg) or spec.smoothing or searched or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
 
 
 def _load_config(ckpt_dir: Path) -> ModelConfig:
