@@ -63,10 +63,14 @@ from vs_peers import Failed, Peers, Trtbuild, atomic_dir, error, log, make_hf_fo
 VARIANTS: dict[str, list[str]] = {
     "fp32": [],
     "int8_wo": ["--qformat", "int8_wo"],
-    "int8_sq": ["--qformat", "int8_sq"],
-    "fp8": ["--qformat", "fp8"],
+    "int8_sq": ["--qformat", "int8_sq"],  # dynamic int8 activations (the default): W8A8
+    "int8_sq_static": ["--qformat", "int8_sq", "--activation-scales", "static"],
+    "fp8": ["--qformat", "fp8"],  # rowwise: per-channel weights, per-token activations (the default)
+    "fp8_static": ["--qformat", "fp8", "--activation-scales", "static"],
     "int4_wo_g128": ["--qformat", "int4_wo", "--group-size", "128"],
+    "int4_wo_zp_g128": ["--qformat", "int4_wo", "--group-size", "128", "--zero-points"],
     "int4_awq_g128": ["--qformat", "int4_awq", "--group-size", "128"],
+    "int4_awq_zp_g128": ["--qformat", "int4_awq", "--group-size", "128", "--zero-points"],
 }
 # llama.cpp format -> llama_ftype (llama.h: LLAMA_FTYPE_MOSTLY_*)
 GGUF_FTYPES = {"F32": 0, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}
