@@ -97,10 +97,11 @@ class RopeConfig:
 
 
 # Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
-# for a ~100M-parameter model. Static ranges and KV-cache ranges need one forward pass (64 x 512); int8_sq's
-# SmoothQuant statistics and fp8's rowwise scale search need few tokens (16 x 256 measured as well as 64 x 512 and
-# SmoothQuant's passes over 64 x 512 took minutes); int4_awq (quantize/awq.py) runs one forward pass per layer and
-# token-independent searches.
+# for a ~100M-parameter model. KV-cache ranges need one forward pass (64 x 512); int8_sq's SmoothQuant statistics
+# (with dynamic activation scales) and fp8's rowwise scale search take 16 x 256 (SmoothQuant's passes over 64 x 512
+# took minutes). Static activation ranges gain from more tokens (int8_sq static on SmolLM2: +4.3% at 16 x 256,
+# +3.4% at 64 x 512): the shipped static recipes ask for 64 x 512. int4_awq (quantize/awq.py) runs one forward pass
+# per layer and token-independent searches.
 DEFAULT_CALIBRATION = (64, 512)
 CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512), QFormat.INT8_SQ: (16, 256), QFormat.FP8: (16, 256)}
 
@@ -108,8 +109,8 @@ CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512), QFormat.INT8_SQ: (16, 256), 
 # SmoothQuant's migration strength when a QuantConfig does not give one. Static per-tensor int8 ranges need most of
 # the outliers moved into the weights (on SmolLM2-135M alpha 0.5 raised perplexity by a third, 0.8 by under 2%);
 # dynamic scales per block of 16 hold outliers themselves, and moving much range into the per-channel int8 weights
-# only costs (perplexity increase on news / technical text, docs/quantization.md: 0.8 +1.0% / +1.8%, 0.5 +0.5% /
-# +0.2%, 0.3 +0.3% / +0.0%).
+# only costs (perplexity increase on news / technical text, 16 x 256 calibration, docs/quantization.md: 0.8 +1.2% /
+# +2.8%, 0.5 +0.5% / +0.2%, 0.3 +0.3% / +0.0%).
 SMOOTHQUANT_ALPHA = {ActivationScales.DYNAMIC: 0.3, ActivationScales.STATIC: 0.8}
 
 
