@@ -27,10 +27,32 @@ class BlockTables:
         return table
 
 
+@pytest.fixture(scope="module")
+def lowered_engines(tiny_engines, tmp_path_factory):
+    """name -> engine_dir of each tiny model built with attention as standard ONNX ops (``--cpu-attention lowered``)."""
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig, CpuAttention
+
+    root = tmp_path_factory.mktemp("lowered")
+    for name, (_, ckpt, _) in tiny_engines.items():
+        build_engine(
+            ckpt, root / name, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_attention=CpuAttention.LOWERED)
+        )
+    return {name: root / name for name in tiny_engines}
+
+
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_prefill_and_decode_match_transformers(tiny_engines, name):
+    """The default engine: native attention kernel, KV cache written in the graph."""
     model, _, engine_dir = tiny_engines[name]
     check_prefill_and_decode(OrtSession(engine_dir, kv_cache_memory=1 << 20), model, name)
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_lowered_attention_matches_transformers(tiny_engines, lowered_engines, name):
+    """The lowered form (standard ops; the session stores the step's K/V) matches transformers just as well."""
+    model, _, _ = tiny_engines[name]
+    check_prefill_and_decode(OrtSession(lowered_engines[name], kv_cache_memory=1 << 20), model, name)
 
 
 def check_prefill_and_decode(session, model, name: str, atol: float = ATOL) -> None:
@@ -77,15 +99,32 @@ def check_prefill_and_decode(session, model, name: str, atol: float = ATOL) -> N
             )
 
 
-@pytest.mark.parametrize("name", list(TINY_CONFIGS))
-def test_engine_graph_uses_fused_onnxruntime_ops(tiny_engines, name):
-    """The lowering's opset-23 forms are what the engine holds (the logits tests above check their numerics)."""
+def _engine_graph(engine_dir):
     import onnx
 
     from trtbuild.config import RuntimeConfig
 
-    _, _, engine_dir = tiny_engines[name]
-    graph = onnx.load(str(engine_dir / RuntimeConfig.load(engine_dir).engine_file), load_external_data=False).graph
-    ops = {n.op_type for n in graph.node}
+    return onnx.load(str(engine_dir / RuntimeConfig.load(engine_dir).engine_file), load_external_data=False).graph
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_engine_graph_holds_one_native_attention_node_per_layer(tiny_engines, name):
+    """Native attention: each layer's plugin node became one ``trtbuild.cpu`` node; no K/V leaves the graph."""
+    from trtbuild.config import CpuAttention, RuntimeConfig
+
+    model, _, engine_dir = tiny_engines[name]
+    graph = _engine_graph(engine_dir)
+    native = [n for n in graph.node if n.op_type == "PagedAttention"]
+    assert {n.domain for n in native} == {"trtbuild.cpu"}
+    assert len(native) == model.config.num_hidden_layers
+    assert {"Attention", "RotaryEmbedding", "Concat"}.isdisjoint(n.op_type for n in graph.node)
+    assert [o.name for o in graph.output] == ["logits"]
+    assert RuntimeConfig.load(engine_dir).build.cpu_attention is CpuAttention.NATIVE
+
+
+@pytest.mark.parametrize("name", list(TINY_CONFIGS))
+def test_lowered_engine_graph_uses_fused_onnxruntime_ops(lowered_engines, name):
+    """The lowering's opset-23 forms are what a lowered engine holds (the logits tests above check their numerics)."""
+    ops = {n.op_type for n in _engine_graph(lowered_engines[name]).node}
     assert "Attention" in ops and ("RotaryEmbedding" in ops) == (name != "gpt2")
     assert "ScatterND" not in ops and "Transpose" not in ops and "PagedAttention" not in ops

@@ -26,6 +26,7 @@ from .checkpoint import WEIGHTS_FILE
 from .config import (
     Backend,
     BuildConfig,
+    CpuAttention,
     EngineIO,
     ModelConfig,
     PerplexityGate,
@@ -35,7 +36,7 @@ from .config import (
 )
 from .configio import to_dict
 from .convert.convert import copy_tokenizer_files
-from .errors import BuildError
+from .errors import BuildError, EngineError
 from .graph.emit import emit_portable_graph
 
 ORT_ENGINE = "engines/onnxruntime-cpu/model.onnx"
@@ -120,9 +121,20 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .backends.ort_lowering import lower_for_onnxruntime
+    from .backends.ort_native import library_path, lower_to_native, native_supports
     from .backends.ort_weights import hand_activations_to_kernel, reblock_int8_weights
 
-    engine = reblock_int8_weights(hand_activations_to_kernel(lower_for_onnxruntime(portable, io)))
+    if build.cpu_attention is CpuAttention.NATIVE and native_supports(portable, build.kv_block_size) is not None:
+        build = replace(build, cpu_attention=CpuAttention.LOWERED)  # recorded: the engine says what it holds
+    if build.cpu_attention is CpuAttention.NATIVE:
+        try:
+            library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time
+        except EngineError as e:
+            raise BuildError(str(e)) from None
+        lowered = lower_to_native(portable)
+    else:
+        lowered = lower_for_onnxruntime(portable, io)
+    engine = reblock_int8_weights(hand_activations_to_kernel(lowered))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:

@@ -16,7 +16,7 @@ from .configio import from_dict, to_dict
 from .errors import ConfigError
 
 CHECKPOINT_FORMAT_VERSION = 1
-ENGINE_FORMAT_VERSION = 1
+ENGINE_FORMAT_VERSION = 2  # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph)
 
 
 class DType(enum.Enum):
@@ -77,6 +77,19 @@ class Backend(enum.Enum):
     ONNXRUNTIME = "onnxruntime"
     TENSORRT = "tensorrt"
     TORCH = "torch"  # the portable graph exported with torch.export and compiled by AOTInductor (docs/gpu.md)
+
+
+class CpuAttention(enum.Enum):
+    """How the onnxruntime engine runs ``trtbuild::PagedAttention`` (docs/performance.md).
+
+    ``NATIVE``: one native custom-op node per layer (``plugins/paged_attention/cpu_kernel.cc``, compiled with the
+    machine's C++ compiler at first use) that writes the KV cache in place and reads it where it lies; float32 KV
+    caches only (a quantized cache builds ``LOWERED``). ``LOWERED``: about 20 standard ONNX ops per layer
+    (``backends/ort_lowering.py``), no compiler needed; the step's keys/values leave the graph and the session
+    stores them."""
+
+    NATIVE = "native"
+    LOWERED = "lowered"
 
 
 class TorchDevice(enum.Enum):
@@ -254,6 +267,13 @@ class BuildConfig:
     max_num_tokens: int = field(default=2048, metadata={"help": "most tokens in one step (prefill chunks + decodes)"})
     kv_block_size: int = field(default=16, metadata={"help": "token slots per KV-cache block"})
     opset: int = field(default=23, metadata={"help": "ONNX opset of the portable graph (>= 21)"})
+    cpu_attention: CpuAttention = field(
+        default=CpuAttention.NATIVE,
+        metadata={
+            "help": "onnxruntime engines: attention as one native kernel per layer (needs a C++ compiler, g++ or "
+            "$CXX, at first use; float32 KV cache) or as standard ONNX ops"
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "kv_block_size"):

@@ -1,7 +1,8 @@
 """The onnxruntime engine session: runs one step of a built engine over a ragged batch and its paged KV cache.
 
 The cache arrays are bound to the session once (zero-copy OrtValues over numpy memory); each step binds only the
-small metadata inputs, runs, then writes the step's new keys/values into the cache at their slots.
+small metadata inputs and runs. An engine with native attention (``CpuAttention.NATIVE``) writes the step's keys
+and values into those arrays itself; a lowered one returns them and the session stores them at their slots.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..config import RuntimeConfig
+from ..config import CpuAttention, RuntimeConfig
 from ..errors import EngineError
 from .batch import StepBatch
 from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
@@ -60,6 +61,11 @@ class OrtSession:
             opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "trtbuild-ort-profile")
         for key, value in (session_config or {}).items():
             opts.add_session_config_entry(key, value)
+        self._native = build.cpu_attention is CpuAttention.NATIVE
+        if self._native:
+            from ..backends.ort_native import library_path  # compiles the kernel on this machine's first use
+
+            opts.register_custom_ops_library(str(library_path()))
         path = engine_dir / self.config.engine_file
         try:
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
@@ -77,9 +83,10 @@ class OrtSession:
                 self._binding.bind_ortvalue_input(name.format(layer=n), value)
         self.times = SessionTimes()
         self._profiling = profile_kernels
-        self._outputs = [io.logits] + [
-            name.format(layer=n) for n in range(model.num_layers) for name in (io.new_keys, io.new_values)
-        ]
+        self._outputs = [io.logits]
+        if not self._native:  # the lowered graph returns the step's keys/values for the session to store
+            layers = range(model.num_layers)
+            self._outputs += [name.format(layer=n) for n in layers for name in (io.new_keys, io.new_values)]
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch``; store its K/V in the cache; return logits ``[len(logits_indices), vocab]``."""
@@ -99,9 +106,10 @@ class OrtSession:
         self._session.run_with_iobinding(binding)
         t2 = time.perf_counter()
         outs = binding.get_outputs()
-        slots = slot_mapping(batch.positions, batch.query_start_loc, batch.block_tables, self.cache.block_size)
-        for n in range(self.config.model.num_layers):
-            self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
+        if not self._native:
+            slots = slot_mapping(batch.positions, batch.query_start_loc, batch.block_tables, self.cache.block_size)
+            for n in range(self.config.model.num_layers):
+                self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
         logits = outs[0].numpy()
         times = self.times
         times.bind += t1 - t0

@@ -1,0 +1,474 @@
+// trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention").
+//
+// One node per layer replaces the ~20-node lowering of backends/ort_lowering.py: it rotates q and k, writes the
+// step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
+// numpy arrays) and attends every token over its sequence's blocks straight from the pool (flash-style online
+// softmax, no gather, no concat, no padding). The contract is plugins/paged_attention/README.md; the oracle is
+// reference.py; tests/test_cpu_kernel.py checks this file against it. Float32 caches only (quantized caches take
+// the lowered form).
+//
+// Inputs: 0 qkv [T, (Hq + 2 Hkv) D], 1 key_cache [NB, BS, Hkv, D], 2 value_cache (same), 3 positions [T],
+// 4 block_tables [B, M], 5 query_start_loc [B + 1] (int64), 6 cos_sin_cache [P, R] (optional).
+// Output: 0 attention output [T, Hq D]. Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved.
+//
+// Built by trtbuild/backends/ort_native.py (g++ -O3 -march=native, at first use, cached per machine) and loaded
+// with SessionOptions.register_custom_ops_library. No onnxruntime header ships in any package reachable here, so
+// the few parts of onnxruntime's C ABI this uses are declared below: OrtApi is a table of function pointers that
+// only ever grows at its end (slot numbers are stable across releases), OrtCustomOp a struct read up to `version`.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+extern "C" {
+struct OrtStatus;
+struct OrtApi;
+struct OrtValue;
+struct OrtKernelInfo;
+struct OrtKernelContext;
+struct OrtTensorTypeAndShapeInfo;
+struct OrtSessionOptions;
+struct OrtCustomOpDomain;
+
+struct OrtApiBase {
+  const OrtApi* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)();
+};
+}
+
+namespace {
+
+// Slot numbers of the OrtApi functions used here (onnxruntime's C API, MIT licence; append-only).
+enum ApiSlot : size_t {
+  kCreateStatus = 0,
+  kCreateCustomOpDomain = 26,
+  kCustomOpDomainAdd = 27,
+  kAddCustomOpDomain = 28,
+  kGetTensorMutableData = 51,
+  kGetDimensionsCount = 61,
+  kGetDimensions = 62,
+  kGetTensorTypeAndShape = 65,
+  kKernelInfoGetAttributeFloat = 85,
+  kKernelInfoGetAttributeInt64 = 86,
+  kKernelContextGetInputCount = 88,
+  kKernelContextGetInput = 90,
+  kKernelContextGetOutput = 91,
+  kReleaseStatus = 93,
+  kReleaseTensorTypeAndShapeInfo = 99,
+  kKernelContextParallelFor = 274,  // API version 17 (onnxruntime 1.17) and later
+};
+constexpr uint32_t kApiVersion = 17;  // the oldest API version that has every slot above
+constexpr uint32_t kCustomOpVersion = 13;  // OrtCustomOp fields read by onnxruntime: up to GetInputMemoryType
+enum ElementType : int { kFloat = 1, kInt64 = 7 };
+enum Characteristic : int { kRequired = 0, kOptional = 1 };
+
+const OrtApi* g_api = nullptr;
+
+template <typename Fn>
+Fn slot(ApiSlot s) {
+  return reinterpret_cast<Fn>(reinterpret_cast<void* const*>(g_api)[s]);
+}
+
+// The OrtCustomOp struct: a version then 25 callbacks, in onnxruntime's order.
+struct OrtCustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
+  const char* (*GetName)(const OrtCustomOp*);
+  const char* (*GetExecutionProviderType)(const OrtCustomOp*);
+  int (*GetInputType)(const OrtCustomOp*, size_t);
+  size_t (*GetInputTypeCount)(const OrtCustomOp*);
+  int (*GetOutputType)(const OrtCustomOp*, size_t);
+  size_t (*GetOutputTypeCount)(const OrtCustomOp*);
+  void (*KernelCompute)(void*, OrtKernelContext*);
+  void (*KernelDestroy)(void*);
+  int (*GetInputCharacteristic)(const OrtCustomOp*, size_t);
+  int (*GetOutputCharacteristic)(const OrtCustomOp*, size_t);
+  int (*GetInputMemoryType)(const OrtCustomOp*, size_t);
+  void* unused[13];  // variadic arity (4), kernel V2 (2), shape inference, opset range (2), in-place (2), aliases (2)
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel proper (no onnxruntime types below this line until the glue).
+
+struct Attrs {
+  int64_t num_heads, num_kv_heads, head_size, interleaved;
+  float scale;
+};
+
+struct Step {
+  const float* qkv;
+  float* key_cache;
+  float* value_cache;
+  const int64_t* positions;
+  const int64_t* block_tables;
+  const int64_t* query_start_loc;
+  const float* cos_sin;  // nullptr: no rotary embedding
+  float* out;
+  int64_t num_tokens, num_seqs, max_blocks, num_blocks, block_size, rotary_dim, rotary_rows;
+};
+
+constexpr int64_t kMaxTileFloats = 8192;  // query rows x head size held on the stack by one work item
+constexpr int64_t kTileRows = 32;  // aim: GQA group x tokens per work item (keys are read once per tile)
+constexpr int64_t kMaxRows = 128;  // most query rows of a work item (a GQA group may exceed kTileRows)
+constexpr int64_t kMaxBlockSize = 64;
+
+inline void rotate(float* x, const float* cs, int64_t rotary_dim, bool interleaved) {
+  const int64_t half = rotary_dim / 2;
+  const float* cos = cs;
+  const float* sin = cs + half;
+  if (interleaved) {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[2 * i], b = x[2 * i + 1];
+      x[2 * i] = a * cos[i] - b * sin[i];
+      x[2 * i + 1] = b * cos[i] + a * sin[i];
+    }
+  } else {
+    for (int64_t i = 0; i < half; ++i) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cos[i] - b * sin[i];
+      x[i + half] = b * cos[i] + a * sin[i];
+    }
+  }
+}
+
+inline int64_t clamp(int64_t v, int64_t lo, int64_t hi) { return std::min(std::max(v, lo), hi); }
+
+// Phase 1, per token: rotated, scaled queries into `out` (the tiles read them back), rotated keys and values
+// into their cache slots. Out-of-contract metadata is clamped so that nothing outside the tensors is touched.
+void write_step(const Attrs& a, const Step& s) {
+  const int64_t hq = a.num_heads, hkv = a.num_kv_heads, d = a.head_size, width = (hq + 2 * hkv) * d;
+  int64_t b = 0;
+  for (int64_t t = 0; t < s.num_tokens; ++t) {
+    while (b + 1 < s.num_seqs && t >= s.query_start_loc[b + 1]) ++b;
+    const float* row = s.qkv + t * width;
+    const int64_t pos = clamp(s.positions[t], 0, s.max_blocks * s.block_size - 1);
+    const float* cs = s.cos_sin ? s.cos_sin + clamp(pos, 0, s.rotary_rows - 1) * s.rotary_dim : nullptr;
+    float* q = s.out + t * hq * d;
+    for (int64_t h = 0; h < hq; ++h) {
+      std::memcpy(q + h * d, row + h * d, d * sizeof(float));
+      if (cs) rotate(q + h * d, cs, s.rotary_dim, a.interleaved);
+      for (int64_t i = 0; i < d; ++i) q[h * d + i] *= a.scale;
+    }
+    const int64_t block = clamp(s.block_tables[b * s.max_blocks + pos / s.block_size], 0, s.num_blocks - 1);
+    const int64_t slot = (block * s.block_size + pos % s.block_size) * hkv * d;
+    float* k = s.key_cache + slot;
+    std::memcpy(k, row + hq * d, hkv * d * sizeof(float));
+    if (cs)
+      for (int64_t h = 0; h < hkv; ++h) rotate(k + h * d, cs, s.rotary_dim, a.interleaved);
+    std::memcpy(s.value_cache + slot, row + (hq + hkv) * d, hkv * d * sizeof(float));
+  }
+}
+
+struct WorkItem {
+  int64_t seq, kv_head, first_token, num_tokens;
+};
+
+// Eight floats: GCC/Clang lower it to AVX (or two SSE / NEON registers); loads and stores may be unaligned.
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
+inline void store8(float* p, v8 x) { *reinterpret_cast<v8*>(p) = x; }
+inline float hsum(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+
+// exp(x) for x <= 0 (a score minus its row's running maximum), Cephes' expf polynomial, within 2 ulp; a plain
+// loop over it vectorises (libm's expf does not), which matters: every score takes one.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// Phase 2, one work item: the GQA group of query heads of `kv_head` for tokens [first, first + n) of one sequence,
+// over the sequence's cached positions 0 ..= its last token's position, block by block (online softmax). Per
+// block: scores of every row against the block's keys (4 keys at a time share the query loads), the rows'
+// running max / sum / rescale, then the weighted values added into the rows' accumulators (4 rows at a time, one
+// load of each value vector). Head sizes that are not a multiple of 8 take a scalar loop for the last few.
+void attend(const Attrs& a, const Step& s, const WorkItem& w) {
+  const int64_t group = a.num_heads / a.num_kv_heads, d = a.head_size, hkv = a.num_kv_heads, d8 = d & ~int64_t(7);
+  const int64_t rows = group * w.num_tokens, bs = s.block_size, stride = hkv * d;
+  // Per-thread scratch: rows <= kMaxRows (group <= kMaxRows, checked at compute), block size <= kMaxBlockSize.
+  static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows];
+  static thread_local float p[kMaxRows * kMaxBlockSize];
+  static thread_local int64_t last_pos[kMaxRows];
+  for (int64_t i = 0; i < w.num_tokens; ++i) {
+    const int64_t t = w.first_token + i;
+    const int64_t pos = clamp(s.positions[t], 0, s.max_blocks * bs - 1);
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = i * group + g;
+      std::memcpy(q + r * d, s.out + (t * a.num_heads + w.kv_head * group + g) * d, d * sizeof(float));
+      last_pos[r] = pos;
+      m[r] = -std::numeric_limits<float>::infinity();
+      l[r] = 0.0f;
+    }
+  }
+  std::fill(acc, acc + rows * d, 0.0f);
+  const int64_t ctx = last_pos[rows - 1] + 1;  // positions ascend within a sequence
+  const int64_t* table = s.block_tables + w.seq * s.max_blocks;
+  for (int64_t j = 0; j * bs < ctx; ++j) {
+    const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
+    const int64_t n = std::min(bs, ctx - j * bs);
+    const float* keys = s.key_cache + (block * bs * hkv + w.kv_head) * d;
+    const float* values = s.value_cache + (block * bs * hkv + w.kv_head) * d;
+    int64_t first_row = 0;  // rows before it come before this block (a prefill tile's early tokens)
+    while (first_row < rows && last_pos[first_row] < j * bs) ++first_row;
+    for (int64_t r = first_row; r < rows; ++r) {
+      const float* qr = q + r * d;
+      float* pr = p + r * bs;
+      int64_t o = 0;
+      for (; o + 4 <= n; o += 4) {
+        const float *k0 = keys + o * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+        v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+        for (int64_t c = 0; c < d8; c += 8) {
+          const v8 qv = load8(qr + c);
+          a0 += qv * load8(k0 + c);
+          a1 += qv * load8(k1 + c);
+          a2 += qv * load8(k2 + c);
+          a3 += qv * load8(k3 + c);
+        }
+        float t0 = hsum(a0), t1 = hsum(a1), t2 = hsum(a2), t3 = hsum(a3);
+        for (int64_t c = d8; c < d; ++c) {
+          t0 += qr[c] * k0[c], t1 += qr[c] * k1[c];
+          t2 += qr[c] * k2[c], t3 += qr[c] * k3[c];
+        }
+        pr[o] = t0, pr[o + 1] = t1, pr[o + 2] = t2, pr[o + 3] = t3;
+      }
+      for (; o < n; ++o) {
+        const float* k = keys + o * stride;
+        v8 acc0 = {};
+        for (int64_t c = 0; c < d8; c += 8) acc0 += load8(qr + c) * load8(k + c);
+        float t = hsum(acc0);
+        for (int64_t c = d8; c < d; ++c) t += qr[c] * k[c];
+        pr[o] = t;
+      }
+      const int64_t visible = std::min(n, last_pos[r] - j * bs + 1);  // keys of this block the row may see
+      float block_max = -std::numeric_limits<float>::infinity();
+      for (o = 0; o < visible; ++o) block_max = std::max(block_max, pr[o]);
+      const float m_new = std::max(m[r], block_max);
+      const float alpha = exp_nonpositive(m[r] - m_new);
+      float sum = 0.0f;
+      for (o = 0; o < visible; ++o) {
+        pr[o] = exp_nonpositive(pr[o] - m_new);
+        sum += pr[o];
+      }
+      for (o = visible; o < n; ++o) pr[o] = 0.0f;
+      l[r] = l[r] * alpha + sum;
+      m[r] = m_new;
+      if (alpha != 1.0f) {
+        float* ar = acc + r * d;
+        for (int64_t c = 0; c < d; ++c) ar[c] *= alpha;
+      }
+    }
+    for (int64_t r = first_row; r < rows; r += 4) {
+      const int64_t nr = std::min<int64_t>(4, rows - r);
+      const float* p0 = p + r * bs;
+      const float* p1 = p0 + (nr > 1 ? bs : 0);  // a short group repeats its last row: same result, not stored
+      const float* p2 = p0 + (nr > 2 ? 2 * bs : 0);
+      const float* p3 = p0 + (nr > 3 ? 3 * bs : 0);
+      for (int64_t c = 0; c < d8; c += 8) {
+        v8 a0 = load8(acc + r * d + c), a1 = {}, a2 = {}, a3 = {};
+        if (nr > 1) a1 = load8(acc + (r + 1) * d + c);
+        if (nr > 2) a2 = load8(acc + (r + 2) * d + c);
+        if (nr > 3) a3 = load8(acc + (r + 3) * d + c);
+        for (int64_t o = 0; o < n; ++o) {
+          const v8 v = load8(values + o * stride + c);
+          a0 += p0[o] * v;
+          a1 += p1[o] * v;
+          a2 += p2[o] * v;
+          a3 += p3[o] * v;
+        }
+        store8(acc + r * d + c, a0);
+        if (nr > 1) store8(acc + (r + 1) * d + c, a1);
+        if (nr > 2) store8(acc + (r + 2) * d + c, a2);
+        if (nr > 3) store8(acc + (r + 3) * d + c, a3);
+      }
+      for (int64_t x = r; x < r + nr; ++x)
+        for (int64_t c = d8; c < d; ++c)
+          for (int64_t o = 0; o < n; ++o) acc[x * d + c] += p[x * bs + o] * values[o * stride + c];
+    }
+  }
+  for (int64_t i = 0; i < w.num_tokens; ++i) {
+    const int64_t t = w.first_token + i;
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = i * group + g;
+      const float inv = 1.0f / l[r];
+      float* o = s.out + (t * a.num_heads + w.kv_head * group + g) * d;
+      for (int64_t x = 0; x < d; ++x) o[x] = acc[r * d + x] * inv;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// onnxruntime glue.
+
+using GetInputFn = OrtStatus* (*)(const OrtKernelContext*, size_t, const OrtValue**);
+using GetOutputFn = OrtStatus* (*)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
+using GetDataFn = OrtStatus* (*)(OrtValue*, void**);
+using GetShapeInfoFn = OrtStatus* (*)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
+using GetDimsCountFn = OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*);
+using GetDimsFn = OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);
+using ReleaseShapeInfoFn = void (*)(OrtTensorTypeAndShapeInfo*);
+using ReleaseStatusFn = void (*)(OrtStatus*);
+using ParallelForFn = OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t, void*);
+using GetAttrIntFn = OrtStatus* (*)(const OrtKernelInfo*, const char*, int64_t*);
+using GetAttrFloatFn = OrtStatus* (*)(const OrtKernelInfo*, const char*, float*);
+using CreateStatusFn = OrtStatus* (*)(int, const char*);
+using CreateDomainFn = OrtStatus* (*)(const char*, OrtCustomOpDomain**);
+using DomainAddFn = OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*);
+using AddDomainFn = OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*);
+
+// Every status an onnxruntime call returns here is released; a failure leaves the value/array empty.
+bool ok(OrtStatus* status) {
+  if (status == nullptr) return true;
+  slot<ReleaseStatusFn>(kReleaseStatus)(status);
+  return false;
+}
+
+struct Tensor {
+  void* data = nullptr;
+  int64_t dims[8] = {0};
+  size_t rank = 0;
+};
+
+Tensor input(OrtKernelContext* ctx, size_t index) {
+  Tensor t;
+  const OrtValue* value = nullptr;
+  if (!ok(slot<GetInputFn>(kKernelContextGetInput)(ctx, index, &value)) || value == nullptr) return t;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (ok(slot<GetShapeInfoFn>(kGetTensorTypeAndShape)(value, &info))) {
+    if (ok(slot<GetDimsCountFn>(kGetDimensionsCount)(info, &t.rank)) && t.rank <= 8)
+      ok(slot<GetDimsFn>(kGetDimensions)(info, t.dims, t.rank));
+    slot<ReleaseShapeInfoFn>(kReleaseTensorTypeAndShapeInfo)(info);
+  }
+  ok(slot<GetDataFn>(kGetTensorMutableData)(const_cast<OrtValue*>(value), &t.data));
+  return t;
+}
+
+struct Kernel {
+  Attrs attrs;
+};
+
+struct ParallelWork {
+  const Attrs* attrs;
+  const Step* step;
+  const WorkItem* items;
+};
+
+void run_item(void* data, size_t i) {
+  const auto* w = static_cast<const ParallelWork*>(data);
+  attend(*w->attrs, *w->step, w->items[i]);
+}
+
+void compute(void* kernel_ptr, OrtKernelContext* ctx) {
+  const Attrs& a = static_cast<Kernel*>(kernel_ptr)->attrs;
+  const Tensor qkv = input(ctx, 0), kc = input(ctx, 1), vc = input(ctx, 2), positions = input(ctx, 3),
+               tables = input(ctx, 4), qsl = input(ctx, 5), cos_sin = input(ctx, 6);
+  Step s{};
+  s.num_tokens = qkv.dims[0];
+  const int64_t out_dims[2] = {s.num_tokens, a.num_heads * a.head_size};
+  OrtValue* out_value = nullptr;
+  if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, out_dims, 2, &out_value))) return;
+  void* out_data = nullptr;
+  if (!ok(slot<GetDataFn>(kGetTensorMutableData)(out_value, &out_data))) return;
+  if (s.num_tokens == 0 || !qkv.data || !kc.data || !vc.data || kc.rank != 4 || tables.rank != 2) return;
+  s.qkv = static_cast<const float*>(qkv.data);
+  s.key_cache = static_cast<float*>(kc.data);
+  s.value_cache = static_cast<float*>(vc.data);
+  s.positions = static_cast<const int64_t*>(positions.data);
+  s.block_tables = static_cast<const int64_t*>(tables.data);
+  s.query_start_loc = static_cast<const int64_t*>(qsl.data);
+  s.out = static_cast<float*>(out_data);
+  s.num_seqs = qsl.dims[0] - 1;
+  s.num_blocks = kc.dims[0];
+  s.block_size = kc.dims[1];
+  s.max_blocks = tables.dims[1];
+  if (cos_sin.data && cos_sin.rank == 2) {
+    s.cos_sin = static_cast<const float*>(cos_sin.data);
+    s.rotary_rows = cos_sin.dims[0];
+    s.rotary_dim = cos_sin.dims[1];
+  }
+  const int64_t group = a.num_heads / a.num_kv_heads;
+  if (s.num_seqs <= 0 || s.max_blocks <= 0 || s.block_size > kMaxBlockSize || group > kMaxRows ||
+      group * a.head_size > kMaxTileFloats)
+    return;  // refused at build time (backends/ort_native.py): never reached from a trtbuild engine
+  write_step(a, s);
+
+  // Work items: per sequence and KV head, tiles of tokens (a decode step: one token per sequence).
+  const int64_t tile = std::max<int64_t>(1, std::min(kTileRows / group, kMaxTileFloats / (group * a.head_size)));
+  int64_t num_items = 0;
+  for (int64_t b = 0; b < s.num_seqs; ++b) {
+    const int64_t n = s.query_start_loc[b + 1] - s.query_start_loc[b];
+    num_items += a.num_kv_heads * ((n + tile - 1) / tile);
+  }
+  WorkItem* items = new WorkItem[num_items];
+  int64_t k = 0;
+  double work = 0;  // query rows x keys, to decide whether threads pay
+  for (int64_t b = 0; b < s.num_seqs; ++b) {
+    const int64_t lo = s.query_start_loc[b], hi = s.query_start_loc[b + 1];
+    work += double(hi - lo) * double(s.positions[hi - 1] + 1) * a.num_heads;
+    for (int64_t first = lo; first < hi; first += tile)
+      for (int64_t h = 0; h < a.num_kv_heads; ++h) items[k++] = {b, h, first, std::min(tile, hi - first)};
+  }
+  ParallelWork pw{&a, &s, items};
+  // A parallel loop costs a few microseconds to start: below ~8k query-key pairs one thread is faster.
+  if (work < 8192.0 || num_items < 2 ||
+      !ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, run_item, size_t(num_items), size_t(num_items), &pw))) {
+    for (int64_t i = 0; i < num_items; ++i) attend(a, s, items[i]);
+  }
+  delete[] items;
+}
+
+void* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
+  auto* kernel = new Kernel{};
+  Attrs& a = kernel->attrs;
+  auto get_int = slot<GetAttrIntFn>(kKernelInfoGetAttributeInt64);
+  ok(get_int(info, "num_heads", &a.num_heads));
+  ok(get_int(info, "num_kv_heads", &a.num_kv_heads));
+  ok(get_int(info, "head_size", &a.head_size));
+  if (!ok(get_int(info, "rotary_interleaved", &a.interleaved))) a.interleaved = 0;
+  ok(slot<GetAttrFloatFn>(kKernelInfoGetAttributeFloat)(info, "scale", &a.scale));
+  return kernel;
+}
+
+void destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
+const char* op_name(const OrtCustomOp*) { return "PagedAttention"; }
+const char* op_provider(const OrtCustomOp*) { return nullptr; }  // the CPU execution provider
+int input_type(const OrtCustomOp*, size_t i) { return (i >= 3 && i <= 5) ? kInt64 : kFloat; }
+size_t input_count(const OrtCustomOp*) { return 7; }
+int output_type(const OrtCustomOp*, size_t) { return kFloat; }
+size_t output_count(const OrtCustomOp*) { return 1; }
+int input_characteristic(const OrtCustomOp*, size_t i) { return i == 6 ? kOptional : kRequired; }
+int output_characteristic(const OrtCustomOp*, size_t) { return kRequired; }
+int input_memory_type(const OrtCustomOp*, size_t) { return 0; }  // OrtMemTypeDefault
+
+const OrtCustomOp kOp = {
+    kCustomOpVersion, create_kernel,         op_name,         op_provider,     input_type, input_count,
+    output_type,      output_count,          compute,         destroy_kernel,  input_characteristic,
+    output_characteristic, input_memory_type, {nullptr},
+};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* base) {
+  g_api = base->GetApi(kApiVersion);
+  if (g_api == nullptr) return nullptr;  // onnxruntime older than 1.17: the session then fails on the op
+  OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
+  OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
+  if (status) return status;
+  status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, &kOp);
+  if (status) return status;
+  return slot<AddDomainFn>(kAddCustomOpDomain)(options, domain);
+}

@@ -1,0 +1,144 @@
+"""The native CPU kernel of ``trtbuild::PagedAttention`` for onnxruntime: its build and its place in the graph.
+
+``plugins/paged_attention/cpu_kernel.cc`` is an onnxruntime custom-op library (domain ``trtbuild.cpu``). It is
+compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``) for the machine's own CPU
+(``-march=native``) and cached under ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the source, the compiler
+and the CPU, so a changed file, compiler or machine gets its own build. It links nothing: onnxruntime hands it
+its API table when the session registers the library.
+
+``lower_to_native`` turns each plugin node with a float32 cache into one ``trtbuild.cpu::PagedAttention`` node
+with a single output: the cache inputs are written in place, so the graph has no ``new_keys`` / ``new_values``
+outputs and the session stores nothing after a step (``OrtSession``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import helper
+
+from ..config import ORT_LOWERED_NODE_PREFIX
+from ..errors import EngineError
+from ..plugins import paged_attention
+from ..plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
+
+NATIVE_DOMAIN = "trtbuild.cpu"
+SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
+# -ffast-math lets the compiler vectorise the dot products (reassociated sums); infinities stay (masked scores).
+CXXFLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-std=c++17", "-shared", "-fPIC")
+# What the kernel's fixed scratch holds (cpu_kernel.cc: kMaxRows, kMaxTileFloats, kMaxBlockSize).
+MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_BLOCK_SIZE = 128, 8192, 64
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    if path is None:
+        raise EngineError(
+            f"the native attention kernel needs a C++ compiler and {cxx!r} was not found: install g++ (or set CXX), "
+            "or build the engine with --cpu-attention lowered"
+        )
+    return path
+
+
+def _cpu_identity() -> str:
+    """The CPU's model and features: ``-march=native`` code is only valid on CPUs that have them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keep = ("model name", "flags", "Features", "CPU part")
+    return platform.machine() + "".join(sorted({line for line in lines if line.startswith(keep)}))
+
+
+def library_path() -> Path:
+    """The compiled kernel library for this machine, building it on first use (a few seconds)."""
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), " ".join(CXXFLAGS).encode(), version.encode(), _cpu_identity().encode()):
+        digest.update(part)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtbuild" / "kernels"
+    lib = cache / f"paged_attention-{digest.hexdigest()[:16]}.so"
+    if lib.is_file():
+        return lib
+    cache.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)  # compile beside it, then rename: concurrent builds are safe
+    os.close(fd)
+    try:
+        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
+            raise EngineError(f"compiling the native attention kernel failed ({first}); use --cpu-attention lowered")
+        os.replace(tmp, lib)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return lib
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int | float | None = None) -> int | float:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    if default is None:
+        raise KeyError(f"{node.name}: missing attribute {name}")
+    return default
+
+
+def native_supports(model: onnx.ModelProto, block_size: int) -> str | None:
+    """Why the native kernel cannot run ``model``'s attention (one line), or None when it can."""
+    for node in model.graph.node:
+        if node.domain != DOMAIN or node.op_type != OP_TYPE:
+            continue
+        if int(_attr(node, "kv_cache_dtype", KV_FLOAT)) != KV_FLOAT:
+            return "a quantized KV cache"
+        hq, hkv, d = (int(_attr(node, n)) for n in ("num_heads", "num_kv_heads", "head_size"))
+        if hq // hkv > MAX_GQA_GROUP or hq // hkv * d > MAX_GROUP_X_HEAD_SIZE:
+            return f"{hq // hkv} query heads per KV head of size {d}"
+    if block_size > MAX_BLOCK_SIZE:
+        return f"KV blocks of more than {MAX_BLOCK_SIZE} tokens"
+    return None
+
+
+def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of the portable ``model`` with each plugin node replaced by the native op (float32 caches)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    cache_outs: set[str] = set()
+    nodes = []
+    for node in out.graph.node:
+        if node.domain != DOMAIN or node.op_type != OP_TYPE:
+            nodes.append(node)
+            continue
+        cache_outs.update(node.output[1:])
+        attrs = {a: _attr(node, a) for a in ("num_heads", "num_kv_heads", "head_size", "scale")}
+        inputs = list(node.input[:7])
+        while inputs and not inputs[-1]:
+            inputs.pop()
+        nodes.append(
+            helper.make_node(
+                OP_TYPE,
+                inputs,
+                [node.output[0]],
+                name=ORT_LOWERED_NODE_PREFIX + node.name,
+                domain=NATIVE_DOMAIN,
+                rotary_interleaved=int(_attr(node, "rotary_interleaved", 0)),
+                **attrs,
+            )
+        )
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    kept = [o for o in out.graph.output if o.name not in cache_outs]
+    del out.graph.output[:]
+    out.graph.output.extend(kept)
+    opsets = [o for o in out.opset_import if o.domain != DOMAIN]
+    del out.opset_import[:]
+    out.opset_import.extend([*opsets, helper.make_opsetid(NATIVE_DOMAIN, 1)])
+    return out
