@@ -7,9 +7,10 @@ Every linear but ``lm_head`` of the transformers model rebuilt from the float32 
 fake-quantized, and the perplexity on the evaluation windows ``trtbuild eval`` scores (``eval.eval_windows``) is
 compared with the float model's. Two implementations of the same casts:
 
-- ``own:``: exact E4M3 casts written here (``x / scale`` saturated at +-448, ``torch.float8_e4m3fn``, times
-  ``scale``; ``scale = amax / 448``, as the checkpoint stores it and ONNX QuantizeLinear divides by it). Weights per
-  tensor (per source module: q, k, v, gate, up separately, as trtbuild's fp8 checkpoint is) or per output channel;
+- ``own:``: exact E4M3 casts, trtbuild's ``quantize.fp8.e4m3`` (``x / scale`` saturated at +-448,
+  ``torch.float8_e4m3fn``, times ``scale``; ``scale = amax / 448``, as the checkpoint stores it and ONNX
+  QuantizeLinear divides by it). Weights per tensor (per source module: q, k, v, gate, up separately, as trtbuild's
+  fp8 checkpoint is) or per output channel;
   activations static per tensor (max over the lee_news calibration split), dynamic per tensor, or dynamic per
   token (each row's max, computed at run time). Weight ranges ``@pow2``: rounded up to 448 x a power of two (the
   same E4M3 grid for both granularities); ``@search``: each row's (or module's) range times the ``2^(k/16)`` with
@@ -41,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from trtbuild.quantize.fp8 import e4m3
+
 E4M3_MAX = 448.0
-TINY = 2.0**-24  # an amax at or below this is a zero row/tensor: scale 1 (modelopt's rule)
 
 # variant -> (weights, activations); weights: None | "tensor" | "channel"; activations: None | "static" |
 # "tensor" (dynamic per tensor) | "token" (dynamic per token)
@@ -71,16 +73,6 @@ MODELOPT: dict[str, tuple[int | None, str | None]] = {
     "mo:w_channel+a_token": (0, "token"),  # FP8_PER_CHANNEL_PER_TOKEN_CFG
 }
 DEFAULT_VARIANTS = ["float", *OWN, *MODELOPT]
-
-
-def e4m3(x: Any, amax: Any) -> Any:
-    """``x`` fake-quantized to E4M3 with ``scale = amax / 448`` (``amax`` broadcasts against ``x``)."""
-    import torch
-
-    amax = amax.float()
-    scale = torch.where(amax <= TINY, torch.ones_like(amax), amax) / E4M3_MAX
-    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return (q.float() * scale).to(x.dtype)
 
 
 def weight_amax(w: Any, granularity: str, generator: Any = None) -> Any:
@@ -133,6 +125,7 @@ def static_amax(model: Any, samples: np.ndarray) -> dict[str, Any]:
 SHARED_INPUT = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}  # modules reading one input
 
 
+# twin of the moment hook inside fp8.search_weight_scales (no function of its own), which has no float-input case
 def input_moments(model: Any, samples: np.ndarray, token_quantized: bool = False) -> dict[str, Any]:
     """Per-linear ``(H, C)`` of its input ``x`` over the calibration ``samples``: ``H = E[x x^T]`` ``[in, in]``
     and ``C`` None; with ``token_quantized``, of the per-token E4M3 input ``xq`` the weights will meet:
@@ -165,6 +158,7 @@ def input_moments(model: Any, samples: np.ndarray, token_quantized: bool = False
     return {n: (m[0], m[1] if token_quantized else None) for n, m in moments.items()}
 
 
+# fp8.best_row_ranges is this per row against fp8 inputs; kept for the per-tensor and float-input variants measured
 def searched_amax(w: Any, granularity: str, moments: tuple[Any, Any], steps: int = 16) -> Any:
     """The range of ``w`` x ``2^(k / steps)``, ``k < steps``, with the least output error (per row for ``channel``,
     summed over the rows for ``tensor``): the E4M3 grid offset that suits the inputs best. The error of a row ``w``

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
-from .formats import FORMATS, Numeric, dynamic_activations
+from .formats import FORMATS, Numeric, dynamic_activations, static_activations
 from .hf_model import canonical_linears, hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
@@ -49,6 +49,15 @@ KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
 def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
     """Canonical linears matching any of ``patterns`` (fnmatch), which stay in float."""
     return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+def modelopt_reads_tokens(qcfg: QuantConfig) -> bool:
+    """Whether calibrating ``qcfg`` runs the model on the calibration tokens for modelopt's quantizers or the
+    smoothing: static activation ranges, SmoothQuant / AWQ pre-quant scales (AWQ by ``awq.py`` for int4 unless
+    ``modelopt_int4``), KV-cache ranges. Else modelopt calibrates the weights alone (``forward_loop=None``: its max
+    calibration reads every weight directly either way, and run-time activation scales record nothing)."""
+    spec = FORMATS[qcfg.qformat]
+    return static_activations(qcfg) or spec.smoothing or qcfg.kv_cache_dtype in KV_NUM_BITS
 
 
 def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig, *, int4_by_trtbuild: bool = False) -> dict[str, Any]:
@@ -117,7 +126,8 @@ def calibrate(
         raise TrtbuildError("modelopt's int4 calibration has no zero points")
     with warnings.catch_warnings(), _quiet(progress):
         warnings.simplefilter("ignore")
-        mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if len(samples) else None)
+        reads_tokens = modelopt_reads_tokens(qcfg) and len(samples)  # fp8 rowwise: the samples are fp8.py's alone
+        mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if reads_tokens else None)
         unify_fused_groups(model, cfg)
         if dynamic_activations(qcfg):
             make_inputs_dynamic(model, FORMATS[qcfg.qformat].dynamic_block)

@@ -24,7 +24,7 @@ from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
-from .calibrate import KV_NUM_BITS, calibrate, excluded_linears
+from .calibrate import KV_NUM_BITS, calibrate, excluded_linears, modelopt_reads_tokens
 from .formats import FORMATS, Numeric, dynamic_activations, export_linear, linear_format, static_activations
 from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
 from .layout import UNFOLDED_PRE_QUANT_SCALE
@@ -102,11 +102,11 @@ def _float_checkpoint(src: Path, out: Path) -> Iterator[Path]:
 
 
 def needs_data(qcfg: QuantConfig) -> bool:
-    """Whether calibration runs the model: static activation ranges, smoothing, fp8's rowwise scale search
-    (``fp8.py``) and KV-cache ranges read tokens; round-to-nearest int8 / int4 weights read weights only."""
-    spec = FORMATS[qcfg.qformat]
-    searched = qcfg.qformat is QFormat.FP8
-    return static_activations(qcfg) or spec.smoothing or searched or qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32
+    """Whether calibration runs the model: what modelopt or the smoothing reads tokens for
+    (``calibrate.modelopt_reads_tokens``) and fp8's rowwise scale search (``fp8.py``); round-to-nearest int8 / int4
+    weights read weights only."""
+    searched = qcfg.qformat is QFormat.FP8 and dynamic_activations(qcfg)
+    return modelopt_reads_tokens(qcfg) or searched
 
 
 def _load_config(ckpt_dir: Path) -> ModelConfig:
