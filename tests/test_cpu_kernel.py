@@ -13,24 +13,41 @@ import pytest
 from onnx import TensorProto, helper
 
 from trtbuild.backends.ort_native import NATIVE_DOMAIN, library_path
-from trtbuild.plugins.paged_attention import PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache
+from trtbuild.plugins.paged_attention import (
+    KV_FLOAT,
+    KV_FP8,
+    KV_INT8,
+    PagedAttentionAttrs,
+    paged_attention,
+    quantize_kv,
+    rotary_cos_sin_cache,
+)
 
 ATOL = 2e-5
 
 
+# Cache element type in the graph per kv_cache_dtype (an fp8 cache is held as its uint8 bit patterns).
+CACHE_TYPES = {KV_FLOAT: TensorProto.FLOAT, KV_INT8: TensorProto.INT8, KV_FP8: TensorProto.UINT8}
+SCALES = (0.05, 0.03)  # k_scale, v_scale of the quantized caches: random normal values span about +-4
+
+
 def _session(attrs: PagedAttentionAttrs, rotary: bool, threads: int) -> ort.InferenceSession:
+    cache = CACHE_TYPES[attrs.kv_cache_dtype]
     names = [
         ("qkv", TensorProto.FLOAT),
-        ("key_cache", TensorProto.FLOAT),
-        ("value_cache", TensorProto.FLOAT),
+        ("key_cache", cache),
+        ("value_cache", cache),
         ("positions", TensorProto.INT64),
         ("block_tables", TensorProto.INT64),
         ("query_start_loc", TensorProto.INT64),
-    ] + ([("cos_sin", TensorProto.FLOAT)] if rotary else [])
-    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names]
+        ("cos_sin", TensorProto.FLOAT),
+    ]
+    if attrs.kv_cache_dtype != KV_FLOAT:
+        names += [("k_scale", TensorProto.FLOAT), ("v_scale", TensorProto.FLOAT)]
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names if rotary or n != "cos_sin"]
     node = helper.make_node(
         "PagedAttention",
-        [n for n, _ in names],
+        [n if rotary or n != "cos_sin" else "" for n, _ in names],
         ["out"],
         domain=NATIVE_DOMAIN,
         num_heads=attrs.num_heads,
@@ -38,6 +55,7 @@ def _session(attrs: PagedAttentionAttrs, rotary: bool, threads: int) -> ort.Infe
         head_size=attrs.head_size,
         scale=attrs.scale,
         rotary_interleaved=int(attrs.rotary_interleaved),
+        kv_cache_dtype=attrs.kv_cache_dtype,
     )
     graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(NATIVE_DOMAIN, 1)])
@@ -47,7 +65,7 @@ def _session(attrs: PagedAttentionAttrs, rotary: bool, threads: int) -> ort.Infe
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def _run(sess, qkv, key_cache, value_cache, positions, tables, qsl, cos_sin) -> np.ndarray:
+def _run(sess, qkv, key_cache, value_cache, positions, tables, qsl, cos_sin, scales=SCALES) -> np.ndarray:
     binding = sess.io_binding()
     caches = [ort.OrtValue.ortvalue_from_numpy(a) for a in (key_cache, value_cache)]  # written in place
     binding.bind_ortvalue_input("key_cache", caches[0])
@@ -55,6 +73,8 @@ def _run(sess, qkv, key_cache, value_cache, positions, tables, qsl, cos_sin) -> 
     feeds = {"qkv": qkv, "positions": positions, "block_tables": tables, "query_start_loc": qsl}
     if cos_sin is not None:
         feeds["cos_sin"] = cos_sin
+    if key_cache.dtype != np.float32:
+        feeds["k_scale"], feeds["v_scale"] = (np.array(x, dtype=np.float32) for x in scales)
     for name, arr in feeds.items():
         binding.bind_cpu_input(name, arr)
     binding.bind_output("out", "cpu")
@@ -72,18 +92,42 @@ CASES = {
 }
 
 
+def _caches(rng, shape, kv_type):
+    """Random caches in the op's storage type, and the same in the reference's (fp8: ml_dtypes.float8_e4m3fn)."""
+    k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    if kv_type == KV_FLOAT:
+        return (k, v), (k.copy(), v.copy())
+    ref = (quantize_kv(k, SCALES[0], kv_type), quantize_kv(v, SCALES[1], kv_type))
+    ours = tuple(x.view(np.uint8) if kv_type == KV_FP8 else x.copy() for x in ref)
+    return ours, ref
+
+
+def _check(out, caches, ref_out, ref_k, ref_v, kv_type):
+    np.testing.assert_allclose(out, ref_out.reshape(out.shape), atol=ATOL, rtol=0)
+    if kv_type == KV_FLOAT:
+        np.testing.assert_allclose(caches[0], ref_k, atol=ATOL, rtol=0)  # written in place, keys rotated
+        np.testing.assert_array_equal(caches[1], ref_v)
+        return
+    # Quantized: the same codes, but a rotated key computed in float32 here and float64 in the reference may sit
+    # on the other side of a rounding boundary: allow one code step on a rare element.
+    for ours, ref in zip(caches, (ref_k, ref_v), strict=True):
+        a, b = ours.view(ref.dtype).astype(np.float32), ref.astype(np.float32)
+        step = 1.0 if kv_type == KV_INT8 else np.maximum(np.abs(b) / 8, 2.0**-9)
+        assert np.all(np.abs(a - b) <= step + 1e-6) and np.mean(a != b) < 1e-3
+
+
+@pytest.mark.parametrize("kv_type", [KV_FLOAT, KV_INT8, KV_FP8], ids=["float", "int8", "fp8"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_native_kernel_matches_reference(case):
+def test_native_kernel_matches_reference(case, kv_type):
     hq, hkv, d, bs, rotary, interleaved, rot_dim, threads = CASES[case]
-    attrs = PagedAttentionAttrs(hq, hkv, d, d**-0.5, interleaved)
+    attrs = PagedAttentionAttrs(hq, hkv, d, d**-0.5, interleaved, kv_type)
     rng = np.random.default_rng(0)
     # A ragged step: a fresh 37-token prompt, a decode at position 50, a 5-token chunk after 20 cached positions,
     # a 100-token chunk after 3 (large enough for the kernel's parallel path), a decode at position 0.
     lens, firsts = [37, 1, 5, 100, 1], [0, 50, 20, 3, 0]
     max_blocks = max((f + n + bs - 1) // bs for f, n in zip(firsts, lens, strict=True))
     num_blocks = 1 + len(lens) * max_blocks
-    key_cache = rng.standard_normal((num_blocks, bs, hkv, d)).astype(np.float32)
-    value_cache = rng.standard_normal((num_blocks, bs, hkv, d)).astype(np.float32)
+    caches, (ref_kc, ref_vc) = _caches(rng, (num_blocks, bs, hkv, d), kv_type)
     # Disjoint, scrambled blocks per sequence (block 0 unused), as the block manager hands them out.
     tables = rng.permutation(np.arange(1, num_blocks)).reshape(len(lens), max_blocks).astype(np.int64)
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
@@ -91,11 +135,10 @@ def test_native_kernel_matches_reference(case):
     qkv = rng.standard_normal((int(qsl[-1]), (hq + 2 * hkv) * d)).astype(np.float32)
     cos_sin = rotary_cos_sin_cache(256, rot_dim, 10000.0) if rotary else None
 
-    ref, ref_k, ref_v = paged_attention(qkv, key_cache, value_cache, positions, tables, qsl, cos_sin, attrs)
-    out = _run(_session(attrs, rotary, threads), qkv, key_cache, value_cache, positions, tables, qsl, cos_sin)
-    np.testing.assert_allclose(out, ref.reshape(out.shape), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(key_cache, ref_k, atol=ATOL, rtol=0)  # written in place, keys rotated
-    np.testing.assert_array_equal(value_cache, ref_v)
+    scales = SCALES if kv_type != KV_FLOAT else (None, None)
+    ref, ref_k, ref_v = paged_attention(qkv, ref_kc, ref_vc, positions, tables, qsl, cos_sin, attrs, *scales)
+    out = _run(_session(attrs, rotary, threads), qkv, *caches, positions, tables, qsl, cos_sin)
+    _check(out, caches, ref, ref_k, ref_v, kv_type)
 
 
 def test_native_kernel_reads_shared_prefix_blocks():
@@ -112,9 +155,45 @@ def test_native_kernel_reads_shared_prefix_blocks():
     cos_sin = rotary_cos_sin_cache(64, d, 10000.0)
     ref, ref_k, ref_v = paged_attention(qkv, key_cache, value_cache, positions, tables, qsl, cos_sin, attrs)
     out = _run(_session(attrs, True, 2), qkv, key_cache, value_cache, positions, tables, qsl, cos_sin)
-    np.testing.assert_allclose(out, ref.reshape(out.shape), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(key_cache, ref_k, atol=ATOL, rtol=0)
-    np.testing.assert_array_equal(value_cache, ref_v)
+    _check(out, (key_cache, value_cache), ref, ref_k, ref_v, KV_FLOAT)
+
+
+def test_fp8_cache_codes_and_values_are_exact():
+    """Every E4M3 value, the midpoints between neighbours (ties to even), points just off them, subnormals,
+    overflow and NaN: stored as ml_dtypes' codes, read back as their exact values (one token per sequence attends
+    only to itself, so its output is its own dequantized value row)."""
+    import ml_dtypes
+
+    codes = np.arange(256, dtype=np.uint8)
+    values = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    finite = np.sort(values[np.isfinite(values)])
+    mids = (finite[:-1] + finite[1:]) / 2
+    sweep = np.concatenate(
+        [values, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf), [448.0, 464.0, 1e6, np.inf, -np.inf]]
+    ).astype(np.float32)
+    d = 32
+    sweep = np.concatenate([sweep, np.zeros(-len(sweep) % d, np.float32)]).reshape(-1, d)
+    n = len(sweep)
+    attrs = PagedAttentionAttrs(1, 1, d, d**-0.5, False, KV_FP8)
+    qkv = np.concatenate([np.ones((n, d), np.float32), np.ones((n, d), np.float32), sweep], axis=1)
+    key_cache, value_cache = (np.zeros((n, 4, 1, d), np.uint8) for _ in range(2))
+    tables = np.arange(n, dtype=np.int64)[:, None]
+    out = _run(
+        _session(attrs, False, 2),
+        qkv,
+        key_cache,
+        value_cache,
+        np.zeros(n, np.int64),
+        tables,
+        np.arange(n + 1, dtype=np.int64),
+        None,
+        scales=(1.0, 1.0),
+    )
+    clipped = np.clip(np.nan_to_num(sweep, nan=0.0, posinf=448.0, neginf=-448.0), -448.0, 448.0)
+    expected = np.where(np.isnan(sweep), np.uint8(0x7F), clipped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))
+    np.testing.assert_array_equal(value_cache[:, 0, 0, :], expected)
+    decoded = expected.view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    np.testing.assert_array_equal(out.reshape(n, d), decoded)
 
 
 def test_library_is_cached_per_source_and_machine():
@@ -122,3 +201,17 @@ def test_library_is_cached_per_source_and_machine():
     first = library_path()
     assert first.is_file() and library_path() == first
     assert first.stat().st_mtime == library_path().stat().st_mtime
+
+
+def test_loading_the_library_leaves_subnormals_alone():
+    """The library must not set flush-to-zero for the process (what -ffast-math's crtfastmath.o does on load)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import ctypes, numpy as np, sys\n"
+        f"ctypes.CDLL({str(library_path())!r})\n"
+        "tiny = np.float32(np.finfo(np.float32).smallest_subnormal)\n"
+        "sys.exit(0 if float(tiny * np.float32(1.0)) > 0.0 else 3)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script]).returncode == 0

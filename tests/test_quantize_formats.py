@@ -63,6 +63,16 @@ WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}
 
 
+def _open_engine(engine, opts: ort.SessionOptions) -> ort.InferenceSession:
+    """The engine's graph in a bare onnxruntime session (its native attention kernel registered)."""
+    from trtbuild.backends.ort_native import library_path
+
+    opts.register_custom_ops_library(str(library_path()))
+    return ort.InferenceSession(
+        str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"]
+    )
+
+
 def dynamic_int8(case: Case) -> bool:
     """W8A8 with run-time scales: MatMulNBits' own int8 activations *are* the format, so the default level runs it."""
     return case.qformat is QFormat.INT8_SQ and case.activations is ActivationScales.DYNAMIC
@@ -239,7 +249,7 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    _open_engine(engine, opts)
     ops = collections.Counter(
         n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
     )
@@ -266,7 +276,7 @@ def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
     assert all({a.name: a.i for a in n.attribute} == {"axis": 1} for n in weight_dq)
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    _open_engine(engine, opts)
     fused = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
     blocks = {a.i for n in fused if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
     assert blocks == {16}
@@ -336,7 +346,7 @@ def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
         assert bool((err <= scale * 0.5 + 1e-7).all())
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"])
+    _open_engine(engine, opts)
     head_ops = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
     head_ops = [n for n in head_ops if n.name.startswith("lm_head")]
     assert [n.op_type for n in head_ops] == ["MatMulNBits"]

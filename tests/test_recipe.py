@@ -93,7 +93,11 @@ def _set(data: dict, dotted: str, value) -> dict:
 
 BAD = {
     "wrong type": ("build.max_seq_len", "long", "recipe.build.max_seq_len: expected int, got str"),
-    "unknown key": ("build.max_seqlen", 5, "recipe.build.max_seqlen: unknown key (known: backend, kv_block_size, "),
+    "unknown key": (
+        "build.max_seqlen",
+        5,
+        "recipe.build.max_seqlen: unknown key (known: backend, cpu_attention, kv_block_size, ",
+    ),
     "unknown nested key": ("formats.1.quantization.bits", 4, "recipe.formats[1].quantization.bits: unknown key"),
     "bad enum": (
         "formats.1.quantization.qformat",

@@ -83,8 +83,8 @@ class CpuAttention(enum.Enum):
     """How the onnxruntime engine runs ``trtbuild::PagedAttention`` (docs/performance.md).
 
     ``NATIVE``: one native custom-op node per layer (``plugins/paged_attention/cpu_kernel.cc``, compiled with the
-    machine's C++ compiler at first use) that writes the KV cache in place and reads it where it lies; float32 KV
-    caches only (a quantized cache builds ``LOWERED``). ``LOWERED``: about 20 standard ONNX ops per layer
+    machine's C++ compiler at first use) that writes the KV cache in place and reads it where it lies (float32,
+    int8 or fp8 cache). ``LOWERED``: about 20 standard ONNX ops per layer
     (``backends/ort_lowering.py``), no compiler needed; the step's keys/values leave the graph and the session
     stores them."""
 
@@ -271,7 +271,7 @@ class BuildConfig:
         default=CpuAttention.NATIVE,
         metadata={
             "help": "onnxruntime engines: attention as one native kernel per layer (needs a C++ compiler, g++ or "
-            "$CXX, at first use; float32 KV cache) or as standard ONNX ops"
+            "$CXX, at first use) or as standard ONNX ops"
         },
     )
 

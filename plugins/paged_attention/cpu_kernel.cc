@@ -4,12 +4,14 @@
 // step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
 // numpy arrays) and attends every token over its sequence's blocks straight from the pool (flash-style online
 // softmax, no gather, no concat, no padding). The contract is plugins/paged_attention/README.md; the oracle is
-// reference.py; tests/test_cpu_kernel.py checks this file against it. Float32 caches only (quantized caches take
-// the lowered form).
+// reference.py; tests/test_cpu_kernel.py checks this file against it. Caches may be float32, int8 or FLOAT8E4M3FN
+// (attribute kv_cache_dtype 1 / 3 / 17; fp8 stored as its uint8 bit patterns), quantized with the per-tensor
+// scales of inputs 7 and 8 as the reference does.
 //
 // Inputs: 0 qkv [T, (Hq + 2 Hkv) D], 1 key_cache [NB, BS, Hkv, D], 2 value_cache (same), 3 positions [T],
-// 4 block_tables [B, M], 5 query_start_loc [B + 1] (int64), 6 cos_sin_cache [P, R] (optional).
-// Output: 0 attention output [T, Hq D]. Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved.
+// 4 block_tables [B, M], 5 query_start_loc [B + 1] (int64), 6 cos_sin_cache [P, R] (optional), 7 k_scale and
+// 8 v_scale (float scalars, quantized caches only). Output: 0 attention output [T, Hq D].
+// Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype (default 1).
 //
 // Built by trtbuild/backends/ort_native.py (g++ -O3 -march=native, at first use, cached per machine) and loaded
 // with SessionOptions.register_custom_ops_library. No onnxruntime header ships in any package reachable here, so
@@ -22,6 +24,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 extern "C" {
 struct OrtStatus;
@@ -62,7 +67,8 @@ enum ApiSlot : size_t {
 };
 constexpr uint32_t kApiVersion = 17;  // the oldest API version that has every slot above
 constexpr uint32_t kCustomOpVersion = 13;  // OrtCustomOp fields read by onnxruntime: up to GetInputMemoryType
-enum ElementType : int { kFloat = 1, kInt64 = 7 };
+enum ElementType : int { kUndefined = 0, kFloat = 1, kInt64 = 7 };  // kUndefined: any type (the caches)
+enum CacheType : int64_t { kCacheFloat = 1, kCacheInt8 = 3, kCacheFp8 = 17 };
 enum Characteristic : int { kRequired = 0, kOptional = 1 };
 
 const OrtApi* g_api = nullptr;
@@ -94,14 +100,15 @@ struct OrtCustomOp {
 // The kernel proper (no onnxruntime types below this line until the glue).
 
 struct Attrs {
-  int64_t num_heads, num_kv_heads, head_size, interleaved;
+  int64_t num_heads, num_kv_heads, head_size, interleaved, cache_type;
   float scale;
 };
 
 struct Step {
   const float* qkv;
-  float* key_cache;
-  float* value_cache;
+  void* key_cache;  // float, int8 or fp8 bits (Attrs::cache_type)
+  void* value_cache;
+  float k_scale, v_scale;  // quantized caches: stored = quantize(x / scale)
   const int64_t* positions;
   const int64_t* block_tables;
   const int64_t* query_start_loc;
@@ -114,6 +121,7 @@ constexpr int64_t kMaxTileFloats = 8192;  // query rows x head size held on the 
 constexpr int64_t kTileRows = 32;  // aim: GQA group x tokens per work item (keys are read once per tile)
 constexpr int64_t kMaxRows = 128;  // most query rows of a work item (a GQA group may exceed kTileRows)
 constexpr int64_t kMaxBlockSize = 64;
+constexpr int64_t kMaxHeadSize = 512;
 
 inline void rotate(float* x, const float* cs, int64_t rotary_dim, bool interleaved) {
   const int64_t half = rotary_dim / 2;
@@ -136,6 +144,46 @@ inline void rotate(float* x, const float* cs, int64_t rotary_dim, bool interleav
 
 inline int64_t clamp(int64_t v, int64_t lo, int64_t hi) { return std::min(std::max(v, lo), hi); }
 
+// FLOAT8E4M3FN: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, 0x7F / 0xFF are NaN, 448 the largest.
+// Decoded without a table, so that a row's loop vectorises: a normal code's 7 exponent/mantissa bits placed at
+// float32's exponent/mantissa boundary, exponent rebased by 127 - 7; a subnormal (e = 0) is m * 2^-9. No float32
+// subnormal is formed on the way (they cost a microcode assist per operation). Exact: every E4M3 value is a float32.
+inline float from_fp8(uint8_t c) {
+  const uint32_t mag = c & 0x7F, bits = (mag << 20) + (120u << 23);
+  float normal;
+  std::memcpy(&normal, &bits, sizeof(normal));
+  const float v = mag == 0x7F ? std::numeric_limits<float>::quiet_NaN() : mag < 8 ? float(mag) * 0x1p-9f : normal;
+  return c & 0x80 ? -v : v;
+}
+
+// x -> E4M3FN, rounding to nearest even and saturating to +-448 (ONNX QuantizeLinear with saturate=1). Normal
+// results by integer rounding of float32's bits (no libm calls: one row per token and layer is stored).
+inline uint8_t to_fp8(float x) {
+  if (std::isnan(x)) return 0x7F;
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint8_t sign = uint8_t((bits >> 24) & 0x80);
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return sign | 0x7E;
+  if (a < 0x1p-6f) return sign | uint8_t(std::nearbyint(a * 512.0f));  // subnormal m * 2^-9 (m = 8: min normal)
+  bits &= 0x7FFFFFFFu;
+  bits += 0x7FFFFu + ((bits >> 20) & 1);  // round the 20 dropped mantissa bits to nearest even
+  return sign | uint8_t((bits >> 20) - (120u << 3));  // float32 exponent 127-biased -> 7-biased, 3 mantissa bits
+}
+
+// One cache row of `n` values of a head: stored quantized (or copied) from float.
+void store_row(const Attrs& a, void* cache, int64_t offset, const float* x, int64_t n, float scale) {
+  if (a.cache_type == kCacheFloat) {
+    std::memcpy(static_cast<float*>(cache) + offset, x, n * sizeof(float));
+  } else if (a.cache_type == kCacheInt8) {
+    int8_t* dst = static_cast<int8_t*>(cache) + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = int8_t(std::clamp(std::nearbyint(x[i] / scale), -128.0f, 127.0f));
+  } else {
+    uint8_t* dst = static_cast<uint8_t*>(cache) + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = to_fp8(x[i] / scale);
+  }
+}
+
 // Phase 1, per token: rotated, scaled queries into `out` (the tiles read them back), rotated keys and values
 // into their cache slots. Out-of-contract metadata is clamped so that nothing outside the tensors is touched.
 void write_step(const Attrs& a, const Step& s) {
@@ -154,11 +202,12 @@ void write_step(const Attrs& a, const Step& s) {
     }
     const int64_t block = clamp(s.block_tables[b * s.max_blocks + pos / s.block_size], 0, s.num_blocks - 1);
     const int64_t slot = (block * s.block_size + pos % s.block_size) * hkv * d;
-    float* k = s.key_cache + slot;
+    float k[kMaxTileFloats];  // hkv * d <= kMaxTileFloats (checked in compute)
     std::memcpy(k, row + hq * d, hkv * d * sizeof(float));
     if (cs)
       for (int64_t h = 0; h < hkv; ++h) rotate(k + h * d, cs, s.rotary_dim, a.interleaved);
-    std::memcpy(s.value_cache + slot, row + (hq + hkv) * d, hkv * d * sizeof(float));
+    store_row(a, s.key_cache, slot, k, hkv * d, s.k_scale);
+    store_row(a, s.value_cache, slot, row + (hq + hkv) * d, hkv * d, s.v_scale);
   }
 }
 
@@ -191,6 +240,37 @@ inline float exp_nonpositive(float x) {
   return y * scale;
 }
 
+// `n` cache rows of one head (row i at offset + i * row_stride, `d` values) -> float rows of `d` in `out`.
+void dequantize_rows(const Attrs& a, const void* cache, int64_t offset, int64_t n, int64_t row_stride, int64_t d,
+                     float scale, float* __restrict out) {
+  if (a.cache_type == kCacheInt8) {
+    const int8_t* src = static_cast<const int8_t*>(cache) + offset;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < d; ++c) out[i * d + c] = float(src[i * row_stride + c]) * scale;
+    return;
+  }
+  const uint8_t* src = static_cast<const uint8_t*>(cache) + offset;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t c = 0;
+#if defined(__F16C__)
+    // 8 codes at a time through the CPU's half-precision conversion: E4M3 s.eeee.mmm placed as binary16
+    // s.0eeee.mmm0000000 is 2^(e-15) * (1 + m/8), or m * 2^-17 for e = 0 (a binary16 subnormal, which the
+    // conversion handles exactly at full speed); times 2^8 both are the E4M3 value. Code 0x7F gets binary16's
+    // all-ones exponent (NaN).
+    const __m256 scaled = _mm256_set1_ps(scale * 256.0f);
+    for (; c + 8 <= d; c += 8) {
+      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i * row_stride + c)));
+      const __m128i mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
+      const __m128i nan = _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F)), _mm_set1_epi16(0x7E00));
+      const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+      const __m128i half = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16(mag, 7)), nan);
+      _mm256_storeu_ps(out + i * d + c, _mm256_mul_ps(_mm256_cvtph_ps(half), scaled));
+    }
+#endif
+    for (; c < d; ++c) out[i * d + c] = from_fp8(src[i * row_stride + c]) * scale;
+  }
+}
+
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions 0 ..= its last token's position, block by block (online softmax). A block's rows
 // of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
@@ -200,13 +280,14 @@ inline float exp_nonpositive(float x) {
 // scalar loop for the last few.
 void attend(const Attrs& a, const Step& s, const WorkItem& w) {
   const int64_t group = a.num_heads / a.num_kv_heads, d = a.head_size, hkv = a.num_kv_heads, d8 = d & ~int64_t(7);
-  const int64_t head_rows = group * w.num_tokens, bs = s.block_size, stride = hkv * d;
+  const int64_t head_rows = group * w.num_tokens, bs = s.block_size;
   const int64_t rows = head_rows * (w.h_hi - w.h_lo);
   // Per-thread scratch: rows <= kMaxRows, rows x head size <= kMaxTileFloats (both ensured by the caller), block
   // size <= kMaxBlockSize. Row r = (head - h_lo) * head_rows + token * group + query head within the group.
   static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows];
   static thread_local float p[kMaxRows * kMaxBlockSize];
   static thread_local int64_t last_pos[kMaxRows];
+  static thread_local float kq[kMaxBlockSize * kMaxHeadSize], vq[kMaxBlockSize * kMaxHeadSize];  // dequantized
   for (int64_t h = w.h_lo; h < w.h_hi; ++h)
     for (int64_t i = 0; i < w.num_tokens; ++i) {
       const int64_t t = w.first_token + i;
@@ -225,20 +306,32 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
   for (int64_t j = 0; j * bs < ctx; ++j) {
     const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
     const int64_t n = std::min(bs, ctx - j * bs);
-    if ((j + 1) * bs < ctx) {  // fetch the next block (elsewhere in memory) while this one is computed: at 64
-      // sequences the cache reads come from DRAM, and this took a layer's call from 1.03 to 0.91 ms
+    // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
+    // reads come from DRAM, and this took a layer's call from 1.03 to 0.91 ms.
+    if ((j + 1) * bs < ctx) {
+      const int64_t esize = a.cache_type == kCacheFloat ? sizeof(float) : 1;  // bytes per cached value
       const int64_t next = clamp(table[j + 1], 0, s.num_blocks - 1) * bs * hkv * d;
-      const int64_t first = next + w.h_lo * d, last = next + ((bs - 1) * hkv + w.h_hi) * d;
-      for (int64_t x = first; x < last; x += 16) {
-        __builtin_prefetch(s.key_cache + x);
-        __builtin_prefetch(s.value_cache + x);
+      const int64_t first = (next + w.h_lo * d) * esize, last = (next + ((bs - 1) * hkv + w.h_hi) * d) * esize;
+      for (int64_t x = first; x < last; x += 64) {
+        __builtin_prefetch(static_cast<const char*>(s.key_cache) + x);
+        __builtin_prefetch(static_cast<const char*>(s.value_cache) + x);
       }
     }
     int64_t first_row = 0;  // a head's rows before it come before this block (a prefill tile's early tokens)
     while (first_row < head_rows && last_pos[first_row] < j * bs) ++first_row;
     for (int64_t h = w.h_lo; h < w.h_hi; ++h) {
-      const float* keys = s.key_cache + (block * bs * hkv + h) * d;
-      const float* values = s.value_cache + (block * bs * hkv + h) * d;
+      const int64_t row0 = (block * bs * hkv + h) * d;  // the head's first key of the block
+      const float* keys;
+      const float* values;
+      int64_t stride = hkv * d;  // between consecutive keys
+      if (a.cache_type == kCacheFloat) {
+        keys = static_cast<const float*>(s.key_cache) + row0;
+        values = static_cast<const float*>(s.value_cache) + row0;
+      } else {  // dequantize the head's keys/values of this block into scratch (the same math as the reference)
+        dequantize_rows(a, s.key_cache, row0, n, hkv * d, d, s.k_scale, kq);
+        dequantize_rows(a, s.value_cache, row0, n, hkv * d, d, s.v_scale, vq);
+        keys = kq, values = vq, stride = d;
+      }
       const int64_t base = (h - w.h_lo) * head_rows;
       for (int64_t r = base + first_row; r < base + head_rows; ++r) {
         const float* qr = q + r * d;
@@ -402,8 +495,14 @@ void compute(void* kernel_ptr, OrtKernelContext* ctx) {
   if (!ok(slot<GetDataFn>(kGetTensorMutableData)(out_value, &out_data))) return;
   if (s.num_tokens == 0 || !qkv.data || !kc.data || !vc.data || kc.rank != 4 || tables.rank != 2) return;
   s.qkv = static_cast<const float*>(qkv.data);
-  s.key_cache = static_cast<float*>(kc.data);
-  s.value_cache = static_cast<float*>(vc.data);
+  s.key_cache = kc.data;
+  s.value_cache = vc.data;
+  if (a.cache_type != kCacheFloat) {
+    const Tensor k_scale = input(ctx, 7), v_scale = input(ctx, 8);
+    if (!k_scale.data || !v_scale.data) return;
+    s.k_scale = *static_cast<const float*>(k_scale.data);
+    s.v_scale = *static_cast<const float*>(v_scale.data);
+  }
   s.positions = static_cast<const int64_t*>(positions.data);
   s.block_tables = static_cast<const int64_t*>(tables.data);
   s.query_start_loc = static_cast<const int64_t*>(qsl.data);
@@ -419,7 +518,8 @@ void compute(void* kernel_ptr, OrtKernelContext* ctx) {
   }
   const int64_t group = a.num_heads / a.num_kv_heads;
   if (s.num_seqs <= 0 || s.max_blocks <= 0 || s.block_size > kMaxBlockSize || group > kMaxRows ||
-      group * a.head_size > kMaxTileFloats)
+      group * a.head_size > kMaxTileFloats || a.num_kv_heads * a.head_size > kMaxTileFloats ||
+      a.head_size > kMaxHeadSize)
     return;  // refused at build time (backends/ort_native.py): never reached from a trtbuild engine
   write_step(a, s);
 
@@ -469,6 +569,7 @@ void* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info
   ok(get_int(info, "num_kv_heads", &a.num_kv_heads));
   ok(get_int(info, "head_size", &a.head_size));
   if (!ok(get_int(info, "rotary_interleaved", &a.interleaved))) a.interleaved = 0;
+  if (!ok(get_int(info, "kv_cache_dtype", &a.cache_type))) a.cache_type = kCacheFloat;
   ok(slot<GetAttrFloatFn>(kKernelInfoGetAttributeFloat)(info, "scale", &a.scale));
   return kernel;
 }
@@ -476,11 +577,13 @@ void* create_kernel(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info
 void destroy_kernel(void* kernel) { delete static_cast<Kernel*>(kernel); }
 const char* op_name(const OrtCustomOp*) { return "PagedAttention"; }
 const char* op_provider(const OrtCustomOp*) { return nullptr; }  // the CPU execution provider
-int input_type(const OrtCustomOp*, size_t i) { return (i >= 3 && i <= 5) ? kInt64 : kFloat; }
-size_t input_count(const OrtCustomOp*) { return 7; }
+int input_type(const OrtCustomOp*, size_t i) {
+  return (i == 1 || i == 2) ? kUndefined : (i >= 3 && i <= 5) ? kInt64 : kFloat;
+}
+size_t input_count(const OrtCustomOp*) { return 9; }
 int output_type(const OrtCustomOp*, size_t) { return kFloat; }
 size_t output_count(const OrtCustomOp*) { return 1; }
-int input_characteristic(const OrtCustomOp*, size_t i) { return i == 6 ? kOptional : kRequired; }
+int input_characteristic(const OrtCustomOp*, size_t i) { return i >= 6 ? kOptional : kRequired; }
 int output_characteristic(const OrtCustomOp*, size_t) { return kRequired; }
 int input_memory_type(const OrtCustomOp*, size_t) { return 0; }  // OrtMemTypeDefault
 

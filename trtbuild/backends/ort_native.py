@@ -6,9 +6,10 @@ compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``) f
 and the CPU, so a changed file, compiler or machine gets its own build. It links nothing: onnxruntime hands it
 its API table when the session registers the library.
 
-``lower_to_native`` turns each plugin node with a float32 cache into one ``trtbuild.cpu::PagedAttention`` node
-with a single output: the cache inputs are written in place, so the graph has no ``new_keys`` / ``new_values``
-outputs and the session stores nothing after a step (``OrtSession``).
+``lower_to_native`` turns each plugin node into one ``trtbuild.cpu::PagedAttention`` node (float32, int8 or fp8
+cache, as the plugin's ``kv_cache_dtype`` says) with a single output: the cache inputs are written in place, so
+the graph has no ``new_keys`` / ``new_values`` outputs and the session stores nothing after a step
+(``OrtSession``).
 """
 
 from __future__ import annotations
@@ -27,14 +28,28 @@ from onnx import helper
 from ..config import ORT_LOWERED_NODE_PREFIX
 from ..errors import EngineError
 from ..plugins import paged_attention
-from ..plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
+from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
 
 NATIVE_DOMAIN = "trtbuild.cpu"
 SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
-# -ffast-math lets the compiler vectorise the dot products (reassociated sums); infinities stay (masked scores).
-CXXFLAGS = ("-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-std=c++17", "-shared", "-fPIC")
-# What the kernel's fixed scratch holds (cpu_kernel.cc: kMaxRows, kMaxTileFloats, kMaxBlockSize).
-MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_BLOCK_SIZE = 128, 8192, 64
+# Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
+# Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
+# flush-to-zero/denormals-are-zero bits for the whole process on load (numpy, torch and every other library then
+# compute subnormals as zero). The individual flags give the same code without that side effect.
+CXXFLAGS = (
+    "-O3",
+    "-march=native",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fno-signed-zeros",
+    "-fassociative-math",
+    "-freciprocal-math",
+    "-std=c++17",
+    "-shared",
+    "-fPIC",
+)
+# What the kernel's fixed scratch holds (cpu_kernel.cc: kMaxRows, kMaxTileFloats, kMaxBlockSize, kMaxHeadSize).
+MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_BLOCK_SIZE, MAX_HEAD_SIZE = 128, 8192, 64, 512
 
 
 def _compiler() -> str:
@@ -97,10 +112,9 @@ def native_supports(model: onnx.ModelProto, block_size: int) -> str | None:
     for node in model.graph.node:
         if node.domain != DOMAIN or node.op_type != OP_TYPE:
             continue
-        if int(_attr(node, "kv_cache_dtype", KV_FLOAT)) != KV_FLOAT:
-            return "a quantized KV cache"
         hq, hkv, d = (int(_attr(node, n)) for n in ("num_heads", "num_kv_heads", "head_size"))
-        if hq // hkv > MAX_GQA_GROUP or hq // hkv * d > MAX_GROUP_X_HEAD_SIZE:
+        too_big = max(hq // hkv, hkv) * d > MAX_GROUP_X_HEAD_SIZE or d > MAX_HEAD_SIZE
+        if hq // hkv > MAX_GQA_GROUP or too_big:
             return f"{hq // hkv} query heads per KV head of size {d}"
     if block_size > MAX_BLOCK_SIZE:
         return f"KV blocks of more than {MAX_BLOCK_SIZE} tokens"
@@ -108,18 +122,22 @@ def native_supports(model: onnx.ModelProto, block_size: int) -> str | None:
 
 
 def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of the portable ``model`` with each plugin node replaced by the native op (float32 caches)."""
+    """A copy of the portable ``model`` with each plugin node replaced by the native op (any KV cache dtype)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     cache_outs: set[str] = set()
+    fp8_caches: set[str] = set()
     nodes = []
     for node in out.graph.node:
         if node.domain != DOMAIN or node.op_type != OP_TYPE:
             nodes.append(node)
             continue
         cache_outs.update(node.output[1:])
+        kv_type = int(_attr(node, "kv_cache_dtype", KV_FLOAT))
+        if kv_type == KV_FP8:
+            fp8_caches.update(node.input[1:3])
         attrs = {a: _attr(node, a) for a in ("num_heads", "num_kv_heads", "head_size", "scale")}
-        inputs = list(node.input[:7])
+        inputs = list(node.input[:9])
         while inputs and not inputs[-1]:
             inputs.pop()
         nodes.append(
@@ -130,6 +148,7 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
                 name=ORT_LOWERED_NODE_PREFIX + node.name,
                 domain=NATIVE_DOMAIN,
                 rotary_interleaved=int(_attr(node, "rotary_interleaved", 0)),
+                kv_cache_dtype=kv_type,
                 **attrs,
             )
         )
@@ -138,6 +157,9 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [o for o in out.graph.output if o.name not in cache_outs]
     del out.graph.output[:]
     out.graph.output.extend(kept)
+    for value in out.graph.input:  # an fp8 cache is held as its bit patterns (numpy has no float8): uint8
+        if value.name in fp8_caches:
+            value.type.tensor_type.elem_type = onnx.TensorProto.UINT8
     opsets = [o for o in out.opset_import if o.domain != DOMAIN]
     del out.opset_import[:]
     out.opset_import.extend([*opsets, helper.make_opsetid(NATIVE_DOMAIN, 1)])

@@ -1,0 +1,137 @@
+"""The native CPU paged-attention kernel alone: microseconds per call and KV bytes read per second.
+
+One ``trtbuild.cpu::PagedAttention`` node (SmolLM2-135M's shape: 9 query heads, 3 KV heads, head size 64, KV blocks
+of 16) run by onnxruntime with the compiled library, for ``B`` decoding sequences each at context ``--ctx``, with a
+float32, int8 or fp8 KV cache. Each timed call reads a different layer's pool (``--layers`` pools, 30 by default)
+as a model step does, so the context comes from DRAM rather than the last call's cache lines.
+
+    .venv/bin/python benchmarks/cpu_kernel.py [--batch 1 64] [--ctx 190] [--threads 2] [--reps 5]
+    .venv/bin/python benchmarks/cpu_kernel.py --library /path/to/other.so   # A/B another build of the kernel
+
+Prints one line per (batch, KV type): median µs per call over ``--reps`` passes over all layers, and the KV bytes
+those calls read per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from trtbuild.backends.ort_native import NATIVE_DOMAIN, library_path
+from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, rotary_cos_sin_cache
+
+HQ, HKV, D, BS = 9, 3, 64, 16
+CACHE = {
+    KV_FLOAT: (TensorProto.FLOAT, np.float32),
+    KV_INT8: (TensorProto.INT8, np.int8),
+    KV_FP8: (TensorProto.UINT8, np.uint8),  # the E4M3 bit patterns
+}
+NAMES = {KV_FLOAT: "float32", KV_INT8: "int8", KV_FP8: "fp8"}
+
+
+def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
+    cache = CACHE[kv][0]
+    names = [
+        ("qkv", TensorProto.FLOAT),
+        ("key_cache", cache),
+        ("value_cache", cache),
+        ("positions", TensorProto.INT64),
+        ("block_tables", TensorProto.INT64),
+        ("query_start_loc", TensorProto.INT64),
+        ("cos_sin", TensorProto.FLOAT),
+    ]
+    if kv != KV_FLOAT:
+        names += [("k_scale", TensorProto.FLOAT), ("v_scale", TensorProto.FLOAT)]
+    node = helper.make_node(
+        "PagedAttention",
+        [n for n, _ in names],
+        ["out"],
+        domain=NATIVE_DOMAIN,
+        num_heads=HQ,
+        num_kv_heads=HKV,
+        head_size=D,
+        scale=D**-0.5,
+        rotary_interleaved=0,
+        kv_cache_dtype=kv,
+    )
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(NATIVE_DOMAIN, 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(library)
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def measure(batch: int, ctx: int, kv: int, library: str, threads: int, layers: int, reps: int) -> tuple[float, float]:
+    """Median µs per call and KV GB/s read, for ``batch`` decodes at context ``ctx``."""
+    rng = np.random.default_rng(0)
+    blocks_per_seq = (ctx + 1 + BS - 1) // BS
+    num_blocks = batch * blocks_per_seq
+    dtype = CACHE[kv][1]
+    sess = _session(kv, library, threads)
+    pools = []
+    for _ in range(layers):
+        if kv == KV_FLOAT:
+            k, v = (rng.standard_normal((num_blocks, BS, HKV, D)).astype(np.float32) for _ in range(2))
+        else:
+            k, v = (rng.integers(0, 100, (num_blocks, BS, HKV, D)).astype(dtype) for _ in range(2))
+        pools.append([ort.OrtValue.ortvalue_from_numpy(a) for a in (k, v)])
+    tables = rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int64)
+    feeds = {
+        "qkv": rng.standard_normal((batch, (HQ + 2 * HKV) * D)).astype(np.float32),
+        "positions": np.full(batch, ctx, dtype=np.int64),
+        "block_tables": tables,
+        "query_start_loc": np.arange(batch + 1, dtype=np.int64),
+        "cos_sin": rotary_cos_sin_cache(ctx + 16, D, 10000.0),
+    }
+    if kv != KV_FLOAT:
+        feeds["k_scale"] = feeds["v_scale"] = np.array(0.05, dtype=np.float32)
+    bindings = []
+    for k, v in pools:
+        b = sess.io_binding()
+        b.bind_ortvalue_input("key_cache", k)
+        b.bind_ortvalue_input("value_cache", v)
+        for name, arr in feeds.items():
+            b.bind_cpu_input(name, arr)
+        b.bind_output("out", "cpu")
+        bindings.append(b)
+    for b in bindings:  # warm-up: thread pool, page faults
+        sess.run_with_iobinding(b)
+    per_call = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for b in bindings:
+            sess.run_with_iobinding(b)
+        per_call.append((time.perf_counter() - t0) / layers)
+    us = statistics.median(per_call) * 1e6
+    kv_bytes = 2 * batch * (ctx + 1) * HKV * D * np.dtype(dtype).itemsize
+    return us, kv_bytes / (us * 1e-6) / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--ctx", type=int, default=190, help="cached positions per sequence before the decoded token")
+    ap.add_argument("--kv", choices=list(NAMES.values()), nargs="+", default=list(NAMES.values()))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=30, help="pools cycled through (30: SmolLM2's layers)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--library", help="kernel library to time (default: this machine's build, compiled if needed)")
+    args = ap.parse_args()
+    library = args.library or str(library_path())
+    print(f"library {library}, ctx {args.ctx}, {args.threads} threads, median of {args.reps}")
+    for batch in args.batch:
+        for kv, name in NAMES.items():
+            if name in args.kv:
+                us, gbs = measure(batch, args.ctx, kv, library, args.threads, args.layers, args.reps)
+                print(f"batch {batch:3d}  kv {name:7s}  {us:9.1f} us/call  {gbs:6.1f} GB/s of KV")
+
+
+if __name__ == "__main__":
+    main()
