@@ -20,51 +20,20 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, helper
 
-from trtbuild.backends.ort_native import NATIVE_DOMAIN, library_path
-from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, rotary_cos_sin_cache
+from trtbuild.backends.ort_native import library_path, single_node_model
+from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
 
 HQ, HKV, D, BS = 9, 3, 64, 16
-CACHE = {
-    KV_FLOAT: (TensorProto.FLOAT, np.float32),
-    KV_INT8: (TensorProto.INT8, np.int8),
-    KV_FP8: (TensorProto.UINT8, np.uint8),  # the E4M3 bit patterns
-}
+DTYPES = {KV_FLOAT: np.float32, KV_INT8: np.int8, KV_FP8: np.uint8}  # an fp8 cache holds E4M3 bit patterns
 NAMES = {KV_FLOAT: "float32", KV_INT8: "int8", KV_FP8: "fp8"}
 
 
 def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
-    cache = CACHE[kv][0]
-    names = [
-        ("qkv", TensorProto.FLOAT),
-        ("key_cache", cache),
-        ("value_cache", cache),
-        ("positions", TensorProto.INT64),
-        ("block_tables", TensorProto.INT64),
-        ("query_start_loc", TensorProto.INT64),
-        ("cos_sin", TensorProto.FLOAT),
-    ]
-    if kv != KV_FLOAT:
-        names += [("k_scale", TensorProto.FLOAT), ("v_scale", TensorProto.FLOAT)]
-    node = helper.make_node(
-        "PagedAttention",
-        [n for n, _ in names],
-        ["out"],
-        domain=NATIVE_DOMAIN,
-        num_heads=HQ,
-        num_kv_heads=HKV,
-        head_size=D,
-        scale=D**-0.5,
-        rotary_interleaved=0,
-        kv_cache_dtype=kv,
-    )
-    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names]
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(NATIVE_DOMAIN, 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(library)
     opts.intra_op_num_threads = threads
+    model = single_node_model(PagedAttentionAttrs(HQ, HKV, D, D**-0.5, False, kv), rotary=True)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
@@ -73,7 +42,7 @@ def measure(batch: int, ctx: int, kv: int, library: str, threads: int, layers: i
     rng = np.random.default_rng(0)
     blocks_per_seq = (ctx + 1 + BS - 1) // BS
     num_blocks = batch * blocks_per_seq
-    dtype = CACHE[kv][1]
+    dtype = DTYPES[kv]
     sess = _session(kv, library, threads)
     pools = []
     for _ in range(layers):

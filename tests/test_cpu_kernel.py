@@ -10,9 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
-from trtbuild.backends.ort_native import NATIVE_DOMAIN, library_path
+from trtbuild.backends.ort_native import library_path, single_node_model
 from trtbuild.plugins.paged_attention import (
     KV_FLOAT,
     KV_FP8,
@@ -26,42 +25,14 @@ from trtbuild.plugins.paged_attention import (
 ATOL = 2e-5
 
 
-# Cache element type in the graph per kv_cache_dtype (an fp8 cache is held as its uint8 bit patterns).
-CACHE_TYPES = {KV_FLOAT: TensorProto.FLOAT, KV_INT8: TensorProto.INT8, KV_FP8: TensorProto.UINT8}
 SCALES = (0.05, 0.03)  # k_scale, v_scale of the quantized caches: random normal values span about +-4
 
 
 def _session(attrs: PagedAttentionAttrs, rotary: bool, threads: int) -> ort.InferenceSession:
-    cache = CACHE_TYPES[attrs.kv_cache_dtype]
-    names = [
-        ("qkv", TensorProto.FLOAT),
-        ("key_cache", cache),
-        ("value_cache", cache),
-        ("positions", TensorProto.INT64),
-        ("block_tables", TensorProto.INT64),
-        ("query_start_loc", TensorProto.INT64),
-        ("cos_sin", TensorProto.FLOAT),
-    ]
-    if attrs.kv_cache_dtype != KV_FLOAT:
-        names += [("k_scale", TensorProto.FLOAT), ("v_scale", TensorProto.FLOAT)]
-    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names if rotary or n != "cos_sin"]
-    node = helper.make_node(
-        "PagedAttention",
-        [n if rotary or n != "cos_sin" else "" for n, _ in names],
-        ["out"],
-        domain=NATIVE_DOMAIN,
-        num_heads=attrs.num_heads,
-        num_kv_heads=attrs.num_kv_heads,
-        head_size=attrs.head_size,
-        scale=attrs.scale,
-        rotary_interleaved=int(attrs.rotary_interleaved),
-        kv_cache_dtype=attrs.kv_cache_dtype,
-    )
-    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(NATIVE_DOMAIN, 1)])
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(str(library_path()))
     opts.intra_op_num_threads = threads
+    model = single_node_model(attrs, rotary)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 

@@ -28,9 +28,12 @@ from onnx import helper
 from ..config import ORT_LOWERED_NODE_PREFIX
 from ..errors import EngineError
 from ..plugins import paged_attention
-from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
+from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
 
 NATIVE_DOMAIN = "trtbuild.cpu"
+# The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
+# no float8), so its graph inputs are uint8.
+CACHE_ELEM_TYPES = {KV_FLOAT: onnx.TensorProto.FLOAT, KV_INT8: onnx.TensorProto.INT8, KV_FP8: onnx.TensorProto.UINT8}
 SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
 # Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
 # Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
@@ -157,10 +160,37 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [o for o in out.graph.output if o.name not in cache_outs]
     del out.graph.output[:]
     out.graph.output.extend(kept)
-    for value in out.graph.input:  # an fp8 cache is held as its bit patterns (numpy has no float8): uint8
+    for value in out.graph.input:
         if value.name in fp8_caches:
-            value.type.tensor_type.elem_type = onnx.TensorProto.UINT8
+            value.type.tensor_type.elem_type = CACHE_ELEM_TYPES[KV_FP8]
     opsets = [o for o in out.opset_import if o.domain != DOMAIN]
     del out.opset_import[:]
     out.opset_import.extend([*opsets, helper.make_opsetid(NATIVE_DOMAIN, 1)])
     return out
+
+
+def single_node_model(attrs: PagedAttentionAttrs, rotary: bool) -> onnx.ModelProto:
+    """A model of one native op (kernel tests and benchmarks): inputs ``qkv``, ``key_cache``, ``value_cache``,
+    ``positions``, ``block_tables``, ``query_start_loc``, ``cos_sin`` when ``rotary``, ``k_scale`` and ``v_scale``
+    for a quantized cache; output ``out``. Register ``library_path()`` to run it."""
+    cache = CACHE_ELEM_TYPES[attrs.kv_cache_dtype]
+    f32, i64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+    names = [("qkv", f32), ("key_cache", cache), ("value_cache", cache), ("positions", i64)]
+    names += [("block_tables", i64), ("query_start_loc", i64), ("cos_sin", f32)]
+    if attrs.kv_cache_dtype != KV_FLOAT:
+        names += [("k_scale", f32), ("v_scale", f32)]
+    node = helper.make_node(
+        OP_TYPE,
+        [n if rotary or n != "cos_sin" else "" for n, _ in names],
+        ["out"],
+        domain=NATIVE_DOMAIN,
+        num_heads=attrs.num_heads,
+        num_kv_heads=attrs.num_kv_heads,
+        head_size=attrs.head_size,
+        scale=attrs.scale,
+        rotary_interleaved=int(attrs.rotary_interleaved),
+        kv_cache_dtype=attrs.kv_cache_dtype,
+    )
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names if rotary or n != "cos_sin"]
+    graph = helper.make_graph([node], "paged_attention", inputs, [helper.make_tensor_value_info("out", f32, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(NATIVE_DOMAIN, 1)])

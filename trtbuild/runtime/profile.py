@@ -8,8 +8,9 @@ Three sources, one table:
 - the session's own work around the engine (``OrtSession``: binding the step's inputs, storing the new keys and
   values in the cache);
 - onnxruntime's kernels by kind, from its profiler (on only when asked: it timestamps every node, which makes a
-  batch-1 decode step of ~900 small nodes up to 2x slower, so read the shares): matrix products, the lowered
-  paged attention (every node the lowering added, its per-step metadata included), norms, everything else. The
+  batch-1 decode step of ~900 small nodes up to 2x slower, so read the shares): matrix products, the paged
+  attention (the native node, or every node the lowering added with its per-step metadata; the profiler inflates a
+  native custom op ~10x, docs/performance.md), norms, everything else. The
   rest of ``session.run``'s wall time is onnxruntime's own dispatch and thread hand-offs.
 """
 
