@@ -94,9 +94,15 @@ def test_perplexity_within_issue_target(request, smollm2_float, perplexity, name
     assert increase(perplexity(name, **fields), smollm2_float[2]) <= target
 
 
+# The int8 KV cache's cost is a few tenths of a percent, the size of the noise of 8 windows: two correct attention
+# implementations (the native kernel and the lowered ops, equal to 3e-7 on layer 0) gave +0.69% and +0.43% there,
+# as the int8 activations of MatMulNBits amplify float rounding; on 32 windows +0.37% and +0.27%.
+KV_EVAL = EvalConfig(dataset="lee_news", windows=32, seq_len=512)
+
+
 def test_int8_kv_cache_on_top_of_its_weights(perplexity):
-    base = perplexity("int8_wo", qformat=QFormat.INT8_WO)
-    kv = perplexity("int8_wo+kv_int8", qformat=QFormat.INT8_WO, kv_cache_dtype=KVCacheDType.INT8)
+    base = perplexity("int8_wo", KV_EVAL, qformat=QFormat.INT8_WO)
+    kv = perplexity("int8_wo+kv_int8", KV_EVAL, qformat=QFormat.INT8_WO, kv_cache_dtype=KVCacheDType.INT8)
     assert increase(kv, base) <= 0.5
 
 
