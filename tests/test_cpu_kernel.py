@@ -186,3 +186,71 @@ def test_loading_the_library_leaves_subnormals_alone():
         "sys.exit(0 if float(tiny * np.float32(1.0)) > 0.0 else 3)\n"
     )
     assert subprocess.run([sys.executable, "-c", script]).returncode == 0
+
+
+# --- the row ops around MatMulInteger of per-token int8 linears (backends/ort_weights.integer_gemms_per_token) ---
+
+
+def _row_op_session(op: str, inputs: list, outputs: list, threads: int) -> ort.InferenceSession:
+    from onnx import helper
+
+    from trtbuild.backends.ort_native import NATIVE_DOMAIN
+
+    node = helper.make_node(op, [i.name for i in inputs], [o.name for o in outputs], domain=NATIVE_DOMAIN)
+    graph = helper.make_graph([node], op, inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(NATIVE_DOMAIN, 1)])
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(str(library_path()))
+    opts.intra_op_num_threads = threads
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("rows, width, threads", [(1, 576, 1), (7, 64, 2), (300, 1536, 2)])
+def test_quantize_rows_gives_the_graphs_int8_codes_and_scales(rows, width, threads):
+    """Per row s = max(amax / 127, FLT_MIN) and round_half_even(x / s) + 128, bit for bit what the portable graph's
+    ReduceMax / Div / Max / QuantizeLinear compute (numpy's float32 division and rint here), ties included."""
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(rows)
+    x = (rng.standard_normal((rows, width)) * rng.uniform(0.01, 30, (rows, 1))).astype(np.float32)
+    x[0, :5] = [127.0, 0.5, -0.5, 1.5, -2.5]  # amax 127 -> s = 1: exact ties, which go to even
+    if rows > 2:
+        x[1] = 0.0  # an all-zero row: the smallest normal scale, codes 128
+        x[2, 3] = np.finfo(np.float32).smallest_subnormal
+    sess = _row_op_session(
+        "QuantizeRows",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", width])],
+        [
+            helper.make_tensor_value_info("codes", TensorProto.UINT8, ["M", width]),
+            helper.make_tensor_value_info("scale", TensorProto.FLOAT, ["M", 1]),
+        ],
+        threads,
+    )
+    codes, scale = sess.run(None, {"x": x})
+    expected_scale = np.maximum(np.abs(x).max(-1, keepdims=True) / np.float32(127), np.finfo(np.float32).tiny)
+    np.testing.assert_array_equal(scale, expected_scale)
+    expected = (np.rint(x / expected_scale) + 128).astype(np.uint8)
+    np.testing.assert_array_equal(codes, expected)
+    assert list(codes[0, :5]) == [255, 128, 128, 130, 126]
+
+
+@pytest.mark.parametrize("rows, width, threads", [(1, 49152, 1), (64, 3072, 2)])
+def test_rescale_rows_is_the_graphs_cast_and_two_multiplies(rows, width, threads):
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(width)
+    sums = rng.integers(-(1 << 20), 1 << 20, (rows, width), dtype=np.int32)
+    row = rng.uniform(1e-3, 1e-1, (rows, 1)).astype(np.float32)
+    col = rng.uniform(1e-3, 1e-1, width).astype(np.float32)
+    sess = _row_op_session(
+        "RescaleRows",
+        [
+            helper.make_tensor_value_info("sums", TensorProto.INT32, ["M", width]),
+            helper.make_tensor_value_info("row", TensorProto.FLOAT, ["M", 1]),
+            helper.make_tensor_value_info("col", TensorProto.FLOAT, [width]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", width])],
+        threads,
+    )
+    (y,) = sess.run(None, {"sums": sums, "row": row, "col": col})
+    np.testing.assert_array_equal(y, (sums.astype(np.float32) * row) * col)

@@ -122,7 +122,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .backends.ort_lowering import lower_for_onnxruntime
     from .backends.ort_native import library_path, lower_to_native, native_supports
-    from .backends.ort_weights import hand_activations_to_kernel, reblock_int8_weights
+    from .backends.ort_weights import hand_activations_to_kernel, integer_gemms_per_token, reblock_int8_weights
 
     if build.cpu_attention is CpuAttention.NATIVE and native_supports(portable, build.kv_block_size) is not None:
         build = replace(build, cpu_attention=CpuAttention.LOWERED)  # recorded: the engine says what it holds
@@ -134,7 +134,8 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         lowered = lower_to_native(portable)
     else:
         lowered = lower_for_onnxruntime(portable, io)
-    engine = reblock_int8_weights(hand_activations_to_kernel(lowered))
+    native = build.cpu_attention is CpuAttention.NATIVE  # the engine loads the native library: its row ops too
+    engine = reblock_int8_weights(hand_activations_to_kernel(integer_gemms_per_token(lowered, native)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:

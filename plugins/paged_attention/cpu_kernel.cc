@@ -1,4 +1,5 @@
-// trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention").
+// trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention"), and
+// the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end).
 //
 // One node per layer replaces the ~20-node lowering of backends/ort_lowering.py: it rotates q and k, writes the
 // step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
@@ -67,7 +68,7 @@ enum ApiSlot : size_t {
 };
 constexpr uint32_t kApiVersion = 17;  // the oldest API version that has every slot above
 constexpr uint32_t kCustomOpVersion = 13;  // OrtCustomOp fields read by onnxruntime: up to GetInputMemoryType
-enum ElementType : int { kUndefined = 0, kFloat = 1, kInt64 = 7 };  // kUndefined: any type (the caches)
+enum ElementType : int { kUndefined = 0, kFloat = 1, kUint8 = 2, kInt32 = 6, kInt64 = 7 };  // kUndefined: any type
 enum CacheType : int64_t { kCacheFloat = 1, kCacheInt8 = 3, kCacheFp8 = 17 };
 enum Characteristic : int { kRequired = 0, kOptional = 1 };
 
@@ -593,6 +594,148 @@ const OrtCustomOp kOp = {
     output_characteristic, input_memory_type, {nullptr},
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// Per-token int8 linears (backends/ort_weights.integer_gemms_per_token): the two ends around onnxruntime's
+// MatMulInteger, each one pass over its tensor instead of five / three standard ops.
+//
+// QuantizeRows: x float [..., K] -> codes uint8 [..., K], scale float [..., 1]. Per row s = max(amax / 127, FLT_MIN)
+// and codes = round_half_even(x / s) + 128 (the graph's int8 codes plus MatMulInteger's zero point 128; |x / s|
+// <= 127, so nothing saturates). The division is a true division (no reciprocal), as the graph's Div.
+// RescaleRows: sums int32 [M, N], row scale float [M, 1], column scale float [N] -> float [M, N] =
+// (float(sums) * row) * col, the graph's Cast -> Mul -> Mul in the same order.
+
+constexpr int64_t kRowsPerTask = 16;
+
+struct RowsWork {
+  const float* x;
+  uint8_t* codes;
+  float* scale;
+  const int32_t* sums;
+  const float* col;
+  float* out;
+  int64_t rows, width;
+};
+
+float row_amax(const float* x, int64_t n) {  // max is exact in any order: vectorised freely
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  return amax;
+}
+
+// The per-element arithmetic in exact IEEE order: a true division (no reciprocal of the loop-invariant scale) and
+// the two products unreassociated. Builtins only: a function of other optimisation flags inlines no std:: calls.
+#pragma GCC push_options
+#pragma GCC optimize("no-reciprocal-math", "no-associative-math")
+float row_scale(float amax) {  // the graph's max(amax / 127, FLT_MIN)
+  const float s = amax / 127.0f;
+  return s > __FLT_MIN__ ? s : __FLT_MIN__;
+}
+
+void encode_row(const float* x, float s, uint8_t* codes, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float q = __builtin_nearbyintf(x[i] / s);  // the current rounding mode: to nearest, ties to even
+    q = q > 127.0f ? 127.0f : (q < -128.0f ? -128.0f : q);
+    codes[i] = uint8_t(int32_t(q) + 128);
+  }
+}
+
+void rescale_row(const int32_t* sums, float row, const float* col, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = (float(sums[i]) * row) * col[i];
+}
+#pragma GCC pop_options
+
+void quantize_rows(void* data, size_t task) {
+  const auto* w = static_cast<const RowsWork*>(data);
+  const int64_t lo = int64_t(task) * kRowsPerTask, hi = std::min(w->rows, lo + kRowsPerTask);
+  for (int64_t r = lo; r < hi; ++r) {
+    const float* x = w->x + r * w->width;
+    const float s = row_scale(row_amax(x, w->width));
+    w->scale[r] = s;
+    encode_row(x, s, w->codes + r * w->width, w->width);
+  }
+}
+
+void rescale_rows(void* data, size_t task) {
+  const auto* w = static_cast<const RowsWork*>(data);
+  const int64_t lo = int64_t(task) * kRowsPerTask, hi = std::min(w->rows, lo + kRowsPerTask);
+  for (int64_t r = lo; r < hi; ++r)
+    rescale_row(w->sums + r * w->width, w->scale[r], w->col, w->out + r * w->width, w->width);
+}
+
+// Rows in tasks of kRowsPerTask on onnxruntime's pool when there is enough work for a second thread.
+void for_rows(OrtKernelContext* ctx, void (*fn)(void*, size_t), RowsWork* w) {
+  const size_t tasks = size_t((w->rows + kRowsPerTask - 1) / kRowsPerTask);
+  if (tasks < 2 || w->rows * w->width < (int64_t(1) << 15) ||
+      !ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, fn, tasks, tasks, w))) {
+    for (size_t t = 0; t < tasks; ++t) fn(w, t);
+  }
+}
+
+void compute_quantize_rows(void*, OrtKernelContext* ctx) {
+  const Tensor x = input(ctx, 0);
+  if (!x.data || x.rank < 1) return;
+  int64_t dims[8];
+  std::copy(x.dims, x.dims + x.rank, dims);
+  RowsWork w{};
+  w.width = x.dims[x.rank - 1];
+  w.rows = 1;
+  for (size_t i = 0; i + 1 < x.rank; ++i) w.rows *= x.dims[i];
+  OrtValue *codes = nullptr, *scale = nullptr;
+  void *codes_data = nullptr, *scale_data = nullptr;
+  if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, dims, x.rank, &codes))) return;
+  dims[x.rank - 1] = 1;
+  if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 1, dims, x.rank, &scale))) return;
+  if (!ok(slot<GetDataFn>(kGetTensorMutableData)(codes, &codes_data)) ||
+      !ok(slot<GetDataFn>(kGetTensorMutableData)(scale, &scale_data)))
+    return;
+  w.x = static_cast<const float*>(x.data);
+  w.codes = static_cast<uint8_t*>(codes_data);
+  w.scale = static_cast<float*>(scale_data);
+  if (w.rows > 0 && w.width > 0) for_rows(ctx, quantize_rows, &w);
+}
+
+void compute_rescale_rows(void*, OrtKernelContext* ctx) {
+  const Tensor sums = input(ctx, 0), row = input(ctx, 1), col = input(ctx, 2);
+  if (!sums.data || !row.data || !col.data || sums.rank < 1) return;
+  RowsWork w{};
+  w.width = sums.dims[sums.rank - 1];
+  w.rows = 1;
+  for (size_t i = 0; i + 1 < sums.rank; ++i) w.rows *= sums.dims[i];
+  OrtValue* out = nullptr;
+  void* out_data = nullptr;
+  if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, sums.dims, sums.rank, &out)) ||
+      !ok(slot<GetDataFn>(kGetTensorMutableData)(out, &out_data)))
+    return;
+  w.sums = static_cast<const int32_t*>(sums.data);
+  w.scale = static_cast<float*>(row.data);
+  w.col = static_cast<const float*>(col.data);
+  w.out = static_cast<float*>(out_data);
+  if (w.rows > 0 && w.width > 0) for_rows(ctx, rescale_rows, &w);
+}
+
+Kernel g_stateless{};  // the row ops have no attributes: every node shares this "kernel"
+void* create_stateless(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*) { return &g_stateless; }
+void destroy_stateless(void*) {}
+const char* quantize_rows_name(const OrtCustomOp*) { return "QuantizeRows"; }
+const char* rescale_rows_name(const OrtCustomOp*) { return "RescaleRows"; }
+int quantize_rows_input(const OrtCustomOp*, size_t) { return kFloat; }
+size_t one(const OrtCustomOp*) { return 1; }
+size_t two(const OrtCustomOp*) { return 2; }
+size_t three(const OrtCustomOp*) { return 3; }
+int quantize_rows_output(const OrtCustomOp*, size_t i) { return i == 0 ? kUint8 : kFloat; }
+int rescale_rows_input(const OrtCustomOp*, size_t i) { return i == 0 ? kInt32 : kFloat; }
+int required(const OrtCustomOp*, size_t) { return kRequired; }
+
+const OrtCustomOp kQuantizeRows = {
+    kCustomOpVersion, create_stateless, quantize_rows_name, op_provider, quantize_rows_input, one,
+    quantize_rows_output, two, compute_quantize_rows, destroy_stateless, required, required, input_memory_type,
+    {nullptr},
+};
+const OrtCustomOp kRescaleRows = {
+    kCustomOpVersion, create_stateless, rescale_rows_name, op_provider, rescale_rows_input, three, output_type,
+    one, compute_rescale_rows, destroy_stateless, required, required, input_memory_type, {nullptr},
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
@@ -602,7 +745,9 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
   OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
   if (status) return status;
-  status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, &kOp);
-  if (status) return status;
+  for (const OrtCustomOp* op : {&kOp, &kQuantizeRows, &kRescaleRows}) {
+    status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, op);
+    if (status) return status;
+  }
   return slot<AddDomainFn>(kAddCustomOpDomain)(options, domain);
 }

@@ -13,6 +13,11 @@ W8A8 with dynamic activation scales (``int8_sq``'s default) is the same kernel: 
 activation's Q/DQ per block of 16 in-features with run-time scales (``quantize.formats.emit_dynamic_quantization``),
 which is what MatMulNBits does inside itself, so ``hand_activations_to_kernel`` removes those nodes and the MatMul
 then takes the float activation and becomes MatMulNBits like a weight-only one.
+
+W8A8 per token (``--activation-scales per_token``) is what MatMulNBits cannot do exactly (its blocks are at most
+the row's length only by accident); ``integer_gemms_per_token`` states it as onnxruntime's uint8 x int8 integer GEMM
+instead, which is also 2-3x faster than MatMulNBits' 8-bit kernel on a few dozen rows or more (prefill chunks,
+batched decodes) and as fast on one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from .ort_native import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
 
@@ -82,4 +89,103 @@ def reblock_int8_weights(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) 
         scale.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(np.tile(per_channel, (rows, 1))), scale.name))
         del node.attribute[:]
         node.attribute.extend([helper.make_attribute("axis", 0), helper.make_attribute("block_size", block)])
+    return model
+
+
+def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelProto:
+    """Rewrite, in place, each linear whose activation has a run-time int8 Q/DQ per token (one block of the whole
+    row, ``--activation-scales per_token``) and whose weight is a per-channel int8 ``DequantizeLinear`` as
+    onnxruntime's integer GEMM; returns ``model``.
+
+    The row's scale is the graph's own, ``s = max(amax / 127, tiny)``; ``QuantizeLinear(x / s)`` to uint8 with zero
+    point 128 gives the same codes as the graph's int8 ones plus 128 (|x / s| <= 127, so nothing saturates);
+    ``MatMulInteger`` (uint8 x int8, the zero point subtracted inside, int32 sums: MLAS's VNNI kernel) against the
+    int8 weight, then the sums times ``s`` and the weight's per-channel scale. Only the float rounding of that
+    rescale differs from the graph's ``DequantizeLinear`` -> ``MatMul``. (int8 activation codes would take a slow
+    reference kernel: onnxruntime's fast integer GEMMs are uint8 x int8.) With ``native`` (the engine loads
+    trtbuild's native library anyway) the scale-and-codes ops before the GEMM are one ``trtbuild.cpu::QuantizeRows``
+    and the rescale after it one ``trtbuild.cpu::RescaleRows`` (plugins/paged_attention/cpu_kernel.cc), the same
+    arithmetic in one pass each; else ten standard ops.
+    """
+    graph = model.graph
+    producer = {out: n for n in graph.node for out in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    consts = {
+        "per_token.bound": np.array(127.0, np.float32),
+        "per_token.tiny": np.array(np.finfo(np.float32).tiny, np.float32),
+        "per_token.one": np.array(1.0, np.float32),
+        "per_token.zero_point": np.array(128, np.uint8),
+        "per_token.last_axis": np.array([-1], np.int64),
+    }
+    replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
+    dead: set[str] = set()
+    for node in graph.node:
+        if node.op_type != "MatMul":
+            continue
+        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
+        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is None or q.op_type != "QuantizeLinear" or not q.name.endswith(".q"):
+            continue
+        if weight_dq is None or weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
+            continue
+        weight, wscale = inits.get(weight_dq.input[0]), inits.get(weight_dq.input[1])
+        if weight is None or wscale is None or weight.data_type != TensorProto.INT8 or len(weight.dims) != 2:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
+        wattrs = {a.name: helper.get_attribute_value(a) for a in weight_dq.attribute}
+        if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != weight.dims[0]:
+            continue  # int8 per block of 16: MatMulNBits (hand_activations_to_kernel)
+        if wattrs.get("axis") != 1 or "block_size" in wattrs or list(wscale.dims) != [weight.dims[1]]:
+            continue
+        base = q.name[: -len("q")]  # the emitted nodes are named {base}blocks, {base}abs, ..., {base}rows
+        x = producer[q.input[0]].input[0]  # the row before its [tokens, 1, in] reshape
+        p = node.name + ".int8"
+
+        def op(op_type: str, inputs: list[str], out: str, **kw: int) -> onnx.NodeProto:
+            return helper.make_node(op_type, inputs, [out], name=out, **kw)
+
+        if native:
+            replacements[node.name] = [
+                helper.make_node(
+                    "QuantizeRows", [x], [p + ".codes", p + ".scale"], name=p + ".quantize", domain=NATIVE_DOMAIN
+                ),
+                op("MatMulInteger", [p + ".codes", weight.name, "per_token.zero_point"], p + ".sums"),
+                helper.make_node(
+                    "RescaleRows",
+                    [p + ".sums", p + ".scale", wscale.name],
+                    [node.output[0]],
+                    name=p + ".rescale",
+                    domain=NATIVE_DOMAIN,
+                ),
+            ]
+            dead.update(n.name for n in graph.node if n.name.startswith(base))
+            dead.add(weight_dq.name)
+            continue
+        replacements[node.name] = [
+            op("Abs", [x], p + ".abs"),
+            op("ReduceMax", [p + ".abs", "per_token.last_axis"], p + ".amax"),
+            op("Div", [p + ".amax", "per_token.bound"], p + ".scale_raw"),
+            op("Max", [p + ".scale_raw", "per_token.tiny"], p + ".scale"),
+            op("Div", [x, p + ".scale"], p + ".scaled"),
+            op("QuantizeLinear", [p + ".scaled", "per_token.one", "per_token.zero_point"], p + ".codes"),
+            op("MatMulInteger", [p + ".codes", weight.name, "per_token.zero_point"], p + ".sums"),
+            op("Cast", [p + ".sums"], p + ".sums_float", to=TensorProto.FLOAT),
+            op("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
+            helper.make_node("Mul", [p + ".row_scaled", wscale.name], [node.output[0]], name=p + ".col_scaled"),
+        ]
+        dead.update(n.name for n in graph.node if n.name.startswith(base))
+        dead.add(weight_dq.name)
+    if not replacements:
+        return model
+    nodes = [r for n in graph.node if n.name not in dead for r in replacements.get(n.name, [n])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+    used = {i for n in nodes for i in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     return model

@@ -40,7 +40,7 @@ import numpy as np
 
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
-from .formats import FORMATS, Numeric, dynamic_activations, static_activations
+from .formats import FORMATS, Numeric, activation_block, dynamic_activations, static_activations
 from .hf_model import canonical_linears, hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
@@ -130,7 +130,7 @@ def calibrate(
         mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if reads_tokens else None)
         unify_fused_groups(model, cfg)
         if dynamic_activations(qcfg):
-            make_inputs_dynamic(model, FORMATS[qcfg.qformat].dynamic_block)
+            make_inputs_dynamic(model, activation_block(qcfg))
         if qcfg.qformat is QFormat.FP8 and dynamic_activations(qcfg) and len(samples):
             from .fp8 import search_weight_scales
 

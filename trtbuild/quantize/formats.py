@@ -16,16 +16,17 @@ scale vector is then constant over each fused module's rows: q | k | v). The act
 ``pre_quant_scale`` (SmoothQuant / AWQ smoothing) and then quantized symmetrically, ``saturate(round(x / s))``:
 with ``ActivationScales.STATIC`` by the calibrated per-tensor ``s = input_scale``; with ``DYNAMIC`` by
 ``s = amax / bound`` of its own values, per block of ``dynamic_block`` in-features of each token (int8: 16) or per
-token (fp8). Zero points are 0 (symmetric) except int4's with ``zero_points``: unsigned codes (0..15),
-``weight = (q - weight_zero_point) * weight_scale``, a ``uint4`` weight with a blocked ``uint4`` zero point in the
-graph.
+token (fp8; int8 with ``PER_TOKEN``). Zero points are 0 (symmetric) except int4's with ``zero_points``: unsigned
+codes (0..15), ``weight = (q - weight_zero_point) * weight_scale``, a ``uint4`` weight with a blocked ``uint4`` zero
+point in the graph.
 
 In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
 activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
 blocked along the row), ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21
 ``block_size`` along axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (static
 int8) and ``MatMulNBits`` (int8_wo, int4; dynamic int8 after ``backends/ort_weights.py`` hands the activation
-quantization to the kernel, which does exactly that per block of 16); fp8 Q/DQ runs emulated in float.
+quantization to the kernel, which does exactly that per block of 16); per-token int8 becomes ``MatMulInteger``
+(``ort_weights.integer_gemms_per_token``); fp8 Q/DQ runs emulated in float.
 """
 
 from __future__ import annotations
@@ -96,7 +97,15 @@ def linear_format(qformat: QFormat, prefix: str) -> FormatSpec:
 
 def dynamic_activations(qcfg: QuantConfig) -> bool:
     """Whether ``qcfg``'s activations are quantized with run-time scales (never for weight-only formats)."""
-    return FORMATS[qcfg.qformat].activations is not None and qcfg.activation_scales is ActivationScales.DYNAMIC
+    dynamic = qcfg.activation_scales in (ActivationScales.DYNAMIC, ActivationScales.PER_TOKEN)
+    return FORMATS[qcfg.qformat].activations is not None and dynamic
+
+
+def activation_block(qcfg: QuantConfig) -> int | None:
+    """In-features per run-time activation scale of ``qcfg``'s linears (None: one per token, the whole row)."""
+    if qcfg.activation_scales is ActivationScales.PER_TOKEN:
+        return None
+    return FORMATS[qcfg.qformat].dynamic_block
 
 
 def static_activations(qcfg: QuantConfig) -> bool:
@@ -210,7 +219,7 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
         xq = g.op("QuantizeLinear", [x, s, zp], name=prefix + ".input_q")
         x = g.op("DequantizeLinear", [xq, s, zp], name=prefix + ".input_dq")
     elif spec.activations is not None:
-        block = spec.dynamic_block or w.shape[1]
+        block = activation_block(qcfg) or w.shape[1]
         x = emit_dynamic_quantization(g, x, spec.activations, block, w.shape[1], prefix + ".input_dynamic")
     wt = g.initializer(prefix + ".weight", np.ascontiguousarray(w.T))  # [in, out]
     if scale.ndim == 2:  # [out, ceil(in/group)] -> blocked along the in axis of [in, out]

@@ -25,7 +25,15 @@ from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, excluded_linears, modelopt_reads_tokens
-from .formats import FORMATS, Numeric, dynamic_activations, export_linear, linear_format, static_activations
+from .formats import (
+    FORMATS,
+    Numeric,
+    activation_block,
+    dynamic_activations,
+    export_linear,
+    linear_format,
+    static_activations,
+)
 from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
 from .layout import UNFOLDED_PRE_QUANT_SCALE
 
@@ -128,7 +136,7 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     linears = [n for n in canonical_linears(cfg) if n not in excluded]
     if not linears:
         raise TrtbuildError(f"--exclude {' '.join(qcfg.exclude)} leaves no linear layer to quantize")
-    block = FORMATS[qcfg.qformat].dynamic_block
+    block = activation_block(qcfg)
     if dynamic_activations(qcfg) and block is not None:
         in_features = {cfg.hidden_size, cfg.num_heads * cfg.head_size, cfg.intermediate_size}
         widths = sorted(w for w in in_features if w % block)
