@@ -22,6 +22,8 @@ batched decodes) and as fast on one.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -31,6 +33,39 @@ from .ort_native import NATIVE_DOMAIN  # the native library's domain: QuantizeRo
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
 
 
+def _dynamic_linears(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]]:
+    """Each ``MatMul`` whose activation comes through a run-time Q/DQ as ``formats.emit_dynamic_quantization``
+    emits it (``... -> QuantizeLinear '{name}.q' -> DequantizeLinear -> Reshape``): (the MatMul, that Q node, the
+    producer of its weight input)."""
+    producer = {out: n for n in graph.node for out in n.output}
+    for node in list(graph.node):
+        if node.op_type != "MatMul":
+            continue
+        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
+        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.name.endswith(".q") and weight_dq is not None:
+            yield node, q, weight_dq
+
+
+def _emitted_quantization(graph: onnx.GraphProto, q: onnx.NodeProto) -> set[str]:
+    """The nodes ``emit_dynamic_quantization`` made around its Q node ``q``: named {base}blocks, ..., {base}rows."""
+    base = q.name[: -len("q")]
+    return {n.name for n in graph.node if n.name.startswith(base)}
+
+
+def _replace_nodes(graph: onnx.GraphProto, dead: set[str], replacements: dict[str, list[onnx.NodeProto]]) -> None:
+    """Drop the ``dead`` nodes, put each ``replacements`` list in its node's place, and drop the initializers no
+    node reads any more (onnxruntime warns about them)."""
+    nodes = [r for n in graph.node if n.name not in dead for r in replacements.get(n.name, [n])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in nodes for i in n.input}
+    kept = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
 def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) -> onnx.ModelProto:
     """Remove, in place, each dynamic int8 activation Q/DQ (per ``block`` in-features) feeding a MatMul of an int8
     weight: MatMulNBits quantizes its activations exactly so (accuracy level 4). Returns ``model``."""
@@ -38,31 +73,16 @@ def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_B
     producer = {out: n for n in graph.node for out in n.output}
     inits = {t.name: t for t in graph.initializer}
     dead: set[str] = set()
-    for node in graph.node:
-        if node.op_type != "MatMul":
-            continue
-        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
-        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is None or q.op_type != "QuantizeLinear" or not q.name.endswith(".q"):
-            continue
+    for node, q, weight_dq in _dynamic_linears(graph):
         attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
-        weight = inits.get(weight_dq.input[0]) if weight_dq is not None else None
+        weight = inits.get(weight_dq.input[0])
         if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != block:
             continue
         if weight is None or weight.data_type != TensorProto.INT8:
             continue
-        base = q.name[: -len("q")]  # the emitted nodes are named {base}blocks, {base}abs, ..., {base}rows
-        blocks = producer[q.input[0]]
-        node.input[0] = blocks.input[0]
-        dead.update(n.name for n in graph.node if n.name.startswith(base))
-    kept = [n for n in graph.node if n.name not in dead]
-    del graph.node[:]
-    graph.node.extend(kept)
-    used = {i for n in kept for i in n.input}  # drop the removed nodes' constants (onnxruntime warns about them)
-    inits = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
+        node.input[0] = producer[q.input[0]].input[0]  # the row before its [tokens, in/B, B] reshape
+        dead |= _emitted_quantization(graph, q)
+    _replace_nodes(graph, dead, {})
     return model
 
 
@@ -119,15 +139,8 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     }
     replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
     dead: set[str] = set()
-    for node in graph.node:
-        if node.op_type != "MatMul":
-            continue
-        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
-        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is None or q.op_type != "QuantizeLinear" or not q.name.endswith(".q"):
-            continue
-        if weight_dq is None or weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
+    for node, q, weight_dq in _dynamic_linears(graph):
+        if weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
             continue
         weight, wscale = inits.get(weight_dq.input[0]), inits.get(weight_dq.input[1])
         if weight is None or wscale is None or weight.data_type != TensorProto.INT8 or len(weight.dims) != 2:
@@ -138,7 +151,6 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
             continue  # int8 per block of 16: MatMulNBits (hand_activations_to_kernel)
         if wattrs.get("axis") != 1 or "block_size" in wattrs or list(wscale.dims) != [weight.dims[1]]:
             continue
-        base = q.name[: -len("q")]  # the emitted nodes are named {base}blocks, {base}abs, ..., {base}rows
         x = producer[q.input[0]].input[0]  # the row before its [tokens, 1, in] reshape
         p = node.name + ".int8"
 
@@ -159,8 +171,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
                     domain=NATIVE_DOMAIN,
                 ),
             ]
-            dead.update(n.name for n in graph.node if n.name.startswith(base))
-            dead.add(weight_dq.name)
+            dead |= _emitted_quantization(graph, q) | {weight_dq.name}
             continue
         replacements[node.name] = [
             op("Abs", [x], p + ".abs"),
@@ -174,18 +185,11 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
             op("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
             helper.make_node("Mul", [p + ".row_scaled", wscale.name], [node.output[0]], name=p + ".col_scaled"),
         ]
-        dead.update(n.name for n in graph.node if n.name.startswith(base))
-        dead.add(weight_dq.name)
+        dead |= _emitted_quantization(graph, q) | {weight_dq.name}
     if not replacements:
         return model
-    nodes = [r for n in graph.node if n.name not in dead for r in replacements.get(n.name, [n])]
-    del graph.node[:]
-    graph.node.extend(nodes)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    _replace_nodes(graph, dead, replacements)
     if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
-    used = {i for n in nodes for i in n.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
     return model
