@@ -14,6 +14,7 @@ from trtbuild.runtime.profile import KERNEL_KINDS, kernel_kind
 
 def test_kernel_kinds():
     assert kernel_kind("MatMulNBits", "layers.3.attn.qkv_MatMulNBits") == "matmul"
+    assert kernel_kind("QuantizeRows", "layers.3.mlp.down.int8.quantize") == "matmul"  # per-token int8's ends
     assert kernel_kind("Gather", ORT_LOWERED_NODE_PREFIX + "layers.3.attn.paged.k_gather") == "attention"
     assert kernel_kind("MatMul", ORT_LOWERED_NODE_PREFIX + "layers.3.attn.paged.x") == "attention"
     assert kernel_kind("SkipSimplifiedLayerNormalization", "layers.3.post_attn_norm") == "norm"

@@ -8,7 +8,8 @@ Three sources, one table:
 - the session's own work around the engine (``OrtSession``: binding the step's inputs, storing the new keys and
   values in the cache);
 - onnxruntime's kernels by kind, from its profiler (on only when asked: it timestamps every node, which makes a
-  batch-1 decode step of ~900 small nodes up to 2x slower, so read the shares): matrix products, the paged
+  batch-1 decode step of ~900 small nodes up to 2x slower, so read the shares): matrix products (with a per-token
+  int8 linear's native row ops), the paged
   attention (the native node, or every node the lowering added with its per-step metadata; the profiler inflates a
   native custom op ~10x, docs/performance.md), norms, everything else. The
   rest of ``session.run``'s wall time is onnxruntime's own dispatch and thread hand-offs.
@@ -23,9 +24,20 @@ from pathlib import Path
 
 from ..config import ORT_LOWERED_NODE_PREFIX
 
-# onnxruntime op types that are matrix products (float, int8 and int4 forms, after its fusions)
+# onnxruntime op types that are matrix products (float, int8 and int4 forms, after its fusions), with the native
+# row ops either side of a per-token int8 linear's MatMulInteger (its activation codes in, its rescale out)
 MATMUL_OPS = frozenset(
-    {"MatMul", "Gemm", "FusedMatMul", "MatMulNBits", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulInteger"}
+    {
+        "MatMul",
+        "Gemm",
+        "FusedMatMul",
+        "MatMulNBits",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "MatMulInteger",
+        "QuantizeRows",
+        "RescaleRows",
+    }
 )
 NORM_OPS = frozenset(
     {
