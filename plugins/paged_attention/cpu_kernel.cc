@@ -671,15 +671,21 @@ void for_rows(OrtKernelContext* ctx, void (*fn)(void*, size_t), RowsWork* w) {
   }
 }
 
+// A tensor [..., width] seen as rows of its last axis.
+RowsWork rows_of(const Tensor& t) {
+  RowsWork w{};
+  w.width = t.dims[t.rank - 1];
+  w.rows = 1;
+  for (size_t i = 0; i + 1 < t.rank; ++i) w.rows *= t.dims[i];
+  return w;
+}
+
 void compute_quantize_rows(void*, OrtKernelContext* ctx) {
   const Tensor x = input(ctx, 0);
   if (!x.data || x.rank < 1) return;
   int64_t dims[8];
   std::copy(x.dims, x.dims + x.rank, dims);
-  RowsWork w{};
-  w.width = x.dims[x.rank - 1];
-  w.rows = 1;
-  for (size_t i = 0; i + 1 < x.rank; ++i) w.rows *= x.dims[i];
+  RowsWork w = rows_of(x);
   OrtValue *codes = nullptr, *scale = nullptr;
   void *codes_data = nullptr, *scale_data = nullptr;
   if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, dims, x.rank, &codes))) return;
@@ -697,10 +703,7 @@ void compute_quantize_rows(void*, OrtKernelContext* ctx) {
 void compute_rescale_rows(void*, OrtKernelContext* ctx) {
   const Tensor sums = input(ctx, 0), row = input(ctx, 1), col = input(ctx, 2);
   if (!sums.data || !row.data || !col.data || sums.rank < 1) return;
-  RowsWork w{};
-  w.width = sums.dims[sums.rank - 1];
-  w.rows = 1;
-  for (size_t i = 0; i + 1 < sums.rank; ++i) w.rows *= sums.dims[i];
+  RowsWork w = rows_of(sums);
   OrtValue* out = nullptr;
   void* out_data = nullptr;
   if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, sums.dims, sums.rank, &out)) ||

@@ -33,10 +33,12 @@ from .ort_native import NATIVE_DOMAIN  # the native library's domain: QuantizeRo
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
 
 
-def _dynamic_linears(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto]]:
+def _dynamic_linears(
+    graph: onnx.GraphProto,
+) -> Iterator[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto, str]]:
     """Each ``MatMul`` whose activation comes through a run-time Q/DQ as ``formats.emit_dynamic_quantization``
-    emits it (``... -> QuantizeLinear '{name}.q' -> DequantizeLinear -> Reshape``): (the MatMul, that Q node, the
-    producer of its weight input)."""
+    emits it (``x -> Reshape -> ... -> QuantizeLinear '{name}.q' -> DequantizeLinear -> Reshape``): (the MatMul,
+    that Q node, the producer of its weight input, ``x``: the float rows before the blocks reshape)."""
     producer = {out: n for n in graph.node for out in n.output}
     for node in list(graph.node):
         if node.op_type != "MatMul":
@@ -45,7 +47,7 @@ def _dynamic_linears(graph: onnx.GraphProto) -> Iterator[tuple[onnx.NodeProto, o
         dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
         q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
         if q is not None and q.op_type == "QuantizeLinear" and q.name.endswith(".q") and weight_dq is not None:
-            yield node, q, weight_dq
+            yield node, q, weight_dq, producer[q.input[0]].input[0]
 
 
 def _emitted_quantization(graph: onnx.GraphProto, q: onnx.NodeProto) -> set[str]:
@@ -70,17 +72,16 @@ def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_B
     """Remove, in place, each dynamic int8 activation Q/DQ (per ``block`` in-features) feeding a MatMul of an int8
     weight: MatMulNBits quantizes its activations exactly so (accuracy level 4). Returns ``model``."""
     graph = model.graph
-    producer = {out: n for n in graph.node for out in n.output}
     inits = {t.name: t for t in graph.initializer}
     dead: set[str] = set()
-    for node, q, weight_dq in _dynamic_linears(graph):
+    for node, q, weight_dq, x in _dynamic_linears(graph):
         attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
         weight = inits.get(weight_dq.input[0])
         if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != block:
             continue
         if weight is None or weight.data_type != TensorProto.INT8:
             continue
-        node.input[0] = producer[q.input[0]].input[0]  # the row before its [tokens, in/B, B] reshape
+        node.input[0] = x
         dead |= _emitted_quantization(graph, q)
     _replace_nodes(graph, dead, {})
     return model
@@ -128,7 +129,6 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     arithmetic in one pass each; else ten standard ops.
     """
     graph = model.graph
-    producer = {out: n for n in graph.node for out in n.output}
     inits = {t.name: t for t in graph.initializer}
     consts = {
         "per_token.bound": np.array(127.0, np.float32),
@@ -139,7 +139,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     }
     replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
     dead: set[str] = set()
-    for node, q, weight_dq in _dynamic_linears(graph):
+    for node, q, weight_dq, x in _dynamic_linears(graph):
         if weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
             continue
         weight, wscale = inits.get(weight_dq.input[0]), inits.get(weight_dq.input[1])
@@ -151,40 +151,8 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
             continue  # int8 per block of 16: MatMulNBits (hand_activations_to_kernel)
         if wattrs.get("axis") != 1 or "block_size" in wattrs or list(wscale.dims) != [weight.dims[1]]:
             continue
-        x = producer[q.input[0]].input[0]  # the row before its [tokens, 1, in] reshape
-        p = node.name + ".int8"
-
-        def op(op_type: str, inputs: list[str], out: str, **kw: int) -> onnx.NodeProto:
-            return helper.make_node(op_type, inputs, [out], name=out, **kw)
-
-        if native:
-            replacements[node.name] = [
-                helper.make_node(
-                    "QuantizeRows", [x], [p + ".codes", p + ".scale"], name=p + ".quantize", domain=NATIVE_DOMAIN
-                ),
-                op("MatMulInteger", [p + ".codes", weight.name, "per_token.zero_point"], p + ".sums"),
-                helper.make_node(
-                    "RescaleRows",
-                    [p + ".sums", p + ".scale", wscale.name],
-                    [node.output[0]],
-                    name=p + ".rescale",
-                    domain=NATIVE_DOMAIN,
-                ),
-            ]
-            dead |= _emitted_quantization(graph, q) | {weight_dq.name}
-            continue
-        replacements[node.name] = [
-            op("Abs", [x], p + ".abs"),
-            op("ReduceMax", [p + ".abs", "per_token.last_axis"], p + ".amax"),
-            op("Div", [p + ".amax", "per_token.bound"], p + ".scale_raw"),
-            op("Max", [p + ".scale_raw", "per_token.tiny"], p + ".scale"),
-            op("Div", [x, p + ".scale"], p + ".scaled"),
-            op("QuantizeLinear", [p + ".scaled", "per_token.one", "per_token.zero_point"], p + ".codes"),
-            op("MatMulInteger", [p + ".codes", weight.name, "per_token.zero_point"], p + ".sums"),
-            op("Cast", [p + ".sums"], p + ".sums_float", to=TensorProto.FLOAT),
-            op("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
-            helper.make_node("Mul", [p + ".row_scaled", wscale.name], [node.output[0]], name=p + ".col_scaled"),
-        ]
+        emit = _native_int8_rows if native else _standard_int8_rows
+        replacements[node.name] = emit(node.name + ".int8", x, weight.name, wscale.name, node.output[0])
         dead |= _emitted_quantization(graph, q) | {weight_dq.name}
     if not replacements:
         return model
@@ -193,3 +161,34 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
     return model
+
+
+def _node(op_type: str, inputs: list[str], out: str, **attrs: int) -> onnx.NodeProto:
+    return helper.make_node(op_type, inputs, [out], name=out, **attrs)
+
+
+def _native_int8_rows(p: str, x: str, weight: str, wscale: str, y: str) -> list[onnx.NodeProto]:
+    """``y`` = the per-token int8 linear of rows ``x`` as the native library's row ops around ``MatMulInteger``."""
+    return [
+        helper.make_node("QuantizeRows", [x], [p + ".codes", p + ".scale"], name=p + ".quantize", domain=NATIVE_DOMAIN),
+        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point"], p + ".sums"),
+        helper.make_node(
+            "RescaleRows", [p + ".sums", p + ".scale", wscale], [y], name=p + ".rescale", domain=NATIVE_DOMAIN
+        ),
+    ]
+
+
+def _standard_int8_rows(p: str, x: str, weight: str, wscale: str, y: str) -> list[onnx.NodeProto]:
+    """The same in standard ops (the ``per_token.*`` constants of ``integer_gemms_per_token``)."""
+    return [
+        _node("Abs", [x], p + ".abs"),
+        _node("ReduceMax", [p + ".abs", "per_token.last_axis"], p + ".amax"),
+        _node("Div", [p + ".amax", "per_token.bound"], p + ".scale_raw"),
+        _node("Max", [p + ".scale_raw", "per_token.tiny"], p + ".scale"),
+        _node("Div", [x, p + ".scale"], p + ".scaled"),
+        _node("QuantizeLinear", [p + ".scaled", "per_token.one", "per_token.zero_point"], p + ".codes"),
+        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point"], p + ".sums"),
+        _node("Cast", [p + ".sums"], p + ".sums_float", to=TensorProto.FLOAT),
+        _node("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
+        helper.make_node("Mul", [p + ".row_scaled", wscale], [y], name=p + ".col_scaled"),
+    ]
