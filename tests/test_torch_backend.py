@@ -81,6 +81,29 @@ def test_runner_on_the_torch_engine(torch_engines, tiny_engines):
     assert second.token_ids == ref[0, 41:].tolist()
 
 
+def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
+    """The torch engine's LLM samples with the device sampler: seeded top-k/top-p/min-p draws equal the host's on
+    the onnxruntime engine (penalised rows go to the host sampler); the KV pool defaults to the CPU size."""
+    from trtbuild.backends.torch.memory import CPU_KV_CACHE_MEMORY
+    from trtbuild.backends.torch.sampling import DeviceSampler
+
+    model, _, engine = torch_engines["llama_gqa"]
+    prompts, _ = mixed_requests(model.config.vocab_size, n=6)
+    params = [
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=8, seed=1, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, seed=2, ignore_eos=True),
+        SamplingParams(temperature=1.2, min_p=0.05, max_tokens=8, seed=3, ignore_eos=True),
+        SamplingParams(temperature=0.7, repetition_penalty=1.3, max_tokens=8, seed=4, ignore_eos=True),
+        SamplingParams(temperature=0.0, logprobs=2, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=8, seed=5, ignore_eos=True),
+    ]
+    llm = LLM(engine)
+    assert isinstance(llm.sampler, DeviceSampler)
+    assert llm.session.kv_cache_memory == CPU_KV_CACHE_MEMORY
+    ort = LLM(tiny_engines["llama_gqa"][2])
+    assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in ort.generate(prompts, params)]
+
+
 def random_step(hq: int, hkv: int, d: int, block_size: int = 4, seed: int = 0):
     """A ragged step (prefill, chunk continuation, decode) over a cache whose earlier positions are filled."""
     rng = np.random.default_rng(seed)

@@ -46,29 +46,30 @@ def _build_torch(request: BuildRequest) -> BuildResult:
 
 
 def _open_onnxruntime(
-    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> Any:
-    from ..runtime.ort_session import OrtSession
+    from ..runtime.ort_session import DEFAULT_KV_CACHE_MEMORY, OrtSession
 
-    return OrtSession(
-        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
-    )
+    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
+    return OrtSession(engine_dir, kv_cache_memory=memory, num_threads=num_threads, profile_kernels=profile_kernels)
 
 
 def _open_tensorrt(
-    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> Any:
     from ..config import RuntimeConfig
     from ..runtime.kv_cache import num_blocks_for_memory
+    from ..runtime.ort_session import DEFAULT_KV_CACHE_MEMORY
     from ..runtime.trt_session import TensorRTSession
 
     config = RuntimeConfig.load(engine_dir)
-    blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, kv_cache_memory)
+    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
+    blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, memory)
     return TensorRTSession(engine_dir, num_blocks=blocks)
 
 
 def _open_torch(
-    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> Any:
     from .torch.session import TorchSession
 

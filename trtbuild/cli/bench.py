@@ -180,7 +180,7 @@ def bench(
     seed: int,
     as_json: bool,
     profile: bool,
-    kv_cache_memory: int,
+    kv_cache_memory: int | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,

@@ -88,9 +88,9 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--kv-cache-memory",
                 type=ByteSize(),
-                default="256MiB",
-                show_default=True,
-                help="KV-cache memory (e.g. 512MiB, 2G)",
+                default=None,
+                help="KV-cache memory (e.g. 512MiB, 2G) [default: 256MiB on the CPU; on a GPU, 90%% of the memory "
+                "free after the engine loads, less one step's working memory]",
             ),
             click.option("--max-num-seqs", type=int, default=None, help="requests running at once [default: engine's]"),
             click.option(
@@ -160,7 +160,7 @@ def run(
     system: str | None,
     stream: bool,
     no_prefix_caching: bool,
-    kv_cache_memory: int,
+    kv_cache_memory: int | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,

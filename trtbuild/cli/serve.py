@@ -19,7 +19,7 @@ from .run import engine_options
 @engine_options
 def serve(
     engine_dir: Path,
-    kv_cache_memory: int,
+    kv_cache_memory: int | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,

@@ -4,8 +4,8 @@ One synchronous engine loop drives the scheduler (continuous batching, chunked p
 preemption), the session and the sampler::
 
     out = scheduler.schedule()                       # which requests run, with how many tokens
-    logits = <one or more session.step calls>        # step shaping, see split_step
-    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)
+    logits = <one or more session.step_logits calls> # step shaping, see split_step; the sampled rows only
+    sampled = sampler.sample(logits, out.sample_seqs)  # the session's sampler: on the host, or on its device
     scheduler.update_from_output(out, sampled.token_ids)   # the stop hook detokenizes and finds stop strings
 
 Requests of every open ``generate``/``generate_stream`` call share the loop; each call returns once its own
@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
-from .ort_session import DEFAULT_KV_CACHE_MEMORY
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .profile import PhaseTimes
-from .sampling import Sampler, SamplingParams, TokenLogprobs
+from .sampling import SamplerOutput, SamplingParams, TokenLogprobs
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
 from .sequence import Sequence as Seq
@@ -60,16 +59,18 @@ class LLM:
     """An engine directory served with continuous batching and paged attention (see the module docstring).
 
     ``max_num_seqs`` / ``max_num_batched_tokens`` default to the engine's ``max_batch_size`` / ``max_num_tokens``
-    and may only lower them. ``seed`` seeds the sampler for requests without their own seed. Loading checks the
-    size of every file the engine's manifest lists; ``verify=True`` checks their sha256 too. Not thread-safe:
-    drive one LLM from one thread.
+    and may only lower them. ``kv_cache_memory``: the KV cache's bytes; None lets the engine's session choose
+    (256 MiB on the CPU; on a GPU the memory free after loading, less one step's working memory). ``seed`` seeds
+    the sampler for requests without their own seed. The sampler is the session's (``new_sampler``): a GPU
+    engine's samples on the device. Loading checks the size of every file the engine's manifest lists;
+    ``verify=True`` checks their sha256 too. Not thread-safe: drive one LLM from one thread.
     """
 
     def __init__(
         self,
         engine_dir: str | Path,
         *,
-        kv_cache_memory: int = DEFAULT_KV_CACHE_MEMORY,
+        kv_cache_memory: int | None = None,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         enable_prefix_caching: bool = True,
@@ -81,7 +82,7 @@ class LLM:
         engine_dir = Path(engine_dir)
         if not engine_dir.is_dir():
             raise EngineError(f"{engine_dir}: no such engine directory")
-        if not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0:
+        if kv_cache_memory is not None and (not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0):
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         try:
             self.session = open_session(
@@ -103,7 +104,7 @@ class LLM:
                 raise ConfigError(f"{name} must be an integer in [1, {cap}] (the engine's limit), got {value!r}")
         self.config = replace(base, **{k: v for k, v in limits.items() if v is not None})
         self.scheduler = Scheduler(self.config, stop_hook=self._on_token)
-        self.sampler = Sampler(seed)
+        self.sampler = self.session.new_sampler(seed)
         self._states: dict[str, CompletionState] = {}  # unfinished requests
         self._num_requests = 0
         self._now = 0.0  # time of the step being applied (read by the stop hook)
@@ -338,7 +339,7 @@ class LLM:
         t1 = time.perf_counter()
         logits = self._run(out)
         t2 = time.perf_counter()
-        sampled = self.sampler.sample(logits[out.sample_rows], out.sample_seqs)
+        sampled = SamplerOutput([], []) if logits is None else self.sampler.sample(logits, out.sample_seqs)
         for seq, lp in zip(out.sample_seqs, sampled.logprobs, strict=True):
             state = self._states[seq.request_id]
             if state.logprobs is not None and lp is not None:
@@ -357,17 +358,28 @@ class LLM:
         self._waste += kv.kv_waste_slots()
         self._allocated += kv.num_used_blocks * kv.block_size
 
-    def _run(self, out: SchedulerOutput) -> np.ndarray:
-        """Logits ``[num_scheduled, vocab]`` of the step, run as one or more engine calls (``split_step``)."""
+    def _run(self, out: SchedulerOutput) -> Any:
+        """Logits of the step's ``sample_rows`` (in that order; where the session keeps them), run as one or more
+        engine calls (``split_step``); None when no row is sampled."""
         groups = split_step([n for _, n in out.scheduled])
         self._calls += len(groups)
         if len(groups) == 1:
-            return self.session.step(out.to_step_batch())
-        logits = np.empty((len(out.scheduled), self.vocab_size), dtype=np.float32)
+            logits = self.session.step_logits(out.to_step_batch())
+            if len(out.sample_rows) == len(out.scheduled):  # every row (sample_rows is ascending): no copy
+                return logits
+            return logits[out.sample_rows] if out.sample_rows else None
+        sampled, parts, order = set(out.sample_rows), [], []
         for group in groups:
             part = SchedulerOutput([out.scheduled[b] for b in group], [], [])
-            logits[group] = self.session.step(part.to_step_batch())
-        return logits
+            logits = self.session.step_logits(part.to_step_batch())
+            rows = [i for i, b in enumerate(group) if b in sampled]
+            if rows:
+                parts.append(logits[rows])
+                order += [group[i] for i in rows]
+        if not parts:
+            return None
+        where = {b: i for i, b in enumerate(order)}
+        return self.sampler.join(parts)[[where[b] for b in out.sample_rows]]
 
 
 def _is_token(x: object) -> bool:

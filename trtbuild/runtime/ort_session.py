@@ -21,11 +21,12 @@ from ..errors import EngineError
 from .batch import StepBatch
 from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
 from .profile import KernelTimes, SessionTimes, read_ort_profile
+from .session import EngineSession
 
 DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
 
 
-class OrtSession:
+class OrtSession(EngineSession):
     """An ``EngineSession`` for the onnxruntime backend."""
 
     def __init__(

@@ -231,6 +231,10 @@ class Sampler:
             logprobs.append(None if params.logprobs is None else _token_logprobs(row, token, params.logprobs))
         return SamplerOutput(token_ids, logprobs)
 
+    def join(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        """Rows of several steps' logits, stacked in order."""
+        return np.concatenate(parts)
+
 
 def _token_logprobs(row: np.ndarray, token: int, k: int) -> TokenLogprobs:
     lp = log_softmax(row)

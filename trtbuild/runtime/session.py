@@ -6,17 +6,33 @@ manager/scheduler above it only hand out block ids. Every backend's session has 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..config import RuntimeConfig
 from .batch import StepBatch
+from .sampling import Sampler, SamplerOutput, SamplingRequest
+
+
+class StepSampler(Protocol):
+    """Turns the rows of a session's ``step_logits`` into tokens (``Sampler`` on the host, or a device sampler)."""
+
+    def sample(self, logits: Any, requests: Sequence[SamplingRequest]) -> SamplerOutput: ...
+
+    def join(self, parts: Sequence[Any]) -> Any:
+        """The rows of several ``step_logits`` results, stacked in order."""
+        ...
 
 
 class EngineSession(Protocol):
-    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``)."""
+    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``).
+
+    Sessions subclass it: ``step_logits`` / ``new_sampler`` default to host logits and the numpy ``Sampler``; a
+    session whose logits live on a device returns them there and a sampler that samples them there.
+    """
 
     config: RuntimeConfig
     num_blocks: int
@@ -25,11 +41,19 @@ class EngineSession(Protocol):
         """Run the model on ``batch``, writing its K/V into the cache; returns float32 logits ``[N, vocab]``."""
         ...
 
+    def step_logits(self, batch: StepBatch) -> Any:
+        """``step``, with the logits left where ``new_sampler``'s sampler reads them (the runner's hot path)."""
+        return self.step(batch)
+
+    def new_sampler(self, seed: int | None) -> StepSampler:
+        """The sampler for ``step_logits``' rows (``seed``: for requests without their own)."""
+        return Sampler(seed)
+
 
 def open_session(
     engine_dir: Path,
     *,
-    kv_cache_memory: int,
+    kv_cache_memory: int | None,
     num_threads: int | None = None,
     verify: bool = False,
     profile_kernels: bool = False,

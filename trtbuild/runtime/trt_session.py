@@ -22,9 +22,10 @@ from ..backends.engine_select import detect_local_facts, select_engine
 from ..config import RuntimeConfig
 from ..errors import EngineError
 from .batch import StepBatch
+from .session import EngineSession
 
 
-class TensorRTSession:
+class TensorRTSession(EngineSession):
     """An ``EngineSession`` for the TensorRT backend (one CUDA device, one optimization profile)."""
 
     def __init__(self, engine_dir: Path, *, num_blocks: int | None = None, device: int = 0) -> None:

@@ -1,8 +1,10 @@
 """``TorchSession``: runs a torch engine (an AOTInductor ``model.pt2``) one step at a time over a paged KV cache.
 
 The KV pool is one key and one value tensor ``[NB, BS, Hkv, D]`` per layer on the engine's device (compute dtype,
-or int8 / float8 for a quantized cache), sized from ``kv_cache_memory``; the engine's paged-attention op writes
-each step's keys/values into it in place. Only the requested logits rows leave the engine (``logits_indices``).
+or int8 / float8 for a quantized cache), sized from ``kv_cache_memory`` or, on a GPU, from the memory left free
+after loading (``memory.py``); the engine's paged-attention op writes each step's keys/values into it in place.
+Only the requested logits rows leave the engine (``logits_indices``), and in the runner they stay on the device:
+``new_sampler`` samples there, so a step hands the host its token ids, not its logits.
 """
 
 from __future__ import annotations
@@ -19,27 +21,31 @@ from ...config import RuntimeConfig, TorchConfig
 from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
+from ...runtime.session import EngineSession
 from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
 from .decode_graphs import DecodeGraphs
+from .memory import CPU_KV_CACHE_MEMORY, default_kv_cache_memory
+from .sampling import DeviceSampler
 from .target import select_torch_engine
 from .writer import TORCH_DTYPES, cache_dtype
 
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
-class TorchSession:
+class TorchSession(EngineSession):
     """An ``EngineSession`` for the torch backend.
 
     ``decode_batch_sizes``: pure decode steps of up to the largest of these sizes run padded to the next one, as
     CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
-    ``max_batch_size`` on CUDA, none on the CPU.
+    ``max_batch_size`` on CUDA, none on the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
+    memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``CPU_KV_CACHE_MEMORY``.
     """
 
     def __init__(
         self,
         engine_dir: Path,
         *,
-        kv_cache_memory: int,
+        kv_cache_memory: int | None = None,
         num_threads: int | None = None,
         decode_batch_sizes: Sequence[int] | None = None,
     ) -> None:
@@ -58,31 +64,48 @@ class TorchSession:
         dtype = cache_dtype(model, TORCH_DTYPES[torch_cfg.dtype])
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
         per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+        path = engine_dir / self.entry.path
+        try:
+            self._runner = torch._inductor.aoti_load_package(str(path))
+        except Exception as e:
+            raise EngineError(f"{path}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+        if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
+            kv_cache_memory = self._default_kv_cache_memory(TORCH_DTYPES[torch_cfg.dtype])
+        self.kv_cache_memory = kv_cache_memory
         self.num_blocks = kv_cache_memory // per_block
         if self.num_blocks < 2:
             raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
         self.caches = [
             torch.zeros((self.num_blocks, *shape), dtype=dtype, device=self.device) for _ in range(2 * model.num_layers)
         ]
-        path = engine_dir / self.entry.path
-        try:
-            self._runner = torch._inductor.aoti_load_package(str(path))
-        except Exception as e:
-            raise EngineError(f"{path}: torch cannot load the package ({str(e).splitlines()[0]})") from None
         if decode_batch_sizes is None:
             on_gpu = self.device.type == "cuda"
             decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
         max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
         self._decode = DecodeGraphs(self._runner, self.caches, decode_batch_sizes, max_blocks)
 
+    def _default_kv_cache_memory(self, compute_dtype: torch.dtype) -> int:
+        if self.device.type != "cuda":
+            return CPU_KV_CACHE_MEMORY
+        free, _ = torch.cuda.mem_get_info(self.device)
+        elem = torch.empty((), dtype=compute_dtype).element_size()
+        return default_kv_cache_memory(free, self.config.model, self.config.build, elem)
+
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch`` (its K/V go into the pool in place); returns float32 logits ``[N, vocab]``."""
+        return self.step_logits(batch).float().cpu().numpy()
+
+    def step_logits(self, batch: StepBatch) -> torch.Tensor:
+        """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``)."""
         if self._decode.fits(batch):
-            return self._decode.run(batch).float().cpu().numpy()
+            return self._decode.run(batch)
         tensors = [
             torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True)
             for a in (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
         ]
         with torch.inference_mode():
-            logits = self._runner(*tensors, self.caches)
-        return logits.float().cpu().numpy()
+            return self._runner(*tensors, self.caches)
+
+    def new_sampler(self, seed: int | None) -> DeviceSampler:
+        """Samples on the engine's device: only the chosen token ids (and host-only rows) cross to the host."""
+        return DeviceSampler(seed)

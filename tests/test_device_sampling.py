@@ -1,0 +1,137 @@
+"""The torch backend's device sampler against the host sampler (``trtbuild/runtime/sampling.py``), on CPU tensors.
+
+In float64 the two implement the same arithmetic, so every token must match: greedy, temperature, min-p, top-k,
+top-p and their mixes, seeded and unseeded, with ties. In float32 (what a GPU engine hands it) rows may part only
+where a draw lands within rounding of a boundary. Rows with penalties or logprobs go to the host sampler.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trtbuild.backends.torch.sampling import DeviceSampler, on_device
+from trtbuild.runtime.sampling import Sampler, SamplingParams
+
+
+class Request:
+    """The fields the samplers read (``SamplingRequest``), with a fresh seeded generator per request."""
+
+    def __init__(self, params: SamplingParams, prompt=(1, 2, 3), output=(4, 4, 5)) -> None:
+        self.sampling_params, self.prompt_token_ids, self.output_token_ids = params, list(prompt), list(output)
+        self.generator = None if params.seed is None else np.random.default_rng(params.seed)
+
+
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7, seed=1),
+    SamplingParams(temperature=1.3, top_k=5, seed=2),
+    SamplingParams(temperature=1.0, top_p=0.6, seed=3),
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=4),
+    SamplingParams(temperature=1.0, min_p=0.05, seed=5),
+    SamplingParams(temperature=2.0, min_p=0.01, top_k=200, top_p=0.95, seed=6),
+    SamplingParams(temperature=1.0, top_k=1, seed=7),
+]
+
+
+def logits(rows: int, vocab: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, vocab)) * 3
+    x[:, 7] = x[:, 11] = x.max(axis=1) + 1.0  # a tie for the most likely token (the lower id wins greedy)
+    x[:, 100:120] = x[:, 100:101]  # a block of equal logits straddles top-k / top-p cuts
+    return x
+
+
+def host_tokens(x: np.ndarray, params: list[SamplingParams], steps: int, seed: int = 9) -> list[list[int]]:
+    sampler, reqs = Sampler(seed), [Request(p) for p in params]
+    return [sampler.sample(x[s * len(params) : (s + 1) * len(params)], reqs).token_ids for s in range(steps)]
+
+
+def device_tokens(x: torch.Tensor, params: list[SamplingParams], steps: int, seed: int = 9) -> list[list[int]]:
+    sampler, reqs = DeviceSampler(seed), [Request(p) for p in params]
+    return [sampler.sample(x[s * len(params) : (s + 1) * len(params)], reqs).token_ids for s in range(steps)]
+
+
+def test_float64_tokens_equal_the_host_samplers():
+    steps, vocab = 40, 1000
+    x = logits(steps * len(PARAMS), vocab)
+    host = host_tokens(x, PARAMS, steps)
+    assert device_tokens(torch.from_numpy(x), PARAMS, steps) == host
+    assert {row[0] for row in host} == {7}  # greedy: the lowest id of the tie
+    assert len({row[1] for row in host}) > 5  # the random rows really draw
+
+
+def test_float32_tokens_agree_with_the_host_samplers():
+    steps, vocab = 40, 1000
+    x = logits(steps * len(PARAMS), vocab, seed=1)
+    host = np.array(host_tokens(x, PARAMS, steps))
+    dev = np.array(device_tokens(torch.from_numpy(x.astype(np.float32)), PARAMS, steps))
+    assert (dev[:, 0] == host[:, 0]).all()
+    assert (dev == host).mean() >= 0.98
+
+
+def test_filters_keep_only_allowed_tokens():
+    """top_k=3 over many draws: only the 3 most likely tokens (plus ties with the third) are ever drawn."""
+    x = logits(1, 500, seed=2)[0]
+    allowed = set(np.flatnonzero(x >= np.sort(x)[-3]))
+    params = [SamplingParams(temperature=5.0, top_k=3)] * 64
+    sampler = DeviceSampler(0)
+    drawn = set()
+    for _ in range(4):
+        drawn |= set(sampler.sample(torch.from_numpy(np.tile(x, (64, 1))), [Request(p) for p in params]).token_ids)
+    assert drawn <= allowed and len(drawn) >= 2
+
+
+def test_a_seeded_request_draws_the_same_tokens_in_any_batch():
+    x = logits(3, 300, seed=3)
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=42)
+    alone = [DeviceSampler().sample(torch.from_numpy(x[i : i + 1]), [Request(p)]).token_ids[0] for i in range(3)]
+    others = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0), p]
+    batched = DeviceSampler().sample(torch.from_numpy(x[[0, 1, 2]]), [Request(q) for q in others]).token_ids
+    assert batched[2] == alone[2]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=0.0, repetition_penalty=1.5), SamplingParams(temperature=0.0, logprobs=3),
+     SamplingParams(temperature=0.8, frequency_penalty=0.5, seed=3),
+     SamplingParams(temperature=0.0, presence_penalty=1.0)],
+)  # fmt: skip
+def test_penalties_and_logprobs_are_sampled_on_the_host(params):
+    assert not on_device(params)
+    x = logits(4, 200, seed=4).astype(np.float32)  # host rows leave the device as float32, the host's dtype
+    mixed = [params, SamplingParams(temperature=0.0), params, SamplingParams(temperature=0.5, seed=8)]
+    host = Sampler(1).sample(x, [Request(p) for p in mixed])
+    dev = DeviceSampler(1).sample(torch.from_numpy(x), [Request(p) for p in mixed])
+    assert dev.token_ids == host.token_ids
+    assert [lp is None for lp in dev.logprobs] == [lp is None for lp in host.logprobs]
+    if params.logprobs is not None:
+        assert dev.logprobs[0] == host.logprobs[0]
+
+
+def test_join_and_empty_batches():
+    sampler = DeviceSampler()
+    parts = [torch.zeros(2, 5), torch.ones(1, 5)]
+    assert sampler.join(parts).shape == (3, 5)
+    assert sampler.sample(torch.zeros(0, 5), []).token_ids == []
+    with pytest.raises(ValueError, match="do not match"):
+        sampler.sample(torch.zeros(2, 5), [Request(SamplingParams())])
+
+
+def test_gpu_kv_pool_is_the_free_memory_less_one_step():
+    """The default GPU pool of a Llama-3.2-1B-shaped engine: 90% of what is free, less one step's working memory."""
+    from trtbuild.backends.torch.memory import KV_FREE_FRACTION, default_kv_cache_memory, step_reserve
+    from trtbuild.config import BuildConfig, DType
+    from trtbuild.models.registry import model_config_from_hf
+
+    hf = dict(architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+              num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256, rope_theta=500000.0,
+              max_position_embeddings=4096, rms_norm_eps=1e-5, tie_word_embeddings=True)  # fmt: skip
+    model, build = model_config_from_hf(hf, DType.BFLOAT16), BuildConfig(max_num_tokens=8192, max_batch_size=256)
+    reserve = step_reserve(model, build, 2)
+    assert 1 << 30 < reserve < 4 << 30  # 8k tokens of 1B activations and 256 sampled rows: a few GiB, not tens
+    free = 130 << 30  # an H200 after loading 2.5 GB of weights
+    assert default_kv_cache_memory(free, model, build, 2) == int(KV_FREE_FRACTION * free) - reserve
+    with pytest.raises(ValueError, match="no room for a KV cache"):
+        default_kv_cache_memory(reserve, model, build, 2)

@@ -1,0 +1,41 @@
+"""How much device memory a torch engine's KV pool takes when the user names no size (vLLM's memory fraction).
+
+On a GPU the pool is sized after the package has loaded (its weights are resident): ``KV_FREE_FRACTION`` of the
+memory left free, minus what one step of the engine's largest shapes needs for activations and the sampler
+(``step_reserve``). On the CPU, where memory is shared with everything else, the default is a fixed size.
+"""
+
+from __future__ import annotations
+
+from ...config import BuildConfig, ModelConfig
+
+KV_FREE_FRACTION = 0.9  # of the device memory free after loading; the rest is headroom for other allocations
+CPU_KV_CACHE_MEMORY = 256 * 2**20  # torch engines on the CPU, as onnxruntime engines: a fixed default
+CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' private pools (one per padded batch size), bounded
+
+
+def step_reserve(model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
+    """Bytes one step of ``max_num_tokens`` tokens and ``max_batch_size`` logits rows can hold at once.
+
+    Activations: a token's widest live tensors are the MLP's (gate|up then the product: 3 x intermediate) next to
+    the residual stream and the attention's q|k|v and output (~6 x hidden), doubled for the allocator's slack.
+    Logits: float32 rows plus the device sampler's sort (values and int64 indices) and cumulative sum (~6 copies).
+    """
+    per_token = (3 * model.intermediate_size + 6 * model.hidden_size) * elem_size * 2
+    logits = build.max_batch_size * model.vocab_size * 4 * 6
+    return build.max_num_tokens * per_token + logits + CUDA_GRAPH_POOLS
+
+
+def default_kv_cache_memory(free_bytes: int, model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
+    """The KV pool's size on a GPU with ``free_bytes`` free after loading: ``KV_FREE_FRACTION`` of it less a step.
+
+    ``ValueError`` (one line, with the figures) when nothing is left for the pool.
+    """
+    budget = int(KV_FREE_FRACTION * free_bytes) - step_reserve(model, build, elem_size)
+    if budget <= 0:
+        raise ValueError(
+            f"the GPU has {free_bytes / 2**30:.2f} GiB free after loading the engine and one step may need "
+            f"{step_reserve(model, build, elem_size) / 2**30:.2f} GiB: no room for a KV cache (lower "
+            "max_num_tokens / max_batch_size at build time, or free the GPU)"
+        )
+    return budget

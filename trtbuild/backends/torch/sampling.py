@@ -1,0 +1,107 @@
+"""Sampling on the logits' device: one step's tokens leave the GPU as ``B`` integers, not ``B x vocab`` floats.
+
+``DeviceSampler`` follows the host ``Sampler`` (``trtbuild/runtime/sampling.py``) row for row: greedy rows take
+the argmax (lowest id on ties); random rows divide by the temperature, then min-p, top-k (ties with the k-th
+kept), top-p (ties ordered by token id, the most likely token always kept), and invert the cumulative
+distribution in token-id order at one uniform draw. The draw comes from the request's own numpy generator (or
+the sampler's, when unseeded) exactly as on the host, so a seeded request gets the same tokens whatever the batch
+and wherever it is sampled, up to the rounding of float32 against the host's float64 (float64 logits are
+sampled in float64: the same tokens as the host's).
+
+Rows that need the host's per-request work (repetition / frequency / presence penalties, logprobs) are copied
+to the host and sampled there by the host sampler; only those rows cross.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ...runtime.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRequest, TokenLogprobs
+
+
+def on_device(params: SamplingParams) -> bool:
+    """Whether a request's rows can be sampled on the device (no penalties, no logprobs)."""
+    return (
+        params.logprobs is None
+        and params.repetition_penalty == 1.0
+        and params.frequency_penalty == 0.0
+        and params.presence_penalty == 0.0
+    )
+
+
+class DeviceSampler:
+    """Turns a step's device logits ``[B, V]`` into one token per request (see the module docstring)."""
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.host = Sampler(seed)  # host-only rows, and the generator of unseeded requests
+
+    def sample(self, logits: torch.Tensor, requests: Sequence[SamplingRequest]) -> SamplerOutput:
+        """Pick a token for each row of ``logits`` (any float dtype, any device); row b belongs to ``requests[b]``."""
+        if logits.ndim != 2 or logits.shape[0] != len(requests):
+            raise ValueError(f"logits {tuple(logits.shape)} do not match {len(requests)} requests")
+        device_rows = [b for b, r in enumerate(requests) if on_device(r.sampling_params)]
+        host_rows = [b for b, r in enumerate(requests) if not on_device(r.sampling_params)]
+        token_ids = [0] * len(requests)
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        if device_rows:
+            params = [requests[b].sampling_params for b in device_rows]
+            uniforms = [0.0 if requests[b].sampling_params.greedy else self._uniform(requests[b]) for b in device_rows]
+            rows = logits if len(device_rows) == len(requests) else logits[device_rows]
+            for b, t in zip(device_rows, sample_rows(rows, params, uniforms).tolist(), strict=True):
+                token_ids[b] = int(t)
+        if host_rows:
+            host = logits[host_rows].float().cpu().numpy()
+            out = self.host.sample(host, [requests[b] for b in host_rows])
+            for b, t, lp in zip(host_rows, out.token_ids, out.logprobs, strict=True):
+                token_ids[b], logprobs[b] = t, lp
+        return SamplerOutput(token_ids, logprobs)
+
+    def join(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Rows of several steps' logits, stacked in order."""
+        return torch.cat(list(parts))
+
+    def _uniform(self, request: SamplingRequest) -> float:
+        rng = request.generator if request.generator is not None else self.host._rng
+        return float(rng.random())
+
+
+def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:
+    """Token ids ``[B]`` (on the logits' device) for rows without penalties; ``uniforms[b]`` is row b's draw."""
+    device, vocab = logits.device, logits.shape[-1]
+    x = logits if logits.dtype == torch.float64 else logits.float()
+    tokens = torch.argmax(x, dim=-1)  # the first maximum: the lowest id on ties, as np.argmax
+    if all(p.greedy for p in params):
+        return tokens
+    # Per-row parameters go over as small tensors; which stages run is decided on the host (no device syncs).
+    greedy = torch.tensor([p.greedy for p in params], device=device)
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device, dtype=x.dtype)
+    x = x / temperature[:, None]
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device, dtype=x.dtype)
+        probs = torch.exp(x - x.max(dim=-1, keepdim=True).values)  # the largest is 1
+        x = x.masked_fill(probs < min_p[:, None], -torch.inf)
+    k = [min(p.top_k or vocab, vocab) for p in params]
+    if any(n < vocab for n in k) or any(p.top_p < 1 for p in params):
+        top_k = torch.tensor(k, device=device)
+        top_p = torch.tensor([p.top_p for p in params], device=device, dtype=x.dtype)
+        x = _top_k_top_p(x, top_k, top_p)
+    weights = torch.exp(x - x.max(dim=-1, keepdim=True).values)
+    cdf = torch.cumsum(weights, dim=-1)
+    target = torch.tensor(uniforms, device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    drawn = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=vocab - 1)
+    return torch.where(greedy, tokens, drawn)
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf all but each row's top-k (ties with the k-th kept), then all but its top-p mass."""
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties stay in token-id order
+    kth = values.gather(1, (top_k - 1)[:, None])
+    values = values.masked_fill(values < kth, -torch.inf)
+    probs = torch.softmax(values, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # the mass of the strictly more likely tokens
+    drop = (before >= top_p[:, None]) | (probs <= 0)  # masked (or underflowed) tokens are never kept
+    drop[:, 0] = False  # the most likely token always stays
+    values = values.masked_fill(drop, -torch.inf)
+    return torch.empty_like(x).scatter_(1, order, values)
