@@ -408,3 +408,51 @@ def test_quantize_and_eval_stages(tmp_path):
     dry = statuses(run([recipe], art, dry_run=True))
     assert dry["tiny/int8_sq/checkpoint"] == "would run" and dry["tiny/checkpoint"] == "cached"
     assert dry["tiny/fp32/onnxruntime/cpu"] == "cached" and dry["tiny/fp32/onnxruntime/cpu.eval.json"] == "would run"
+
+
+def test_torch_targets_carry_their_device_and_cuda_is_not_buildable_without_a_gpu(
+    sources, tmp_path, monkeypatch, capsys
+):
+    """A recipe's torch targets: the device from the target, the dtype from ``torch:``; the CPU engine is built and
+    runs, the CUDA one is reported not buildable on a machine without a GPU."""
+    import torch
+
+    from trtbuild.runtime.llm import LLM, SamplingParams
+
+    recipe = write_recipe(
+        tmp_path / "t.yaml",
+        "tiny",
+        sources["llama_gqa"],
+        torch={"dtype": "float32"},
+        targets=[{"backend": "torch", "arch": "cpu"}, {"backend": "torch", "arch": "cuda"}],
+    )
+    plan = make_plan([load_recipe(recipe)])
+    options = {s.id: s.options.get("torch") for s in plan.stages if s.kind is StageKind.BUILD}
+    assert options == {
+        "tiny/fp32/torch/cpu": {"device": "cpu", "dtype": "float32"},
+        "tiny/fp32/torch/cuda": {"device": "cuda", "dtype": "float32"},
+    }
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the machine has no GPU, whatever it has
+    art = tmp_path / "art"
+    code, _, err = cli(monkeypatch, capsys, "pipeline", recipe, "-o", art)
+    assert code == 0, err
+    assert statuses_from_index(art) == {
+        "tiny/checkpoint": "built",
+        "tiny/fp32/torch/cpu": "built",
+        "tiny/fp32/torch/cuda": "not buildable here",
+    }
+    assert "torch/cuda (this machine has no CUDA GPU for torch to compile for)" in err
+    engine = art / "tiny/fp32/torch/cpu"
+    assert verify_engine_dir(engine).ok
+    greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    assert len(LLM(engine).generate([[5, 6, 7]], greedy)[0].token_ids) == 4
+
+
+def test_recipe_torch_targets_are_checked(tmp_path, sources):
+    sm90 = [{"backend": "torch", "arch": "sm90"}]
+    bad = write_recipe(tmp_path / "b.yaml", "tiny", sources["llama_gqa"], targets=sm90)
+    with pytest.raises(ConfigError, match="torch targets have arch 'cuda' or 'cpu'"):
+        load_recipe(bad)
+    dev = write_recipe(tmp_path / "d.yaml", "tiny", sources["llama_gqa"], torch={"device": "cpu"})
+    with pytest.raises(ConfigError, match=r"recipe\.torch\.device: set torch devices per target"):
+        load_recipe(dev)

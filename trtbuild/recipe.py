@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
+from .config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig, TorchConfig, TorchDevice
 from .configio import from_dict, to_dict
 from .errors import ConfigError
 
@@ -72,14 +72,18 @@ class FormatSpec:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """One engine target. onnxruntime engines run on the CPU (``arch: cpu``); TensorRT ones on a GPU arch."""
+    """One engine target. onnxruntime engines run on the CPU (``arch: cpu``); TensorRT ones on a GPU arch; torch
+    ones on a device type (``cpu`` or ``cuda``: a CUDA package is for the architecture of the GPU that builds it)."""
 
     backend: Backend
-    arch: str = _ORT_ARCH  # onnxruntime: "cpu"; tensorrt: "sm80", "sm86", "sm89", "sm90", ... or "native"
+    arch: str = _ORT_ARCH  # onnxruntime: "cpu"; tensorrt: "sm80", ..., "sm90" or "native"; torch: "cpu" | "cuda"
 
     def __post_init__(self) -> None:
         if self.backend is Backend.ONNXRUNTIME and self.arch != _ORT_ARCH:
             raise ValueError(f"onnxruntime engines have arch '{_ORT_ARCH}', not {self.arch!r}")
+        if self.backend is Backend.TORCH and self.arch not in {d.value for d in TorchDevice}:
+            devices = " or ".join(repr(d.value) for d in TorchDevice)
+            raise ValueError(f"torch targets have arch {devices} (the device type), not {self.arch!r}")
         if self.backend is Backend.TENSORRT:
             if self.arch == _ORT_ARCH:
                 raise ValueError("tensorrt targets need a GPU arch (sm80, sm90, ... or native)")
@@ -120,6 +124,7 @@ class Recipe:
     targets: list[TargetSpec] = field(default_factory=lambda: [TargetSpec(Backend.ONNXRUNTIME)])
     build: BuildConfig = field(default_factory=BuildConfig)  # ``backend`` comes from each target
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)  # TensorRT targets; ``arch`` from each target
+    torch: TorchConfig = field(default_factory=TorchConfig)  # torch targets; ``device`` from each target's arch
     accuracy_gate: AccuracyGate | None = None
     format_version: int = RECIPE_FORMAT_VERSION
 
@@ -152,6 +157,9 @@ class Recipe:
     def tensorrt_for(self, target: TargetSpec) -> TensorRTConfig:
         return replace(self.tensorrt, arch=[target.arch])
 
+    def torch_for(self, target: TargetSpec) -> TorchConfig:
+        return replace(self.torch, device=TorchDevice(target.arch))
+
 
 def load_recipe(path: Path) -> Recipe:
     """Read and check a recipe file; every problem is a one-line ``ConfigError`` starting with the file name."""
@@ -172,7 +180,9 @@ def load_recipe(path: Path) -> Recipe:
         raise ConfigError(f"{path}: not valid YAML{where} ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: recipe: expected a mapping, got {type(data).__name__}")
-    for section, key, where in (("build", "backend", "backends"), ("tensorrt", "arch", "GPU archs")):
+    for section, key, where in (
+        ("build", "backend", "backends"), ("tensorrt", "arch", "GPU archs"), ("torch", "device", "torch devices")
+    ):  # fmt: skip
         if isinstance(data.get(section), dict) and key in data[section]:
             raise ConfigError(f"{path}: recipe.{section}.{key}: set {where} per target under recipe.targets")
     try:

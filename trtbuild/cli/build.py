@@ -9,7 +9,7 @@ import click
 
 from ..config import Backend, BuildConfig, PerplexityGate, RuntimeConfig, TensorRTConfig, TorchConfig
 from ..configio import from_dict
-from .options import config_from_options, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
@@ -50,8 +50,8 @@ def build(
 ) -> None:
     """Build an engine directory from a checkpoint.
 
-    With --recipe, the recipe's build and tensorrt sections supply the defaults (and its backend, when all its
-    targets share one); flags given on the command line override them.
+    With --recipe, the recipe's build, tensorrt and torch sections supply the defaults (and its backend, when all
+    its targets share one; a torch target's device); flags given on the command line override them.
     """
     from ..build import build_engine
 
@@ -63,7 +63,11 @@ def build(
     cfg = config_with_defaults(BuildConfig, options, defaults)
     trt_defaults = spec.tensorrt if spec is not None and cfg.backend is Backend.TENSORRT else None
     trt = config_with_defaults(TensorRTConfig, options, trt_defaults)
-    torch_cfg = config_from_options(TorchConfig, options)
+    torch_defaults = None
+    if spec is not None and cfg.backend is Backend.TORCH:
+        devices = [t for t in spec.targets if t.backend is Backend.TORCH]
+        torch_defaults = spec.torch_for(devices[0]) if len(devices) == 1 else spec.torch
+    torch_cfg = config_with_defaults(TorchConfig, options, torch_defaults)
     gate = None
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})

@@ -106,6 +106,8 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
                 build_opts = {"build": to_dict(recipe.build_for(target))}
                 if target.backend is Backend.TENSORRT:
                     build_opts["tensorrt"] = to_dict(recipe.tensorrt_for(target))
+                if target.backend is Backend.TORCH:
+                    build_opts["torch"] = to_dict(recipe.torch_for(target))
                 engine = add(
                     Stage(
                         StageKind.BUILD, f"{model}/{fmt.name}/{target.label}", (fmt_ckpt,), build_opts, labels=labels

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig
+from ..config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig, TorchConfig, TorchDevice
 from ..configio import from_dict
 from ..errors import TrtbuildError
 from .plan import Stage, StageKind
@@ -43,13 +43,21 @@ class StageContext:
 
 
 def missing_toolchain(stage: Stage) -> str | None:
-    """Why ``stage`` cannot run on this machine (a TensorRT build without an importable ``tensorrt``), or None."""
-    if stage.kind is not StageKind.BUILD or stage.labels.get("backend") != Backend.TENSORRT.value:
+    """Why ``stage`` cannot run on this machine, or None: a TensorRT build without an importable ``tensorrt``, a
+    torch CUDA build without a GPU (a CUDA package is compiled for the GPU that builds it)."""
+    if stage.kind is not StageKind.BUILD:
         return None
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        return "TensorRT is not installed on this machine"
+    backend = stage.labels.get("backend")
+    if backend == Backend.TENSORRT.value:
+        try:
+            import tensorrt  # noqa: F401
+        except ImportError:
+            return "TensorRT is not installed on this machine"
+    if backend == Backend.TORCH.value and stage.labels.get("target") == TorchDevice.CUDA.value:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "this machine has no CUDA GPU for torch to compile for"
     return None
 
 
@@ -85,7 +93,8 @@ def _build(stage: Stage, ctx: StageContext) -> dict[str, Any]:
 
     build = from_dict(BuildConfig, stage.options["build"], "build")
     trt = from_dict(TensorRTConfig, stage.options["tensorrt"], "tensorrt") if "tensorrt" in stage.options else None
-    res = build_engine(ctx.path(stage.deps[0]), ctx.path(stage.id), build, overwrite=True, tensorrt=trt)
+    torch = from_dict(TorchConfig, stage.options["torch"], "torch") if "torch" in stage.options else None
+    res = build_engine(ctx.path(stage.deps[0]), ctx.path(stage.id), build, overwrite=True, tensorrt=trt, torch=torch)
     return {"portable_op_counts": res.portable_op_counts, "engine_op_counts": res.engine_op_counts}
 
 
