@@ -17,10 +17,12 @@ Cases:
 - ``bf16_greedy``: the tiny Llama as a bfloat16 engine: greedy tokens vs transformers bfloat16 (match rate).
 - ``quantized``: int8 / int4 weight-only checkpoints of the tiny Llama (round-to-nearest, made here: no modelopt),
   built for CUDA: logits vs the same graph run eagerly by the importer on the CPU.
-- ``speed``: a random model of Llama-3.2-1B shape in bfloat16: batch-1 decode tok/s, 64 requests x 512 prompt /
-  128 new tokens output tok/s, TTFT of a 2,048-token prompt; transformers on the same weights (eager ``generate``
-  with a padded static batch, and its static-cache ``torch.compile`` path); the weight-read ceiling (weight bytes /
-  measured device-copy bandwidth); build time and package size.
+- ``speed``: a random model of Llama-3.2-1B shape in bfloat16: batch-1 decode tok/s (engine steps with and without
+  CUDA graphs, and through ``LLM`` with device sampling), 64 requests x 512 prompt / 128 new tokens output tok/s,
+  TTFT of a 2,048-token prompt; transformers on the same weights (eager ``generate`` with a padded static batch,
+  and its static-cache ``torch.compile`` path); the weight-read ceiling (weight bytes / measured device-copy
+  bandwidth); build time and package size; the KV pool ``LLM`` sizes by itself; int8 / int4 weight-only engines
+  of the same weights at batch 1 (target: not slower than bf16).
 """
 
 from __future__ import annotations
@@ -393,31 +395,84 @@ class Speed:
         return {"weight_bytes": self.weight_bytes, "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
                 "ceiling_tok_s": round(bandwidth / self.weight_bytes, 1)}  # fmt: skip
 
-    def engine_decode_b1(self, graphs: bool = True) -> dict[str, Any]:
-        import numpy as np
+    def engine_decode_b1(self, graphs: bool = True, engine: Path | None = None) -> dict[str, Any]:
+        """Batch-1 decode steps at context 128-264, as the runner takes them: logits left on the device, the greedy
+        token read back (one sync a step), the next step's token fed from it."""
+        import torch
 
         from trtbuild.backends.torch.session import TorchSession
 
-        assert self.engine is not None, "the engine build failed"
+        engine = engine or self.engine
+        assert engine is not None, "the engine build failed"
         sizes = None if graphs else []
-        session = TorchSession(self.engine, kv_cache_memory=2 << 30, decode_batch_sizes=sizes)
+        session = TorchSession(engine, kv_cache_memory=2 << 30, decode_batch_sizes=sizes)
         prompt = list(range(1, 129))
         table = list(range(1, 1 + (128 + 200) // 16 + 1))
-        session.step(step_batch([prompt], [0], [table]))
+        token = int(session.step_logits(step_batch([prompt], [0], [table])).argmax(-1)[0])
         pos = 128
-        for _ in range(8):  # warm-up
-            session.step(step_batch([[5]], [pos], [table]))
+        for _ in range(8):  # warm-up (captures the graph)
+            token = int(session.step_logits(step_batch([[token]], [pos], [table])).argmax(-1)[0])
             pos += 1
         n = 128
         t = time.perf_counter()
         for _ in range(n):
-            logits = session.step(step_batch([[5]], [pos], [table]))
+            logits = session.step_logits(step_batch([[token]], [pos], [table]))
+            token = int(logits.argmax(-1)[0])
             pos += 1
         seconds = time.perf_counter() - t
         failed = session._decode.failed
+        finite = bool(torch.isfinite(logits).all())
         del session
         return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3), "cuda_graphs": graphs,
-                "cuda_graphs_failed": failed, "finite": bool(np.isfinite(logits).all())}  # fmt: skip
+                "cuda_graphs_failed": failed, "finite": finite, "engine": engine.name}  # fmt: skip
+
+    def llm_decode_b1(self) -> dict[str, Any]:
+        """Batch-1 decode through ``LLM`` (scheduler, device sampling, detokenizer-free ids): what a user gets."""
+        import numpy as np
+
+        from trtbuild.runtime.llm import LLM, SamplingParams
+
+        assert self.engine is not None, "the engine build failed"
+        llm = LLM(self.engine, kv_cache_memory=2 << 30)
+        rng = np.random.default_rng(1)
+        params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+        llm.generate([rng.integers(1, 128000, 128).tolist()], params)  # warm-up (graph capture)
+        out = llm.generate([rng.integers(1, 128000, 128).tolist()], params)[0]
+        sampled = llm.generate([rng.integers(1, 128000, 128).tolist()], SamplingParams(
+            temperature=0.8, top_p=0.9, top_k=50, max_tokens=128, ignore_eos=True, seed=0))[0]  # fmt: skip
+        return {"greedy_decode_b1_tok_s": round(out.metrics.decode_tokens_per_s, 1),
+                "top_p_decode_b1_tok_s": round(sampled.metrics.decode_tokens_per_s, 1),
+                "sampler": type(llm.sampler).__name__}  # fmt: skip
+
+    def default_kv_pool(self) -> dict[str, Any]:
+        """The KV pool ``LLM(engine)`` sizes by itself on this GPU (90% of the free memory less one step)."""
+        import torch
+
+        from trtbuild.runtime.llm import LLM
+
+        assert self.engine is not None, "the engine build failed"
+        llm = LLM(self.engine)
+        free, total = torch.cuda.mem_get_info()
+        fields = {"kv_cache_GiB": round(llm.session.kv_cache_memory / 2**30, 2), "blocks": llm.num_kv_blocks,
+                  "free_after_GiB": round(free / 2**30, 2), "total_GiB": round(total / 2**30, 2)}  # fmt: skip
+        del llm
+        return fields
+
+    def quantized_decode_b1(self, qformat: str) -> dict[str, Any]:
+        """A round-to-nearest ``qformat`` checkpoint of the same weights, built and timed as the bf16 engine; the
+        issue's target: not slower than bf16 at batch 1 (compare with ``speed/engine_decode_b1``)."""
+        from trtbuild.build import build_engine
+        from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice
+
+        qckpt = quantize_checkpoint(self.root / "1b-ckpt", self.root / f"1b-{qformat}-ckpt", qformat)
+        engine = self.root / f"1b-{qformat}-engine"
+        t = time.perf_counter()
+        build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, max_batch_size=64, max_seq_len=2560,
+                            max_num_tokens=2048)  # fmt: skip
+        build_engine(qckpt, engine, build, torch=TorchConfig(device=TorchDevice(DEVICE), dtype=DType.BFLOAT16))
+        seconds = time.perf_counter() - t
+        return {"qformat": qformat, "build_s": round(seconds, 1), "package_mb": package_mb(engine),
+                **self.engine_decode_b1(engine=engine)}  # fmt: skip
 
     def engine_llm(self) -> dict[str, Any]:
         import numpy as np
@@ -512,9 +567,13 @@ def speed_cases(work: Path, budget: float) -> None:
     run_case("speed/build", budget, speed.build)
     run_case("speed/engine_decode_b1", budget, speed.engine_decode_b1)
     run_case("speed/engine_decode_b1_no_graphs", budget, lambda: speed.engine_decode_b1(graphs=False))
+    run_case("speed/llm_decode_b1", budget, speed.llm_decode_b1)
     run_case("speed/engine_64x512x128_and_ttft", budget, speed.engine_llm)
     run_case("speed/transformers_eager", budget, speed.hf_eager)
     run_case("speed/transformers_static_compiled", budget, speed.hf_static_compiled)
+    run_case("speed/default_kv_pool", budget, speed.default_kv_pool)
+    for qformat in ("int8_wo", "int4_wo"):
+        run_case(f"speed/quantized_decode_b1/{qformat}", budget, lambda q=qformat: speed.quantized_decode_b1(q))
     del holder["speed"]
 
 
