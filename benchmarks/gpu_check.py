@@ -458,21 +458,25 @@ class Speed:
         del llm
         return fields
 
-    def quantized_decode_b1(self, qformat: str) -> dict[str, Any]:
+    def quantized_decode_b1(self, qformat: str, max_autotune: bool = False) -> dict[str, Any]:
         """A round-to-nearest ``qformat`` checkpoint of the same weights, built and timed as the bf16 engine; the
-        issue's target: not slower than bf16 at batch 1 (compare with ``speed/engine_decode_b1``)."""
+        issue's target: not slower than bf16 at batch 1 (compare with ``speed/engine_decode_b1``). ``max_autotune``:
+        Inductor's Triton templates with the dequantization as a fused prologue, timed against cuBLAS."""
         from trtbuild.build import build_engine
         from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice
 
-        qckpt = quantize_checkpoint(self.root / "1b-ckpt", self.root / f"1b-{qformat}-ckpt", qformat)
-        engine = self.root / f"1b-{qformat}-engine"
+        qckpt = self.root / f"1b-{qformat}-ckpt"
+        if not qckpt.exists():
+            quantize_checkpoint(self.root / "1b-ckpt", qckpt, qformat)
+        engine = self.root / f"1b-{qformat}{'-autotune' if max_autotune else ''}-engine"
         t = time.perf_counter()
         build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, max_batch_size=64, max_seq_len=2560,
                             max_num_tokens=2048)  # fmt: skip
-        build_engine(qckpt, engine, build, torch=TorchConfig(device=TorchDevice(DEVICE), dtype=DType.BFLOAT16))
+        torch_cfg = TorchConfig(device=TorchDevice(DEVICE), dtype=DType.BFLOAT16, max_autotune=max_autotune)
+        build_engine(qckpt, engine, build, torch=torch_cfg)
         seconds = time.perf_counter() - t
-        return {"qformat": qformat, "build_s": round(seconds, 1), "package_mb": package_mb(engine),
-                **self.engine_decode_b1(engine=engine)}  # fmt: skip
+        return {"qformat": qformat, "max_autotune": max_autotune, "build_s": round(seconds, 1),
+                "package_mb": package_mb(engine), **self.engine_decode_b1(engine=engine)}  # fmt: skip
 
     def engine_llm(self) -> dict[str, Any]:
         import numpy as np
@@ -572,8 +576,9 @@ def speed_cases(work: Path, budget: float) -> None:
     run_case("speed/transformers_eager", budget, speed.hf_eager)
     run_case("speed/transformers_static_compiled", budget, speed.hf_static_compiled)
     run_case("speed/default_kv_pool", budget, speed.default_kv_pool)
-    for qformat in ("int8_wo", "int4_wo"):
-        run_case(f"speed/quantized_decode_b1/{qformat}", budget, lambda q=qformat: speed.quantized_decode_b1(q))
+    for qformat, tune in (("int8_wo", False), ("int8_wo", True), ("int4_wo", False), ("int4_wo", True)):
+        name = f"speed/quantized_decode_b1/{qformat}{'/max_autotune' if tune else ''}"
+        run_case(name, budget, lambda q=qformat, t=tune: speed.quantized_decode_b1(q, t))
     del holder["speed"]
 
 

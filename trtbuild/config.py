@@ -344,6 +344,13 @@ class TorchConfig:
 
     device: TorchDevice = field(default=TorchDevice.CUDA, metadata={"help": "torch engine device (--backend torch)"})
     dtype: DType = field(default=DType.FLOAT32, metadata={"help": "torch engine compute dtype (--backend torch)"})
+    max_autotune: bool = field(
+        default=False,
+        metadata={
+            "help": "let Inductor time Triton matmul templates against cuBLAS at build time, with weight-only "
+            "formats' dequantization fused into them (--backend torch --device cuda); builds take minutes longer"
+        },
+    )
 
 
 @dataclass(frozen=True)
