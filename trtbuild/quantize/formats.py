@@ -127,9 +127,9 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inpu
     """
     import torch
 
-    if hasattr(modules[0], "int4_weight"):
-        from .int4 import export_int4_linear
+    from .int4 import export_int4_linear, pack_int4
 
+    if hasattr(modules[0], "int4_weight"):
         return export_int4_linear(modules, prefix)
 
     ints, scales = [], []
@@ -169,16 +169,9 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inpu
     return out
 
 
-def pack_int4(q: Any) -> Any:
-    """int8 ``[out, in]`` in [-8, 7] -> uint8 ``[out, in/2]`` (even column in the low nibble)."""
-    import torch
-
-    u = (q & 0x0F).view(q.shape[0], q.shape[1] // 2, 2).to(torch.uint8)
-    return (u[..., 0] | (u[..., 1] << 4)).contiguous()
-
-
 def unpack_int4(packed: np.ndarray, *, signed: bool = True) -> np.ndarray:
-    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]`` (``ml_dtypes.uint4`` unless ``signed``)."""
+    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]`` (``ml_dtypes.uint4`` unless ``signed``); the
+    inverse of ``int4.pack_int4``."""
     lo = (packed & 0x0F).astype(np.int8)
     hi = (packed >> 4).astype(np.int8)
     both = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
