@@ -65,10 +65,10 @@ def evaluate_engine(
     engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False
 ) -> EvalResult:
     """Perplexity of a built onnxruntime engine (``progress``: a bar of windows on stderr when it is a terminal)."""
+    from .backends.onnxruntime.session import OrtSession
     from .progress import progress as progress_bar
     from .runtime.batch import StepBatch
     from .runtime.kv_cache import bytes_per_block
-    from .runtime.ort_session import OrtSession
 
     start = time.perf_counter()
     if not (engine_dir / "runtime_config.json").is_file():

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
-from .ort_session import DEFAULT_KV_CACHE_MEMORY
+from .kv_cache import DEFAULT_KV_CACHE_MEMORY
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .profile import PhaseTimes
 from .sampling import Sampler, SamplingParams, TokenLogprobs

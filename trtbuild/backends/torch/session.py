@@ -27,6 +27,14 @@ from .writer import TORCH_DTYPES, cache_dtype
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+def open_torch(
+    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+) -> TorchSession:
+    """The backend's ``BackendEntry.open``: a ``TorchSession`` over ``engine_dir`` (``profile_kernels`` does not
+    apply)."""
+    return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+
+
 class TorchSession:
     """An ``EngineSession`` for the torch backend.
 

@@ -16,13 +16,20 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..config import CpuAttention, RuntimeConfig
-from ..errors import EngineError
-from .batch import StepBatch
-from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
-from .profile import KernelTimes, SessionTimes, read_ort_profile
+from ...config import CpuAttention, RuntimeConfig
+from ...errors import EngineError
+from ...runtime.batch import StepBatch
+from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY, PagedKVCache, num_blocks_for_memory, slot_mapping
+from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 
-DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
+
+def open_onnxruntime(
+    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+) -> OrtSession:
+    """The backend's ``BackendEntry.open``: an ``OrtSession`` over ``engine_dir``."""
+    return OrtSession(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
 
 
 class OrtSession:
@@ -63,7 +70,7 @@ class OrtSession:
             opts.add_session_config_entry(key, value)
         self._native = build.cpu_attention is CpuAttention.NATIVE
         if self._native:
-            from ..backends.ort_native import library_path  # compiles the kernel on this machine's first use
+            from .native import library_path  # compiles the kernel on this machine's first use
 
             opts.register_custom_ops_library(str(library_path()))
         path = engine_dir / self.config.engine_file

@@ -17,11 +17,22 @@ from typing import Any
 
 import numpy as np
 
-from ..artifacts.manifest import read_manifest
-from ..backends.engine_select import detect_local_facts, select_engine
-from ..config import RuntimeConfig
-from ..errors import EngineError
-from .batch import StepBatch
+from ...artifacts.manifest import read_manifest
+from ...config import RuntimeConfig
+from ...errors import EngineError
+from ...runtime.batch import StepBatch
+from ...runtime.kv_cache import num_blocks_for_memory
+from ..engine_select import detect_local_facts, select_engine
+
+
+def open_tensorrt(
+    engine_dir: Path, *, kv_cache_memory: int, num_threads: int | None, profile_kernels: bool = False
+) -> TensorRTSession:
+    """The backend's ``BackendEntry.open``: a ``TensorRTSession`` with as many KV blocks as ``kv_cache_memory`` holds
+    (``num_threads`` and ``profile_kernels`` do not apply)."""
+    config = RuntimeConfig.load(engine_dir)
+    blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, kv_cache_memory)
+    return TensorRTSession(engine_dir, num_blocks=blocks)
 
 
 class TensorRTSession:
@@ -38,7 +49,7 @@ class TensorRTSession:
         import tensorrt as trt
         import torch
 
-        from ..plugins.paged_attention import tensorrt_plugin
+        from ...plugins.paged_attention import tensorrt_plugin
 
         tensorrt_plugin.register()  # JIT engines call back into it; AOT engines carry their PTX
         torch.cuda.set_device(device)
