@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..config import Backend
 
 if TYPE_CHECKING:
-    from ..runtime.session import EngineSession
+    from ..runtime.engine_session import EngineSession
     from .common import BuildRequest, BuildResult
 
 

@@ -1,29 +1,17 @@
-"""Engine sessions: run one step of the model over a ragged batch through a paged KV cache.
+"""Opening an engine: the session of the backend an engine directory was built with.
 
-A session owns the KV cache memory (``num_blocks`` blocks of ``kv_block_size`` slots per layer); the block
-manager/scheduler above it only hand out block ids. Every backend's session has the same interface.
+A session (``EngineSession``, in ``engine_session.py``) runs one step of the model over a ragged batch through a
+paged KV cache; every backend's session has the same interface.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
 
 from ..config import RuntimeConfig
-from .batch import StepBatch
+from .engine_session import EngineSession
 
-
-class EngineSession(Protocol):
-    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``)."""
-
-    config: RuntimeConfig
-    num_blocks: int
-
-    def step(self, batch: StepBatch) -> np.ndarray:
-        """Run the model on ``batch``, writing its K/V into the cache; returns float32 logits ``[N, vocab]``."""
-        ...
+__all__ = ["EngineSession", "open_session"]
 
 
 def open_session(
