@@ -52,6 +52,13 @@ def build_engine(
         raise BuildError("--accuracy-gate evaluates on the CPU engine; gate the onnxruntime build instead")
     request = BuildRequest(
         Path(ckpt_dir), Path(engine_dir), build, overwrite, gate, tensorrt or TensorRTConfig(), torch or TorchConfig(),
-        start,
+        start, _check_gate,
     )  # fmt: skip
     return backend_entry(build.backend).build(request)
+
+
+def _check_gate(engine_dir: Path, gate: PerplexityGate) -> dict[str, float]:
+    """``trtbuild.eval.check_gate`` on a finished engine, as its manifest records the result."""
+    from .eval import check_gate
+
+    return check_gate(engine_dir, gate).as_dict()

@@ -9,6 +9,7 @@ checks the options and makes the request. Nothing here imports a backend, the re
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -18,6 +19,9 @@ from ..artifacts.manifest import sha256_file
 from ..checkpoint import WEIGHTS_FILE
 from ..config import BuildConfig, EngineIO, ModelConfig, PerplexityGate, TensorRTConfig, TorchConfig
 from ..graph.emit import emit_portable_graph
+
+# (finished engine directory, gate) -> the gate's result as the manifest records it; raises BuildError on failure
+GateCheck = Callable[[Path, PerplexityGate], dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,11 @@ class BuildResult:
 
 @dataclass(frozen=True)
 class BuildRequest:
-    """One ``trtbuild build``: what every backend's build function (``trtbuild.backends.BACKENDS``) receives."""
+    """One ``trtbuild build``: what every backend's build function (``trtbuild.backends.BACKENDS``) receives.
+
+    ``check_gate`` evaluates a finished engine against ``gate`` (``build_engine`` passes ``trtbuild.eval``'s): the
+    evaluation opens engines through the registry, which imports the backends, so a backend does not import it.
+    """
 
     ckpt_dir: Path
     engine_dir: Path
@@ -41,6 +49,7 @@ class BuildRequest:
     tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
     torch: TorchConfig = field(default_factory=TorchConfig)
     start: float = 0.0
+    check_gate: GateCheck | None = None
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -21,11 +21,13 @@ ORT_ENGINE = "engines/onnxruntime-cpu/model.onnx"
 def build_onnxruntime(req: BuildRequest) -> BuildResult:
     """The onnxruntime backend: portable graph -> onnxruntime lowering -> ``engines/onnxruntime-cpu/model.onnx``.
 
-    With ``req.gate`` the finished engine is checked (``trtbuild.eval.check_gate``) before it is moved into place.
+    With ``req.gate`` the finished engine is checked (``req.check_gate``) before the directory is moved into place.
     """
     ckpt_dir, engine_dir, gate = req.ckpt_dir, req.engine_dir, req.gate
     if gate is not None and not (gate.ref_engine / "runtime_config.json").is_file():
         raise BuildError(f"--accuracy-gate {gate.ref_engine}: not an engine directory (no runtime_config.json)")
+    if gate is not None and req.check_gate is None:
+        raise BuildError("a build request with an accuracy gate needs its check_gate (build_engine passes it)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .lowering import lower_for_onnxruntime
     from .native import library_path, lower_to_native, native_supports
@@ -60,9 +62,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         copy_tokenizer_files(ckpt_dir, tmp)
         gate_result = None
         if gate is not None:
-            from ...eval import check_gate
-
-            gate_result = check_gate(tmp, gate).as_dict()
+            gate_result = req.check_gate(tmp, gate)
         write_manifest(
             tmp,
             backend=build.backend.value,
