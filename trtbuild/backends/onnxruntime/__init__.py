@@ -6,5 +6,6 @@
 - ``build.py``: the backend's build function (``trtbuild.backends.BACKENDS``);
 - ``session.py``: ``OrtSession``, the ``EngineSession`` that runs a step.
 
-Nothing is imported here: ``onnxruntime`` (the real package; imports are absolute) loads only with a submodule.
+Nothing is imported here, so naming the package loads no onnxruntime; ``import onnxruntime`` in its modules is
+absolute, so it is the real package, not this one.
 """
