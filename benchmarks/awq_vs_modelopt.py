@@ -18,10 +18,10 @@ from pathlib import Path
 
 from trtbuild.build import build_engine
 from trtbuild.calibration_data import DATASETS
+from trtbuild.cli.eval import evaluate
 from trtbuild.config import BuildConfig, DType, EvalConfig, QFormat, QuantConfig
 from trtbuild.convert.convert import convert
 from trtbuild.demo import smollm2_gguf_path
-from trtbuild.eval import evaluate
 from trtbuild.quantize.quantize import quantize
 
 VARIANTS = {  # name -> (format, zero points, modelopt's calibration)

@@ -284,7 +284,7 @@ def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) ->
     from trtbuild.checkpoint import load_checkpoint
     from trtbuild.config import QFormat, QuantConfig
     from trtbuild.configio import to_dict
-    from trtbuild.quantize.formats import pack_int4
+    from trtbuild.quantize.int4 import pack_int4
     from trtbuild.quantize.layout import quantized_linears
 
     cfg, weights = load_checkpoint(src)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from trtbuild.build import build_engine
+from trtbuild.cli.eval import evaluate
 from trtbuild.config import BuildConfig, DType, EvalConfig, KVCacheDType, QFormat, QuantConfig
-from trtbuild.eval import evaluate
 
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.config import RuntimeConfig
 from trtbuild.runtime.batch import StepBatch
 from trtbuild.runtime.kv_cache import bytes_per_block
-from trtbuild.runtime.ort_session import OrtSession
 
 
 def dir_size(path: Path) -> int:

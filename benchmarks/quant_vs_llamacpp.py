@@ -21,7 +21,7 @@ llama.cpp's Q4_1 (and any format containing that grid) recovers them almost exac
   virtualenv (``--peers-venv``; never the project's, never CI) through ``peers_worker.py``.
 - **Perplexity**: ``--windows`` x ``--seq-len`` tokens of each dataset's evaluation split, cut by
   ``trtbuild.eval.eval_windows`` from the fp32 engine's ``tokenizer.json`` (what ``trtbuild eval`` does); trtbuild
-  evaluates with ``trtbuild.eval.evaluate``; llama.cpp gets the same token ids (no re-tokenization, no BOS; one
+  evaluates with ``trtbuild.cli.eval.evaluate``; llama.cpp gets the same token ids (no re-tokenization, no BOS; one
   ``eval`` per window with ``logits_all``) and token t + 1 is scored from the logits at t. Each system's % is vs
   its own float reference (trtbuild fp32 engine, llama.cpp F32). A sanity line compares llama.cpp F32 with
   trtbuild fp32 on the first window of the first dataset (they should agree within ~0.5%).
@@ -280,9 +280,10 @@ def llamacpp_nll_sums(peers: Peers, gguf: Path, windows: np.ndarray, threads: in
 
 
 def measure_accuracy(args: argparse.Namespace, rows: list[Row], peers: Peers | None, result: dict) -> None:
+    from trtbuild.cli.eval import evaluate
     from trtbuild.config import EvalConfig
     from trtbuild.errors import TrtbuildError
-    from trtbuild.eval import eval_windows, evaluate
+    from trtbuild.eval import eval_windows
 
     cache = AccuracyCache(args.work / "accuracy.json")
     tokenizer_engine = args.work / "trt-fp32" / "engine"  # eval_windows reads its tokenizer.json
@@ -311,8 +312,9 @@ def measure_accuracy(args: argparse.Namespace, rows: list[Row], peers: Peers | N
 
 def sanity_check(args: argparse.Namespace, rows: list[Row], peers: Peers | None, result: dict) -> None:
     """llama.cpp F32 vs trtbuild fp32 on the first window of the first dataset: the same weights and token ids."""
+    from trtbuild.cli.eval import evaluate
     from trtbuild.config import EvalConfig
-    from trtbuild.eval import eval_windows, evaluate
+    from trtbuild.eval import eval_windows
 
     refs = {r.system: r for r in rows if r.reference}
     if len(refs) < 2 or peers is None:

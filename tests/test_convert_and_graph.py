@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 from tiny_models import TINY_CONFIGS, make_hf_model
 
-from trtbuild.backends.ort_lowering import lower_for_onnxruntime
+from trtbuild.backends.onnxruntime.lowering import lower_for_onnxruntime
 from trtbuild.checkpoint import load_checkpoint
 from trtbuild.config import BuildConfig, DType, EngineIO, ModelConfig
 from trtbuild.convert.convert import convert

@@ -11,7 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from trtbuild.backends.ort_native import library_path, single_node_model
+from trtbuild.backends.onnxruntime.native import library_path, single_node_model
 from trtbuild.plugins.paged_attention import (
     KV_FLOAT,
     KV_FP8,
@@ -188,13 +188,13 @@ def test_loading_the_library_leaves_subnormals_alone():
     assert subprocess.run([sys.executable, "-c", script]).returncode == 0
 
 
-# --- the row ops around MatMulInteger of per-token int8 linears (backends/ort_weights.integer_gemms_per_token) ---
+# --- the row ops around MatMulInteger of per-token int8 linears (onnxruntime/weights.integer_gemms_per_token) ---
 
 
 def _row_op_session(op: str, inputs: list, outputs: list, threads: int) -> ort.InferenceSession:
     from onnx import helper
 
-    from trtbuild.backends.ort_native import NATIVE_DOMAIN
+    from trtbuild.backends.onnxruntime.native import NATIVE_DOMAIN
 
     node = helper.make_node(op, [i.name for i in inputs], [o.name for o in outputs], domain=NATIVE_DOMAIN)
     graph = helper.make_graph([node], op, inputs, outputs)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tiny_models import TINY_CONFIGS, hf_logits
 
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.runtime.batch import StepBatch
-from trtbuild.runtime.ort_session import OrtSession
 
 ATOL = 1e-4
 

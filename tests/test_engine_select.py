@@ -16,8 +16,8 @@ from trtbuild.backends.engine_select import (
     parse_arch,
     select_engine,
 )
-from trtbuild.backends.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
-from trtbuild.backends.tensorrt import build_tensorrt_engines, resolve_archs
+from trtbuild.backends.tensorrt.engines import build_tensorrt_engines, resolve_archs
+from trtbuild.backends.tensorrt.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
 from trtbuild.config import BuildConfig
 from trtbuild.errors import BuildError, EngineError
 from trtbuild.plugins.paged_attention import tensorrt_plugin

@@ -11,9 +11,10 @@ from quantize_helpers import calib_file, tiny_checkpoint
 from test_cli_errors import assert_clean_failure, run_cli
 
 from trtbuild.build import build_engine
+from trtbuild.cli.eval import evaluate
 from trtbuild.config import BuildConfig, EvalConfig, PerplexityGate, QFormat, QuantConfig
 from trtbuild.errors import BuildError, TrtbuildError
-from trtbuild.eval import eval_windows, evaluate
+from trtbuild.eval import eval_windows
 from trtbuild.quantize.quantize import quantize
 
 

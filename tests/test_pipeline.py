@@ -355,13 +355,13 @@ def test_accuracy_gate_compares_with_the_baseline(sources, tmp_path):
     outcomes = {
         s.id: Outcome(s, Status.CACHED, record={"metrics": {"perplexity": ppl[s.labels["format"]]}}) for s in evals
     }
-    (gate,) = check_gates(PipelineRun(plan, tmp_path, outcomes, 0.0))
+    (gate,) = check_gates(outcomes, plan)
     assert isinstance(gate, GateResult) and gate.passed and gate.format == "q" and "+5.0%" in gate.message
     ppl["q"] = 11.5
     outcomes = {
         s.id: Outcome(s, Status.CACHED, record={"metrics": {"perplexity": ppl[s.labels["format"]]}}) for s in evals
     }
-    (gate,) = check_gates(PipelineRun(plan, tmp_path, outcomes, 0.0))
+    (gate,) = check_gates(outcomes, plan)
     assert (
         not gate.passed and "accuracy gate failed: tiny/q/onnxruntime/cpu perplexity 11.500 is +15.0%" in gate.message
     )

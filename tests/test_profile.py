@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.cli import main
 from trtbuild.config import ORT_LOWERED_NODE_PREFIX
-from trtbuild.runtime.ort_session import OrtSession
 from trtbuild.runtime.profile import KERNEL_KINDS, kernel_kind
 
 

@@ -16,12 +16,12 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.config import ActivationScales, BuildConfig, KVCacheDType, QFormat, QuantConfig
 from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
-from trtbuild.runtime.ort_session import OrtSession
 
 
 class Case(NamedTuple):
@@ -66,7 +66,7 @@ EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}
 
 def _open_engine(engine, opts: ort.SessionOptions) -> ort.InferenceSession:
     """The engine's graph in a bare onnxruntime session (its native attention kernel registered)."""
-    from trtbuild.backends.ort_native import library_path
+    from trtbuild.backends.onnxruntime.native import library_path
 
     opts.register_custom_ops_library(str(library_path()))
     return ort.InferenceSession(
@@ -379,7 +379,7 @@ def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
 
 def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
     """onnxruntime runs a partial last group (above); the TensorRT lowering takes whole groups only."""
-    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
     from trtbuild.build import portable_graph
     from trtbuild.errors import BuildError
 
@@ -394,7 +394,7 @@ def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
 def test_tensorrt_lowering_refuses_dynamic_activation_scales(quantized):
     """TensorRT's int8 / fp8 Q/DQ GEMMs need constant per-tensor activation scales: static ones lower, dynamic ones
     are refused with one line naming the flag."""
-    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
     from trtbuild.build import portable_graph
     from trtbuild.errors import BuildError
 
@@ -461,7 +461,7 @@ def test_zero_point_int4_round_trips_through_matmulnbits(quantized, name, tmp_pa
 
 
 def test_tensorrt_lowering_refuses_zero_points(quantized):
-    from trtbuild.backends.tensorrt_lowering import lower_for_tensorrt
+    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
     from trtbuild.build import portable_graph
     from trtbuild.errors import BuildError
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 
 from trtbuild.build import build_engine
+from trtbuild.cli.eval import evaluate
 from trtbuild.config import ActivationScales, BuildConfig, EvalConfig, KVCacheDType, QFormat, QuantConfig
-from trtbuild.eval import evaluate
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from tiny_models import hf_logits
 
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.runtime.batch import StepBatch
-from trtbuild.runtime.ort_session import OrtSession
 
 pytestmark = pytest.mark.slow
 

@@ -90,7 +90,7 @@ class CpuAttention(enum.Enum):
     ``NATIVE``: one native custom-op node per layer (``plugins/paged_attention/cpu_kernel.cc``, compiled with the
     machine's C++ compiler at first use) that writes the KV cache in place and reads it where it lies (float32,
     int8 or fp8 cache). ``LOWERED``: about 20 standard ONNX ops per layer
-    (``backends/ort_lowering.py``), no compiler needed; the step's keys/values leave the graph and the session
+    (``backends/onnxruntime/lowering.py``), no compiler needed; the step's keys/values leave the graph and the session
     stores them."""
 
     NATIVE = "native"

@@ -1,4 +1,5 @@
-"""``trtbuild eval``: perplexity of an engine (or a checkpoint, built into a temporary engine) on held-out text.
+"""``trtbuild eval``: perplexity of an engine on held-out text (a checkpoint is built into a temporary engine first,
+by ``trtbuild.cli.eval.evaluate``: this module does not build).
 
 The text is the *evaluation* split of a named dataset (disjoint from the calibration split ``quantize`` uses) or
 a user file; it is tokenized with the engine's ``tokenizer.json`` into one stream, cut into ``windows``
@@ -10,14 +11,13 @@ KV cache with logits for every position; token ``t + 1`` is scored from the logi
 from __future__ import annotations
 
 import math
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .config import BuildConfig, EvalConfig, PerplexityGate, RuntimeConfig
+from .config import EvalConfig, PerplexityGate, RuntimeConfig
 from .errors import BuildError, TrtbuildError
 
 
@@ -30,20 +30,6 @@ class EvalResult:
     seq_len: int
     dataset: str
     seconds: float
-
-
-def evaluate(path: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False) -> EvalResult:
-    """Perplexity of the engine directory or checkpoint directory at ``path`` (``progress``: a bar on a terminal)."""
-    if (path / "runtime_config.json").is_file():
-        return evaluate_engine(path, cfg, cache_dir=cache_dir, progress=progress)
-    if (path / "config.json").is_file():
-        from .build import build_engine
-
-        with tempfile.TemporaryDirectory(prefix="trtbuild-eval-") as tmp:
-            build = BuildConfig(max_seq_len=cfg.seq_len, max_num_tokens=max(cfg.seq_len, 2048), max_batch_size=1)
-            build_engine(path, Path(tmp) / "engine", build)
-            return evaluate_engine(Path(tmp) / "engine", cfg, cache_dir=cache_dir, progress=progress)
-    raise TrtbuildError(f"{path}: neither an engine directory (runtime_config.json) nor a checkpoint (config.json)")
 
 
 def eval_windows(engine_dir: Path, cfg: EvalConfig, cache_dir: Path | None = None) -> np.ndarray:
@@ -64,11 +50,12 @@ def eval_windows(engine_dir: Path, cfg: EvalConfig, cache_dir: Path | None = Non
 def evaluate_engine(
     engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False
 ) -> EvalResult:
-    """Perplexity of a built onnxruntime engine (``progress``: a bar of windows on stderr when it is a terminal)."""
+    """Perplexity of a built engine of any backend, opened with ``open_session`` with just the KV cache one window
+    needs (``progress``: a bar of windows on stderr when it is a terminal)."""
     from .progress import progress as progress_bar
     from .runtime.batch import StepBatch
     from .runtime.kv_cache import bytes_per_block
-    from .runtime.ort_session import OrtSession
+    from .runtime.session import open_session
 
     start = time.perf_counter()
     if not (engine_dir / "runtime_config.json").is_file():
@@ -82,7 +69,7 @@ def evaluate_engine(
     windows = eval_windows(engine_dir, cfg, cache_dir)
     block = rc.build.kv_block_size
     blocks = list(range(1, math.ceil(cfg.seq_len / block) + 1))  # block 0 is the null block
-    session = OrtSession(engine_dir, kv_cache_memory=(len(blocks) + 1) * bytes_per_block(rc.model, block))
+    session = open_session(engine_dir, kv_cache_memory=(len(blocks) + 1) * bytes_per_block(rc.model, block))
     total = 0.0
     shown = None if progress else False
     for ids in progress_bar(windows, len(windows), "evaluating", "window", enabled=shown):

@@ -1,7 +1,7 @@
 // trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention"), and
 // the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end).
 //
-// One node per layer replaces the ~20-node lowering of backends/ort_lowering.py: it rotates q and k, writes the
+// One node per layer replaces the ~20-node lowering of backends/onnxruntime/lowering.py: it rotates q and k, writes the
 // step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
 // numpy arrays) and attends every token over its sequence's blocks straight from the pool (flash-style online
 // softmax, no gather, no concat, no padding). The contract is plugins/paged_attention/README.md; the oracle is
@@ -14,7 +14,7 @@
 // 8 v_scale (float scalars, quantized caches only). Output: 0 attention output [T, Hq D].
 // Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype (default 1).
 //
-// Built by trtbuild/backends/ort_native.py (g++ -O3 -march=native, at first use, cached per machine) and loaded
+// Built by trtbuild/backends/onnxruntime/native.py (g++ -O3 -march=native, at first use, cached per machine) and loaded
 // with SessionOptions.register_custom_ops_library. No onnxruntime header ships in any package reachable here, so
 // the few parts of onnxruntime's C ABI this uses are declared below: OrtApi is a table of function pointers that
 // only ever grows at its end (slot numbers are stable across releases), OrtCustomOp a struct read up to `version`.
@@ -521,7 +521,7 @@ void compute(void* kernel_ptr, OrtKernelContext* ctx) {
   if (s.num_seqs <= 0 || s.max_blocks <= 0 || s.block_size > kMaxBlockSize || group > kMaxRows ||
       group * a.head_size > kMaxTileFloats || a.num_kv_heads * a.head_size > kMaxTileFloats ||
       a.head_size > kMaxHeadSize)
-    return;  // refused at build time (backends/ort_native.py): never reached from a trtbuild engine
+    return;  // refused at build time (backends/onnxruntime/native.py): never reached from a trtbuild engine
   write_step(a, s);
 
   // Work items: tiles of each sequence's tokens, all KV heads together (contiguous block reads) unless there are
@@ -595,7 +595,7 @@ const OrtCustomOp kOp = {
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// Per-token int8 linears (backends/ort_weights.integer_gemms_per_token): the two ends around onnxruntime's
+// Per-token int8 linears (backends/onnxruntime/weights.integer_gemms_per_token): the two ends around onnxruntime's
 // MatMulInteger, each one pass over its tensor instead of five / three standard ops.
 //
 // QuantizeRows: x float [..., K] -> codes uint8 [..., K], scale float [..., 1]. Per row s = max(amax / 127, FLT_MIN)

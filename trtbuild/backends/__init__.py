@@ -1,8 +1,14 @@
 """The backend registry: one entry per ``Backend``, the single place that knows how to build and open its engines.
 
-Each entry's functions import their backend lazily (TensorRT, torch and onnxruntime stay out of processes that do
-not use them). Adding a backend means one ``Backend`` member, one package under ``trtbuild/backends/`` and one
-``BackendEntry`` here.
+Each backend is a package here: ``onnxruntime/``, ``tensorrt/``, ``torch/``, with its build function in
+``build.py`` (``BuildRequest -> BuildResult``, see ``common.py``) and its session in ``session.py`` (an
+``open_<backend>`` function returning an ``EngineSession``). The entries below import those modules only when
+called, so TensorRT, torch and onnxruntime stay out of processes that do not use them.
+
+Adding a backend: one ``Backend`` member (``trtbuild/config.py``), one package under ``trtbuild/backends/`` with
+its ``build.py`` and ``session.py`` (listed in pyproject.toml's ``packages``), and one ``BackendEntry`` here.
+Shared by the backends: ``common.py`` (the build request and the steps every build takes) and
+``engine_select.py`` (picking the engine of a multi-arch directory that runs on this machine).
 """
 
 from __future__ import annotations
@@ -10,13 +16,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import Backend
 
 if TYPE_CHECKING:
-    from ..build import BuildRequest, BuildResult
-    from ..runtime.session import EngineSession
+    from ..runtime.engine_session import EngineSession
+    from .common import BuildRequest, BuildResult
+
+
+class OpenSession(Protocol):
+    """A backend's ``open_<backend>``: its session over a built engine directory."""
+
+    def __call__(
+        self, engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
+    ) -> EngineSession: ...
 
 
 @dataclass(frozen=True)
@@ -24,56 +38,55 @@ class BackendEntry:
     """How to build an engine directory for a backend, and how to open one for running."""
 
     build: Callable[[BuildRequest], BuildResult]
-    open: Callable[..., EngineSession]  # (engine_dir, *, kv_cache_memory, num_threads, profile_kernels) -> session
+    open: OpenSession
 
 
 def _build_onnxruntime(request: BuildRequest) -> BuildResult:
-    from ..build import build_onnxruntime
+    from .onnxruntime.build import build_onnxruntime
 
     return build_onnxruntime(request)
 
 
+def _open_onnxruntime(
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
+) -> EngineSession:
+    from .onnxruntime.session import open_onnxruntime
+
+    return open_onnxruntime(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
+
+
 def _build_tensorrt(request: BuildRequest) -> BuildResult:
-    from ..build import build_tensorrt
+    from .tensorrt.build import build_tensorrt
 
     return build_tensorrt(request)
 
 
+def _open_tensorrt(
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
+) -> EngineSession:
+    from .tensorrt.session import open_tensorrt
+
+    return open_tensorrt(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
+
+
 def _build_torch(request: BuildRequest) -> BuildResult:
-    from ..build import build_torch
+    from .torch.build import build_torch
 
     return build_torch(request)
 
 
-def _open_onnxruntime(
-    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
-) -> Any:
-    from ..runtime.ort_session import DEFAULT_KV_CACHE_MEMORY, OrtSession
-
-    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-    return OrtSession(engine_dir, kv_cache_memory=memory, num_threads=num_threads, profile_kernels=profile_kernels)
-
-
-def _open_tensorrt(
-    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
-) -> Any:
-    from ..config import RuntimeConfig
-    from ..runtime.kv_cache import num_blocks_for_memory
-    from ..runtime.ort_session import DEFAULT_KV_CACHE_MEMORY
-    from ..runtime.trt_session import TensorRTSession
-
-    config = RuntimeConfig.load(engine_dir)
-    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-    blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, memory)
-    return TensorRTSession(engine_dir, num_blocks=blocks)
-
-
 def _open_torch(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
-) -> Any:
-    from .torch.session import TorchSession
+) -> EngineSession:
+    from .torch.session import open_torch
 
-    return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
+    return open_torch(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
 
 
 BACKENDS: dict[Backend, BackendEntry] = {
@@ -84,4 +97,5 @@ BACKENDS: dict[Backend, BackendEntry] = {
 
 
 def backend_entry(backend: Backend) -> BackendEntry:
+    """The registry entry of ``backend``."""
     return BACKENDS[backend]

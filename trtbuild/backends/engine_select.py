@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError
-from .ptx import driver_cuda_version, max_ptx_for_cuda, ptx_number
+from .tensorrt.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_number
 
 HARDWARE_COMPATIBILITY = ("none", "ampere+")
 AMPERE = (8, 0)

@@ -3,13 +3,38 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..config import EvalConfig
+from ..config import BuildConfig, EvalConfig
+from ..errors import TrtbuildError
 from .options import config_from_options, dataclass_options
+
+if TYPE_CHECKING:
+    from ..eval import EvalResult
+
+
+def evaluate(path: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False) -> EvalResult:
+    """Perplexity of the engine directory or checkpoint directory at ``path`` (``progress``: a bar on a terminal).
+
+    A checkpoint is first built into a temporary onnxruntime engine (``max_seq_len`` = ``cfg.seq_len``).
+    """
+    from ..eval import evaluate_engine
+
+    if (path / "runtime_config.json").is_file():
+        return evaluate_engine(path, cfg, cache_dir=cache_dir, progress=progress)
+    if (path / "config.json").is_file():
+        from ..build import build_engine
+
+        with tempfile.TemporaryDirectory(prefix="trtbuild-eval-") as tmp:
+            build = BuildConfig(max_seq_len=cfg.seq_len, max_num_tokens=max(cfg.seq_len, 2048), max_batch_size=1)
+            build_engine(path, Path(tmp) / "engine", build)
+            return evaluate_engine(Path(tmp) / "engine", cfg, cache_dir=cache_dir, progress=progress)
+    raise TrtbuildError(f"{path}: neither an engine directory (runtime_config.json) nor a checkpoint (config.json)")
 
 
 @click.command("eval")
@@ -19,8 +44,6 @@ from .options import config_from_options, dataclass_options
 def eval_command(path: Path, as_json: bool, **options: object) -> None:
     """Perplexity of an engine (or of a checkpoint, built into a temporary engine) over non-overlapping windows
     of a dataset's evaluation split (disjoint from the calibration split that `trtbuild quantize` uses)."""
-    from ..eval import evaluate
-
     cfg = config_from_options(EvalConfig, options)
     result = evaluate(path, cfg, progress=not as_json)
     if as_json:

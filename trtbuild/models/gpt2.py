@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind
-from .registry import register_architecture
+from .registration import register_architecture
 
 
 @register_architecture("GPT2LMHeadModel")

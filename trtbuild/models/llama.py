@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
-from .registry import register_architecture
+from .registration import register_architecture
 
 
 def rope_from_hf(hf: dict[str, Any], head_size: int) -> RopeConfig:

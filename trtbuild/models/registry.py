@@ -1,33 +1,20 @@
 """Architecture registry: a Hugging Face ``architectures`` string -> the function reading its config.
 
-Each model family lives in its own module and registers its names with ``@register_architecture``; aliases
-(Mistral, Qwen2 for Llama) are plain extra names. Modules are imported by ``trtbuild.models`` at first use.
+Each model family lives in its own module and registers its names with ``@register_architecture`` (from
+``registration.py``); aliases (Mistral, Qwen2 for Llama) are plain extra names. The registry imports the family
+modules at first use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ..config import DType, ModelConfig
 from ..errors import ConvertError
+from .registration import REGISTRY as _REGISTRY
+from .registration import ConfigReader, register_architecture
 
-ConfigReader = Callable[[str, dict[str, Any], DType], ModelConfig]
-
-_REGISTRY: dict[str, ConfigReader] = {}
-
-
-def register_architecture(*names: str) -> Callable[[ConfigReader], ConfigReader]:
-    """Register ``fn(architecture, hf_config, dtype) -> ModelConfig`` under each of ``names``."""
-
-    def wrap(fn: ConfigReader) -> ConfigReader:
-        for name in names:
-            if name in _REGISTRY:
-                raise RuntimeError(f"architecture {name} registered twice")
-            _REGISTRY[name] = fn
-        return fn
-
-    return wrap
+__all__ = ["ConfigReader", "model_config_from_hf", "register_architecture", "supported_architectures"]
 
 
 def supported_architectures() -> list[str]:

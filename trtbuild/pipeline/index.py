@@ -8,21 +8,36 @@ baseline format's on the same backend and target.
 
 from __future__ import annotations
 
+import enum
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from .. import __version__
 from ..recipe import recipe_to_dict
 from .cache import write_json_atomic
-from .plan import StageKind
-
-if TYPE_CHECKING:
-    from .runner import PipelineRun
+from .plan import Plan, Stage, StageKind
 
 INDEX = "index.json"
 INDEX_VERSION = 1
 PERPLEXITY_KEY = "perplexity"  # the metric of ``trtbuild eval --json`` that the gate compares
+
+
+class StageOutcome(Protocol):
+    """What the index reads of one stage's outcome (``runner.Outcome``)."""
+
+    @property
+    def stage(self) -> Stage: ...
+    @property
+    def status(self) -> enum.Enum: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def record(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -39,16 +54,16 @@ class GateResult:
     message: str
 
 
-def check_gates(run: PipelineRun) -> list[GateResult]:
+def check_gates(outcomes: Mapping[str, StageOutcome], plan: Plan) -> list[GateResult]:
     """Gate results of every evaluated engine whose recipe has an accuracy gate (baselines themselves excluded)."""
     metrics: dict[tuple[str, ...], dict[str, Any]] = {}
-    for outcome in run.outcomes.values():
+    for outcome in outcomes.values():
         st = outcome.stage
         if st.kind is StageKind.EVAL and "metrics" in outcome.record:
             key = (st.labels["model"], st.labels["format"], st.labels["backend"], st.labels["target"])
             metrics[key] = outcome.record["metrics"]
     results = []
-    for recipe in run.plan.recipes:
+    for recipe in plan.recipes:
         gate = recipe.accuracy_gate
         if gate is None:
             continue
@@ -86,9 +101,12 @@ def _gate_one(
     return GateResult(model, fmt, backend, target, baseline, ppl, base_ppl, max_increase, passed, msg)
 
 
-def write_index(run: PipelineRun, gates: list[GateResult]) -> dict[str, Any]:
+def write_index(
+    artifacts_dir: Path, plan: Plan, outcomes: Mapping[str, StageOutcome], seconds: float, gates: list[GateResult]
+) -> dict[str, Any]:
+    """Write ``artifacts_dir/index.json`` for a run of ``plan`` that took ``seconds``; returns what it wrote."""
     artifacts = []
-    for outcome in run.outcomes.values():
+    for outcome in outcomes.values():
         st, rec = outcome.stage, outcome.record
         entry: dict[str, Any] = {
             "id": st.id,
@@ -110,10 +128,10 @@ def write_index(run: PipelineRun, gates: list[GateResult]) -> dict[str, Any]:
         "index_version": INDEX_VERSION,
         "trtbuild_version": __version__,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "seconds": round(run.seconds, 3),
-        "recipes": [recipe_to_dict(r) for r in run.plan.recipes],
+        "seconds": round(seconds, 3),
+        "recipes": [recipe_to_dict(r) for r in plan.recipes],
         "artifacts": artifacts,
         "accuracy_gate": [asdict(g) for g in gates],
     }
-    write_json_atomic(run.artifacts_dir / INDEX, index)
+    write_json_atomic(artifacts_dir / INDEX, index)
     return index

@@ -313,8 +313,8 @@ def run_pipeline(
         finally:
             runner.hashes.save()
         result = PipelineRun(plan, artifacts_dir, outcomes, time.perf_counter() - start)
-        result.gates = check_gates(result)
-        write_index(result, result.gates)
+        result.gates = check_gates(outcomes, plan)
+        write_index(artifacts_dir, plan, outcomes, result.seconds, result.gates)
     finally:
         os.close(lock)
     failures = [o.reason for o in outcomes.values() if o.status is Status.FAILED]

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig, QFormat, QuantConfig
-from .hf_model import LINEARS
+from .hf_model import LINEARS, excluded_linears
 from .int4 import Int4Weight, fake_quantize, group_ranges, grouped, install, quantize_weight
 
 SCALE_GRID = [i / 10 for i in range(10)]  # alpha of s = mean|x| ** alpha, then refined to the nearest 0.05
@@ -59,7 +59,6 @@ def quantize_int4(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.n
     import torch
 
     from ..progress import Progress
-    from .calibrate import excluded_linears
 
     excluded = set(excluded_linears(cfg, qcfg.exclude))
     layers = model.model.layers

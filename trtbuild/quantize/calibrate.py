@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
 import io
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -41,14 +40,9 @@ import numpy as np
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
 from .formats import FORMATS, Numeric, activation_block, dynamic_activations, static_activations
-from .hf_model import canonical_linears, hf_modules
+from .hf_model import canonical_linears, excluded_linears, hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
-
-
-def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
-    """Canonical linears matching any of ``patterns`` (fnmatch), which stay in float."""
-    return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
 def modelopt_reads_tokens(qcfg: QuantConfig) -> bool:

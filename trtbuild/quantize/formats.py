@@ -24,9 +24,9 @@ In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> D
 activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
 blocked along the row), ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21
 ``block_size`` along axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (static
-int8) and ``MatMulNBits`` (int8_wo, int4; dynamic int8 after ``backends/ort_weights.py`` hands the activation
+int8) and ``MatMulNBits`` (int8_wo, int4; dynamic int8 after ``backends/onnxruntime/weights.py`` hands the activation
 quantization to the kernel, which does exactly that per block of 16); per-token int8 becomes ``MatMulInteger``
-(``ort_weights.integer_gemms_per_token``); fp8 Q/DQ runs emulated in float.
+(``onnxruntime.weights.integer_gemms_per_token``); fp8 Q/DQ runs emulated in float.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class FormatSpec:
     dynamic_modelopt_config: str | None = None
 
 
-DYNAMIC_INT8_BLOCK = 16  # what onnxruntime's MatMulNBits quantizes its int8 activations by (backends/ort_weights.py)
+DYNAMIC_INT8_BLOCK = 16  # what MatMulNBits quantizes its int8 activations by (backends/onnxruntime/weights.py)
 
 FORMATS: dict[QFormat, FormatSpec] = {
     QFormat.INT8_SQ: FormatSpec(
@@ -127,9 +127,9 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inpu
     """
     import torch
 
-    if hasattr(modules[0], "int4_weight"):
-        from .int4 import export_int4_linear
+    from .int4 import export_int4_linear, pack_int4
 
+    if hasattr(modules[0], "int4_weight"):
         return export_int4_linear(modules, prefix)
 
     ints, scales = [], []
@@ -169,16 +169,9 @@ def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inpu
     return out
 
 
-def pack_int4(q: Any) -> Any:
-    """int8 ``[out, in]`` in [-8, 7] -> uint8 ``[out, in/2]`` (even column in the low nibble)."""
-    import torch
-
-    u = (q & 0x0F).view(q.shape[0], q.shape[1] // 2, 2).to(torch.uint8)
-    return (u[..., 0] | (u[..., 1] << 4)).contiguous()
-
-
 def unpack_int4(packed: np.ndarray, *, signed: bool = True) -> np.ndarray:
-    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]`` (``ml_dtypes.uint4`` unless ``signed``)."""
+    """uint8 ``[out, in/2]`` -> ``ml_dtypes.int4`` ``[out, in]`` (``ml_dtypes.uint4`` unless ``signed``); the
+    inverse of ``int4.pack_int4``."""
     lo = (packed & 0x0F).astype(np.int8)
     hi = (packed >> 4).astype(np.int8)
     both = np.stack([lo, hi], axis=-1).reshape(packed.shape[0], -1)
@@ -241,7 +234,7 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
 def emit_dynamic_quantization(g: Any, x: str, numeric: Numeric, block: int, width: int, name: str) -> str:
     """``x`` ``[tokens, width]`` through symmetric Q/DQ with scales computed from its own values: per block of
     ``block`` in-features of each token, ``s = max(amax / bound, tiny)`` (an all-zero block stays zero); the nodes
-    are named ``{name}.*``, the Q node ``{name}.q`` (``backends/ort_weights.py`` finds them by these names)."""
+    are named ``{name}.*``, the Q node ``{name}.q`` (``backends/onnxruntime/weights.py`` finds them by these names)."""
     assert width % block == 0, (name, width, block)  # quantize.check_request refuses other widths
     blocks = g.op("Reshape", [x, g.const([-1, width // block, block])], name=name + ".blocks")
     amax = g.op("ReduceMax", [g.op("Abs", [blocks], name=name + ".abs"), g.const([-1])], name=name + ".amax")

@@ -21,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig, QuantConfig
-from .calibrate import excluded_linears
 from .formats import Numeric
-from .hf_model import canonical_linears, hf_modules
+from .hf_model import canonical_linears, excluded_linears, hf_modules
 
 STEPS = 16  # candidate grid offsets per binade
 

@@ -6,6 +6,8 @@ Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -41,6 +43,11 @@ def canonical_linears(cfg: ModelConfig) -> list[str]:
     """Every linear of ``cfg``, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``). A tied
     ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy."""
     return [*(f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LINEARS), "lm_head"]
+
+
+def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
+    """Canonical linears matching any of ``patterns`` (fnmatch), which stay in float."""
+    return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
 def hf_modules(prefix: str) -> list[str]:

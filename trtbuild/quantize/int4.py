@@ -119,12 +119,18 @@ def install(module: Any, q: Int4Weight, group: int) -> None:
         module.register_forward_pre_hook(lambda _m, args: (args[0] * pqs, *args[1:]))
 
 
+def pack_int4(q: Any) -> Any:
+    """int8 ``[out, in]`` in [-8, 7] -> uint8 ``[out, in/2]`` (even column in the low nibble)."""
+    import torch
+
+    u = (q & 0x0F).view(q.shape[0], q.shape[1] // 2, 2).to(torch.uint8)
+    return (u[..., 0] | (u[..., 1] << 4)).contiguous()
+
+
 def export_int4_linear(modules: list[Any], prefix: str) -> dict[str, Any]:
     """The checkpoint tensors of canonical linear ``prefix`` from its quantized (``install``-ed) ``modules``:
     packed codes, scales, zero points when used, and the (shared) pre-quant scale when set."""
     import torch
-
-    from .formats import pack_int4
 
     parts: list[Int4Weight] = [m.int4_weight for m in modules]
     out = {

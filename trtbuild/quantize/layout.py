@@ -21,9 +21,8 @@ from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import ActivationScales, KVCacheDType, ModelConfig
 from ..convert.layout import expected_tensors
 from ..errors import BuildError, ConfigError
-from .calibrate import excluded_linears
 from .formats import Numeric, linear_format, unpack_int4
-from .hf_model import canonical_linears
+from .hf_model import canonical_linears, excluded_linears
 
 UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)  # canonical linears whose smoothing stays an explicit Mul
 

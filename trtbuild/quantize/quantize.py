@@ -24,7 +24,7 @@ from ..checkpoint import WEIGHTS_FILE, load_checkpoint
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
-from .calibrate import KV_NUM_BITS, calibrate, excluded_linears, modelopt_reads_tokens
+from .calibrate import KV_NUM_BITS, calibrate, modelopt_reads_tokens
 from .formats import (
     FORMATS,
     Numeric,
@@ -34,7 +34,7 @@ from .formats import (
     linear_format,
     static_activations,
 )
-from .hf_model import build_hf_model, canonical_linears, check_quantizable, hf_modules
+from .hf_model import build_hf_model, canonical_linears, check_quantizable, excluded_linears, hf_modules
 from .layout import UNFOLDED_PRE_QUANT_SCALE
 
 KV_BOUND = {KVCacheDType.INT8: Numeric.INT8.bound, KVCacheDType.FP8: Numeric.FP8.bound}

@@ -6,7 +6,7 @@ this class only stores what a step computed.
 
 A quantized cache (``ModelConfig.kv_cache_dtype`` int8 / fp8) stores what the engine's ``new_keys`` /
 ``new_values`` outputs already hold: int8 values, or FLOAT8E4M3FN bit patterns as uint8 (the onnxruntime lowering
-reads an fp8 cache as uint8; see ``backends/ort_lowering.py``). Scales live in the engine, not here.
+reads an fp8 cache as uint8; see ``backends/onnxruntime/lowering.py``). Scales live in the engine, not here.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from ..config import KVCacheDType, ModelConfig
 
 # Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
 CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
+
+DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # what an engine's session holds for its KV cache unless told otherwise
 
 
 def bytes_per_block(model: ModelConfig, block_size: int) -> int:

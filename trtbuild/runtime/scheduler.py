@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 from ..errors import RequestError
 from .batch import StepBatch
+from .engine_session import EngineSession
 from .kv_cache_manager import KVCacheManager
 from .sampling import SamplingParams
 from .sequence import FinishReason, RequestStatus, Sequence
-from .session import EngineSession
 
 # Called once for every token appended to a running request; returns the stop string the request's text now
 # contains (which finishes it with FinishReason.STOP), or None. The detokenizing layer plugs stop strings in here.

@@ -1,53 +1,17 @@
-"""Engine sessions: run one step of the model over a ragged batch through a paged KV cache.
+"""Opening an engine: the session of the backend an engine directory was built with.
 
-A session owns the KV cache memory (``num_blocks`` blocks of ``kv_block_size`` slots per layer); the block
-manager/scheduler above it only hand out block ids. Every backend's session has the same interface.
+A session (``EngineSession``, in ``engine_session.py``) runs one step of the model over a ragged batch through a
+paged KV cache; every backend's session has the same interface.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
 
 from ..config import RuntimeConfig
-from .batch import StepBatch
-from .sampling import Sampler, SamplerOutput, SamplingRequest
+from .engine_session import EngineSession
 
-
-class StepSampler(Protocol):
-    """Turns the rows of a session's ``step_logits`` into tokens (``Sampler`` on the host, or a device sampler)."""
-
-    def sample(self, logits: Any, requests: Sequence[SamplingRequest]) -> SamplerOutput: ...
-
-    def join(self, parts: Sequence[Any]) -> Any:
-        """The rows of several ``step_logits`` results, stacked in order."""
-        ...
-
-
-class EngineSession(Protocol):
-    """What the runner needs from an engine (``OrtSession``, ``TensorRTSession``, ``TorchSession``).
-
-    Sessions subclass it: ``step_logits`` / ``new_sampler`` default to host logits and the numpy ``Sampler``; a
-    session whose logits live on a device returns them there and a sampler that samples them there.
-    """
-
-    config: RuntimeConfig
-    num_blocks: int
-
-    def step(self, batch: StepBatch) -> np.ndarray:
-        """Run the model on ``batch``, writing its K/V into the cache; returns float32 logits ``[N, vocab]``."""
-        ...
-
-    def step_logits(self, batch: StepBatch) -> Any:
-        """``step``, with the logits left where ``new_sampler``'s sampler reads them (the runner's hot path)."""
-        return self.step(batch)
-
-    def new_sampler(self, seed: int | None) -> StepSampler:
-        """The sampler for ``step_logits``' rows (``seed``: for requests without their own)."""
-        return Sampler(seed)
+__all__ = ["EngineSession", "open_session"]
 
 
 def open_session(

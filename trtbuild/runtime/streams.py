@@ -6,12 +6,17 @@ Both step the LLM's engine loop as they are iterated, and abort what has not fin
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .outputs import CompletionState, RequestOutput
 
-if TYPE_CHECKING:
-    from .llm import LLM
+
+class _Engine(Protocol):
+    """What a stream needs of its ``LLM``: one more engine step, and a finished request's output."""
+
+    def _step(self) -> None: ...
+
+    def _request_output(self, request_id: str, prompt: str | None, states: list[CompletionState]) -> RequestOutput: ...
 
 
 class TextStream(Iterator[str]):
@@ -20,7 +25,7 @@ class TextStream(Iterator[str]):
     The deltas concatenate to ``output.text``. Dropping or ``close()``-ing an unfinished stream aborts its request.
     """
 
-    def __init__(self, llm: LLM, request_id: str, state: CompletionState, prompt: str | None) -> None:
+    def __init__(self, llm: _Engine, request_id: str, state: CompletionState, prompt: str | None) -> None:
         self._llm, self._id, self._state, self._prompt = llm, request_id, state, prompt
         self.output: RequestOutput | None = None
 

@@ -22,7 +22,7 @@ from ..runtime.llm import LLM
 from ..runtime.outputs import CompletionState
 from ..runtime.sampling import SamplingParams, TokenLogprobs
 from ..runtime.sequence import FinishReason, RequestStatus
-from .metrics import ServerMetrics
+from .metrics import EngineSnapshot, ServerMetrics
 
 
 class QueueFull(Exception):
@@ -64,20 +64,6 @@ class Submission:
     @property
     def num_seqs(self) -> int:
         return len(self.prompts) * self.params.n
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """The engine's gauges after its latest iteration (read by /metrics)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_used_blocks: int = 0
-    kv_total_blocks: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    preemptions: int = 0
-    steps: int = 0
 
 
 class EngineLoop:

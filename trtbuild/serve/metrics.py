@@ -8,15 +8,26 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from ..runtime.outputs import CompletionState
 
-if TYPE_CHECKING:
-    from .engine import EngineSnapshot
-
 PREFIX = "trtbuild"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's gauges after its latest iteration (read by /metrics)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_total_blocks: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    preemptions: int = 0
+    steps: int = 0
 
 
 class Counter:

@@ -21,7 +21,7 @@ from ...config import RuntimeConfig, TorchConfig
 from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
-from ...runtime.session import EngineSession
+from ...runtime.engine_session import EngineSession
 from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
 from .decode_graphs import DecodeGraphs
 from .memory import CPU_KV_CACHE_MEMORY, default_kv_cache_memory
@@ -30,6 +30,14 @@ from .target import select_torch_engine
 from .writer import TORCH_DTYPES, cache_dtype
 
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def open_torch(
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
+) -> TorchSession:
+    """The backend's ``BackendEntry.open``: a ``TorchSession`` over ``engine_dir`` (``profile_kernels`` does not
+    apply)."""
+    return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
 
 
 class TorchSession(EngineSession):

@@ -16,14 +16,21 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..config import CpuAttention, RuntimeConfig
-from ..errors import EngineError
-from .batch import StepBatch
-from .kv_cache import PagedKVCache, num_blocks_for_memory, slot_mapping
-from .profile import KernelTimes, SessionTimes, read_ort_profile
-from .session import EngineSession
+from ...config import CpuAttention, RuntimeConfig
+from ...errors import EngineError
+from ...runtime.batch import StepBatch
+from ...runtime.engine_session import EngineSession
+from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY, PagedKVCache, num_blocks_for_memory, slot_mapping
+from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 
-DEFAULT_KV_CACHE_MEMORY = 256 * 2**20
+
+def open_onnxruntime(
+    engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
+) -> OrtSession:
+    """The backend's ``BackendEntry.open``: an ``OrtSession`` over ``engine_dir`` (``kv_cache_memory`` None:
+    ``DEFAULT_KV_CACHE_MEMORY``)."""
+    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
+    return OrtSession(engine_dir, kv_cache_memory=memory, num_threads=num_threads, profile_kernels=profile_kernels)
 
 
 class OrtSession(EngineSession):
@@ -64,7 +71,7 @@ class OrtSession(EngineSession):
             opts.add_session_config_entry(key, value)
         self._native = build.cpu_attention is CpuAttention.NATIVE
         if self._native:
-            from ..backends.ort_native import library_path  # compiles the kernel on this machine's first use
+            from .native import library_path  # compiles the kernel on this machine's first use
 
             opts.register_custom_ops_library(str(library_path()))
         path = engine_dir / self.config.engine_file

@@ -25,10 +25,10 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from ..config import ORT_LOWERED_NODE_PREFIX
-from ..errors import EngineError
-from ..plugins import paged_attention
-from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
+from ...config import ORT_LOWERED_NODE_PREFIX
+from ...errors import EngineError
+from ...plugins import paged_attention
+from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
 
 NATIVE_DOMAIN = "trtbuild.cpu"
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has

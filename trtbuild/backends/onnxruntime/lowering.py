@@ -31,9 +31,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ..config import ORT_LOWERED_NODE_PREFIX, EngineIO
-from ..graph.builder import GraphBuilder
-from ..plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
+from ...config import ORT_LOWERED_NODE_PREFIX, EngineIO
+from ...graph.builder import GraphBuilder
+from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelProto:

@@ -1,0 +1,38 @@
+"""The torch backend's build: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2``."""
+
+from __future__ import annotations
+
+import time
+
+from ...artifacts.atomic import atomic_output_dir
+from ...artifacts.manifest import write_manifest
+from ...config import RuntimeConfig
+from ...configio import to_dict
+from ...convert.convert import copy_tokenizer_files
+from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+
+
+def build_torch(req: BuildRequest) -> BuildResult:
+    """The torch backend: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2`` (docs/gpu.md)."""
+    from .target import local_target
+
+    local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
+    model_cfg, build, io, portable = portable_graph(req.ckpt_dir, req.build)
+    from .writer import write_torch_engine
+
+    portable_counts = op_counts(portable)
+    with atomic_output_dir(req.engine_dir, overwrite=req.overwrite) as tmp:
+        entry = write_torch_engine(portable, model_cfg, build, io, req.torch, tmp)
+        del portable
+        RuntimeConfig(model=model_cfg, build=build, engine_file=entry.path, io=io).save(tmp)
+        copy_tokenizer_files(req.ckpt_dir, tmp)
+        write_manifest(
+            tmp,
+            backend=build.backend.value,
+            target=entry.target,
+            build_options={**to_dict(build), "torch": to_dict(req.torch)},
+            engines=[entry.to_dict()],
+            checkpoint=checkpoint_digests(req.ckpt_dir),
+            graph={"portable_op_counts": portable_counts},
+        )
+    return BuildResult(req.engine_dir, portable_counts, {}, time.perf_counter() - req.start)
