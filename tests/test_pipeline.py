@@ -429,8 +429,8 @@ def test_torch_targets_carry_their_device_and_cuda_is_not_buildable_without_a_gp
     plan = make_plan([load_recipe(recipe)])
     options = {s.id: s.options.get("torch") for s in plan.stages if s.kind is StageKind.BUILD}
     assert options == {
-        "tiny/fp32/torch/cpu": {"device": "cpu", "dtype": "float32"},
-        "tiny/fp32/torch/cuda": {"device": "cuda", "dtype": "float32"},
+        "tiny/fp32/torch/cpu": {"device": "cpu", "dtype": "float32", "max_autotune": False},
+        "tiny/fp32/torch/cuda": {"device": "cuda", "dtype": "float32", "max_autotune": False},
     }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the machine has no GPU, whatever it has
     art = tmp_path / "art"
