@@ -135,3 +135,36 @@ def test_gpu_kv_pool_is_the_free_memory_less_one_step():
     assert default_kv_cache_memory(free, model, build, 2) == int(KV_FREE_FRACTION * free) - reserve
     with pytest.raises(ValueError, match="no room for a KV cache"):
         default_kv_cache_memory(reserve, model, build, 2)
+
+
+def test_cpu_kv_pool_fits_the_engines_limits_within_a_share_of_memory():
+    from trtbuild.config import BuildConfig, DType
+    from trtbuild.models.registry import model_config_from_hf
+    from trtbuild.runtime.kv_cache import (
+        DEFAULT_KV_CACHE_MEMORY,
+        KV_MEMORY_FRACTION,
+        bytes_per_block,
+        default_cpu_kv_cache_memory,
+    )
+
+    hf = dict(
+        architectures=["LlamaForCausalLM"],
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    )  # fmt: skip  (SmolLM2-135M)
+    model, build = model_config_from_hf(hf, DType.FLOAT32), BuildConfig()
+    need = (build.max_batch_size * build.max_seq_len // build.kv_block_size + 1) * bytes_per_block(model, 16)
+    assert default_cpu_kv_cache_memory(model, build, 64 << 30) == need  # a big machine: the engine's whole need
+    assert default_cpu_kv_cache_memory(model, build, 8 << 30) == int(KV_MEMORY_FRACTION * (8 << 30))
+    assert default_cpu_kv_cache_memory(model, build, 1 << 30) == DEFAULT_KV_CACHE_MEMORY  # never below the floor
+    assert default_cpu_kv_cache_memory(model, build, None) == DEFAULT_KV_CACHE_MEMORY
+    small = BuildConfig(max_batch_size=2, max_seq_len=64)
+    assert default_cpu_kv_cache_memory(model, small, 64 << 30) == 9 * bytes_per_block(model, 16)  # 2 x 4 + null

@@ -420,3 +420,12 @@ def test_runtime_imports_neither_torch_nor_transformers(engine):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_default_kv_cache_holds_a_full_batch_of_full_sequences(tiny_engines):
+    from trtbuild.runtime.kv_cache import available_memory, default_cpu_kv_cache_memory
+
+    llm = LLM(tiny_engines["llama_gqa"][2])
+    model, build = llm.session.config.model, llm.session.config.build
+    assert llm.session.kv_cache_memory == default_cpu_kv_cache_memory(model, build, available_memory())
+    assert llm.num_kv_blocks >= build.max_batch_size * -(-build.max_seq_len // build.kv_block_size)

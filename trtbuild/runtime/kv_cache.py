@@ -11,20 +11,51 @@ reads an fp8 cache as uint8; see ``backends/onnxruntime/lowering.py``). Scales l
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 
-from ..config import KVCacheDType, ModelConfig
+from ..config import BuildConfig, KVCacheDType, ModelConfig
 
 # Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
 CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
 
-DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # what an engine's session holds for its KV cache unless told otherwise
+DEFAULT_KV_CACHE_MEMORY = 256 * 2**20  # a fixed size where the default cannot be sized (TensorRT, the torch CPU)
+KV_MEMORY_FRACTION = 0.25  # of the memory available when a CPU engine opens: the most its default cache takes
 
 
 def bytes_per_block(model: ModelConfig, block_size: int) -> int:
     """Memory one block takes across all layers, keys and values."""
     itemsize = np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize
     return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_size * itemsize
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new allocations (Linux ``MemAvailable``), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_cpu_kv_cache_memory(model: ModelConfig, build: BuildConfig, available: int | None) -> int:
+    """The KV cache a CPU engine opens with when none is named: room for ``max_batch_size`` sequences of
+    ``max_seq_len`` tokens (the engine's own limits, so a full batch never preempts), at most
+    ``KV_MEMORY_FRACTION`` of ``available`` memory (``DEFAULT_KV_CACHE_MEMORY`` when that is unknown), never less
+    than ``DEFAULT_KV_CACHE_MEMORY`` (or the need, when smaller). numpy's zeroed arrays take pages only as blocks
+    are first written, so a large default costs nothing until it is used."""
+    per_block = bytes_per_block(model, build.kv_block_size)
+    need = (build.max_batch_size * math.ceil(build.max_seq_len / build.kv_block_size) + 1) * per_block
+    cap = DEFAULT_KV_CACHE_MEMORY if available is None else int(KV_MEMORY_FRACTION * available)
+    return min(need, max(cap, DEFAULT_KV_CACHE_MEMORY))
 
 
 def num_blocks_for_memory(model: ModelConfig, block_size: int, memory_bytes: int) -> int:

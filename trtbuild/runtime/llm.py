@@ -60,7 +60,8 @@ class LLM:
 
     ``max_num_seqs`` / ``max_num_batched_tokens`` default to the engine's ``max_batch_size`` / ``max_num_tokens``
     and may only lower them. ``kv_cache_memory``: the KV cache's bytes; None lets the engine's session choose
-    (256 MiB on the CPU; on a GPU the memory free after loading, less one step's working memory). ``seed`` seeds
+    (onnxruntime: room for the engine's ``max_batch_size`` sequences of ``max_seq_len`` tokens, at most a quarter of
+    the available memory; on a GPU the memory free after loading, less one step's working memory). ``seed`` seeds
     the sampler for requests without their own seed. The sampler is the session's (``new_sampler``): a GPU
     engine's samples on the device. Loading checks the size of every file the engine's manifest lists;
     ``verify=True`` checks their sha256 too. Not thread-safe: drive one LLM from one thread.

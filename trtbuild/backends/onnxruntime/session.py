@@ -20,17 +20,28 @@ from ...config import CpuAttention, RuntimeConfig
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
-from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY, PagedKVCache, num_blocks_for_memory, slot_mapping
+from ...runtime.kv_cache import (
+    DEFAULT_KV_CACHE_MEMORY,
+    PagedKVCache,
+    available_memory,
+    default_cpu_kv_cache_memory,
+    num_blocks_for_memory,
+    slot_mapping,
+)
 from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 
 
 def open_onnxruntime(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> OrtSession:
-    """The backend's ``BackendEntry.open``: an ``OrtSession`` over ``engine_dir`` (``kv_cache_memory`` None:
-    ``DEFAULT_KV_CACHE_MEMORY``)."""
-    memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-    return OrtSession(engine_dir, kv_cache_memory=memory, num_threads=num_threads, profile_kernels=profile_kernels)
+    """The backend's ``BackendEntry.open``: an ``OrtSession`` over ``engine_dir`` (``kv_cache_memory`` None: sized
+    for the engine's limits within a share of the available memory, ``kv_cache.default_cpu_kv_cache_memory``)."""
+    if kv_cache_memory is None:
+        config = RuntimeConfig.load(engine_dir)
+        kv_cache_memory = default_cpu_kv_cache_memory(config.model, config.build, available_memory())
+    return OrtSession(
+        engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads, profile_kernels=profile_kernels
+    )
 
 
 class OrtSession(EngineSession):
@@ -79,6 +90,7 @@ class OrtSession(EngineSession):
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise EngineError(f"{path}: onnxruntime cannot load the engine ({str(e).splitlines()[0]})") from None
+        self.kv_cache_memory = kv_cache_memory
         num_blocks = num_blocks_for_memory(model, build.kv_block_size, kv_cache_memory)
         self.cache = PagedKVCache(model, num_blocks, build.kv_block_size)
         self.num_blocks = num_blocks
