@@ -3,6 +3,7 @@
 In float64 the two implement the same arithmetic, so every token must match: greedy, temperature, min-p, top-k,
 top-p and their mixes, seeded and unseeded, with ties. In float32 (what a GPU engine hands it) rows may part only
 where a draw lands within rounding of a boundary. Rows with penalties or logprobs go to the host sampler.
+Also the default KV pool sizes (GPU: free memory less one step; CPU: the engine's limits within a memory share).
 """
 
 from __future__ import annotations
