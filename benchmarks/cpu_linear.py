@@ -1,0 +1,173 @@
+"""One linear layer on onnxruntime's CPU kernels, and an engine's linears alone: milliseconds and read bandwidth.
+
+    .venv/bin/python benchmarks/cpu_linear.py [--shapes 576x960,576x3072,1536x576,576x49152] [--rows 1,64]
+        [--blocks 16,32,64] [--threads 2]
+    .venv/bin/python benchmarks/cpu_linear.py --engine ENGINE_DIR   # the engine's matrix products, cut out
+
+The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
+weights at each activation block size (accuracy level 4: int8 activations per block, as trtbuild's int8 engines
+run), each over ``--copies`` copies of the weight (30, as the layers of a model) so that it streams from DRAM; it
+prints the median time per product and the weight bytes read per second. The second form takes an engine's
+onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger`` nodes with their real
+weights (each fed a random input of its width) and times one pass over all of them next to one engine step of
+batch 1: what the step costs beyond its matrix products. docs/performance.md ("Where the time goes now") has
+figures. Takes about a minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+OUTPUT_TYPES = {"MatMul": TensorProto.FLOAT, "MatMulNBits": TensorProto.FLOAT, "MatMulInteger": TensorProto.INT32}
+LINEAR_OPS = tuple(OUTPUT_TYPES)
+
+
+def _median_ms(session: ort.InferenceSession, feeds: dict, reps: int) -> float:
+    for _ in range(3):
+        session.run(None, feeds)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        session.run(None, feeds)
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def _options(threads: int) -> ort.SessionOptions:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return opts
+
+
+def linear_model(k: int, n: int, copies: int, block: int | None) -> onnx.ModelProto:
+    """``copies`` independent products of one input: float32 ``MatMul`` (block None) or 8-bit ``MatMulNBits``."""
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+    for i in range(copies):
+        if block is None:
+            inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), f"w{i}"))
+            nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]))
+            continue
+        codes = rng.integers(0, 256, (n, k // block, block), dtype=np.uint8)
+        scales = (rng.random(n * (k // block)) * 0.01).astype(np.float32)
+        inits += [numpy_helper.from_array(codes, f"w{i}"), numpy_helper.from_array(scales, f"s{i}")]
+        nodes.append(
+            helper.make_node("MatMulNBits", ["x", f"w{i}", f"s{i}"], [f"y{i}"], domain="com.microsoft",
+                             K=k, N=n, bits=8, block_size=block, accuracy_level=4)
+        )  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "linears", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["M", n]) for i in range(copies)], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def shapes_table(args: argparse.Namespace) -> None:
+    print(f"{args.threads} threads, {args.copies} copies of each weight, median of {args.reps}")
+    for shape in args.shapes:
+        k, n = (int(v) for v in shape.split("x"))
+        copies = max(2, min(args.copies, (1 << 30) // (k * n * 4)))  # at most ~1 GB of float weights
+        for rows in args.rows:
+            x = {"x": np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)}
+            cells = []
+            for block in [None, *[b for b in args.blocks if k % b == 0]]:
+                session = ort.InferenceSession(
+                    linear_model(k, n, copies, block).SerializeToString(), _options(args.threads),
+                    providers=["CPUExecutionProvider"],
+                )  # fmt: skip
+                ms = _median_ms(session, x, args.reps) / copies
+                width = 4 if block is None else 1
+                name = "float32 MatMul" if block is None else f"MatMulNBits int8/{block}"
+                cells.append(f"{name} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
+            print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
+
+
+def engine_linears(args: argparse.Namespace) -> None:
+    from trtbuild.backends.onnxruntime.native import library_path
+    from trtbuild.backends.onnxruntime.session import OrtSession
+    from trtbuild.runtime.batch import StepBatch
+
+    engine = Path(args.engine)
+    with tempfile.TemporaryDirectory(prefix="trtbuild-cpu-linear-") as tmp:
+        opts = _options(args.threads)
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.optimized_model_filepath = str(Path(tmp) / "opt.onnx")
+        opts.add_session_config_entry("session.optimized_model_external_initializers_file_name", "opt.data")
+        opts.register_custom_ops_library(str(library_path()))
+        ort.InferenceSession(
+            str(engine / "engines/onnxruntime-cpu/model.onnx"), opts, providers=["CPUExecutionProvider"]
+        )
+        model = onnx.load(str(Path(tmp) / "opt.onnx"))
+    inits = {t.name: t for t in model.graph.initializer}
+    nodes = [n for n in model.graph.node if n.op_type in LINEAR_OPS and n.input[1] in inits]
+    feeds, new_nodes, used = {}, [], set()
+    rng = np.random.default_rng(0)
+    for i, node in enumerate(nodes):
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        width = attrs["K"] if node.op_type == "MatMulNBits" else int(inits[node.input[1]].dims[0])
+        dtype = np.uint8 if node.op_type == "MatMulInteger" else np.float32
+        name = f"x_{node.op_type}_{width}"
+        if name not in feeds:
+            feeds[name] = rng.integers(0, 255, (1, width)).astype(dtype) if dtype == np.uint8 else \
+                rng.standard_normal((1, width)).astype(dtype)  # fmt: skip
+        clone = helper.make_node(node.op_type, [name, *node.input[1:]], [f"y{i}"], domain=node.domain)
+        clone.attribute.extend(node.attribute)
+        new_nodes.append(clone)
+        used.update(i for i in node.input[1:] if i)
+    graph = helper.make_graph(
+        new_nodes, "linears",
+        [helper.make_tensor_value_info(k, TensorProto.UINT8 if v.dtype == np.uint8 else TensorProto.FLOAT, [1, None])
+         for k, v in feeds.items()],
+        [helper.make_tensor_value_info(f"y{i}", OUTPUT_TYPES[n.op_type], None) for i, n in enumerate(new_nodes)],
+        [inits[name] for name in sorted(used) if name in inits],
+    )  # fmt: skip
+    cut = helper.make_model(graph, opset_imports=list(model.opset_import))
+    session = ort.InferenceSession(cut.SerializeToString(), _options(args.threads), providers=["CPUExecutionProvider"])
+    linears = _median_ms(session, feeds, args.reps)
+    del session
+    step = OrtSession(engine, kv_cache_memory=256 << 20, num_threads=args.threads)
+    prompt = rng.integers(100, 20000, 128).tolist()
+    blocks = list(range(1, 20))
+    step.step(StepBatch.build([prompt], [0], [blocks]))
+    times = []
+    for i in range(args.reps):
+        batch = StepBatch.build([[5]], [128 + i], [blocks])
+        t = time.perf_counter()
+        step.step(batch)
+        times.append(time.perf_counter() - t)
+    kinds = sorted({n.op_type for n in nodes})
+    step_ms = 1e3 * statistics.median(times)
+    print(f"{engine}: {len(nodes)} matrix products ({', '.join(kinds)}) alone {linears:.2f} ms; "
+          f"a batch-1 decode step at context ~{128 + args.reps // 2} {step_ms:.2f} ms")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--shapes", type=lambda s: s.split(","), default=["576x960", "576x3072", "1536x576", "576x49152"]
+    )
+    parser.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
+    parser.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=[16, 32, 64])
+    parser.add_argument("--copies", type=int, default=30)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--engine", help="time this engine's matrix products alone, next to its decode step")
+    args = parser.parse_args()
+    if args.engine:
+        engine_linears(args)
+    else:
+        shapes_table(args)
+
+
+if __name__ == "__main__":
+    main()
