@@ -5,10 +5,11 @@ Run on the GPU machine (docs/gpu.md), from the repository root, with no network 
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site .
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
 
-Every case runs in its own try/except and prints one JSON line (``"ok": false`` with the error when it fails);
-nothing stops the rest. Cases are skipped (a JSON line says so) once ``--budget`` seconds (default 420) have
-passed: the speed cases run right after the float32 correctness ones, then bf16 and quantized. With ``$OUT``
-set, the lines are also written to ``$OUT/gpu_check.jsonl``.
+``--device cpu --smoke-speed`` runs the speed cases' code on a tiny model (how the script is checked without a
+GPU; its figures mean nothing). Every case runs in its own try/except and prints one JSON line (``"ok": false``
+with the error when it fails); nothing stops the rest. Cases are skipped (a JSON line says so) once ``--budget``
+seconds (default 420) have passed: the speed cases run right after the float32 correctness ones, then bf16 and
+quantized. With ``$OUT`` set, the lines are also written to ``$OUT/gpu_check.jsonl``.
 
 Cases:
 - ``correctness``: tiny random Llama / Qwen2 / GPT-2 models (transformers configs built here), converted and built
@@ -352,11 +353,12 @@ def cuda_time(fn: Callable[[], Any], iters: int = 1) -> float:
     """Seconds per call of ``fn`` (synchronized wall clock)."""
     import torch
 
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    sync()
     t = time.perf_counter()
     for _ in range(iters):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t) / iters
 
 
@@ -423,8 +425,9 @@ class Speed:
         failed = session._decode.failed
         finite = bool(torch.isfinite(logits).all())
         del session
-        return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3), "cuda_graphs": graphs,
-                "cuda_graphs_failed": failed, "finite": finite, "engine": engine.name}  # fmt: skip
+        return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
+                "cuda_graphs": graphs and DEVICE == "cuda", "cuda_graphs_failed": failed, "finite": finite,
+                "engine": engine.name}  # fmt: skip
 
     def llm_decode_b1(self) -> dict[str, Any]:
         """Batch-1 decode through ``LLM`` (scheduler, device sampling, detokenizer-free ids): what a user gets."""
@@ -538,14 +541,24 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=420.0, help="start no case after this many seconds")
     parser.add_argument("--skip-speed", action="store_true", help="only the correctness cases")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: dry-run the correctness cases")
+    parser.add_argument(
+        "--smoke-speed",
+        action="store_true",
+        help="with --device cpu: run the speed cases' code on a tiny model (checks this script, measures nothing)",
+    )
     args = parser.parse_args()
-    global DEVICE
+    global DEVICE, LLAMA_1B
     DEVICE = args.device
+    if args.smoke_speed:
+        if DEVICE != "cpu":
+            parser.error("--smoke-speed checks the script on the CPU: use it with --device cpu")
+        # the speed cases draw token ids up to 128k and build for 2,560 positions
+        LLAMA_1B = dict(TINY["llama"], vocab_size=128256, max_position_embeddings=4096)
     work = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-check-"))
     run_case("environment", args.budget, case_environment)
     for name in TINY:
         run_case(f"correctness/{name}", args.budget, lambda name=name: case_correctness(name, work))
-    if not args.skip_speed and DEVICE == "cuda":
+    if not args.skip_speed and (DEVICE == "cuda" or args.smoke_speed):
         speed_cases(work, args.budget)
     run_case("bf16_greedy/llama", args.budget, lambda: case_bf16_greedy(work))
     for qformat in ("int8_wo", "int4_wo"):
@@ -567,7 +580,9 @@ def speed_cases(work: Path, budget: float) -> None:
     if "speed" not in holder:
         return
     speed = holder["speed"]
-    run_case("speed/weight_read_ceiling", budget, speed.ceiling)
+    cuda = DEVICE == "cuda"
+    if cuda:  # device-copy bandwidth
+        run_case("speed/weight_read_ceiling", budget, speed.ceiling)
     run_case("speed/build", budget, speed.build)
     run_case("speed/engine_decode_b1", budget, speed.engine_decode_b1)
     run_case("speed/engine_decode_b1_no_graphs", budget, lambda: speed.engine_decode_b1(graphs=False))
@@ -575,8 +590,11 @@ def speed_cases(work: Path, budget: float) -> None:
     run_case("speed/engine_64x512x128_and_ttft", budget, speed.engine_llm)
     run_case("speed/transformers_eager", budget, speed.hf_eager)
     run_case("speed/transformers_static_compiled", budget, speed.hf_static_compiled)
-    run_case("speed/default_kv_pool", budget, speed.default_kv_pool)
+    if cuda:  # the GPU's free memory; --max-autotune builds
+        run_case("speed/default_kv_pool", budget, speed.default_kv_pool)
     for qformat, tune in (("int8_wo", False), ("int8_wo", True), ("int4_wo", False), ("int4_wo", True)):
+        if tune and not cuda:
+            continue
         name = f"speed/quantized_decode_b1/{qformat}{'/max_autotune' if tune else ''}"
         run_case(name, budget, lambda q=qformat, t=tune: speed.quantized_decode_b1(q, t))
     del holder["speed"]
