@@ -91,7 +91,7 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                 default=None,
                 help="KV-cache memory (e.g. 512MiB, 2G) [default: onnxruntime engines, room for max_batch_size "
                 "sequences of max_seq_len tokens, at most 1/4 of the available memory (pages are taken only as "
-                "blocks fill); GPU engines, 90%% of the memory free after loading, less one step's working memory]",
+                "blocks fill); GPU engines, 90% of the memory free after loading, less one step's working memory]",
             ),
             click.option("--max-num-seqs", type=int, default=None, help="requests running at once [default: engine's]"),
             click.option(
