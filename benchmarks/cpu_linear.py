@@ -5,13 +5,13 @@
     .venv/bin/python benchmarks/cpu_linear.py --engine ENGINE_DIR   # the engine's matrix products, cut out
 
 The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
-weights at each activation block size (accuracy level 4: int8 activations per block, as trtbuild's int8 engines
-run), each over ``--copies`` copies of the weight (30, as the layers of a model) so that it streams from DRAM; it
-prints the median time per product and the weight bytes read per second. The second form takes an engine's
-onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger`` nodes with their real
-weights (each fed a random input of its width) and times one pass over all of them next to one engine step of
-batch 1: what the step costs beyond its matrix products. docs/performance.md ("Where the time goes now") has
-figures. Takes about a minute.
+(``--bits 4``: 4-bit) weights at each activation block size (accuracy level 4: int8 activations per block, as
+trtbuild's quantized engines run), each over ``--copies`` copies of the weight (30, as the layers of a model) so
+that it streams from DRAM; it prints the median time per product and the weight bytes read per second. The second
+form takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger``
+nodes with their real weights (each fed a random input of its width) and times one pass over all of them next to one
+engine step of batch 1: what the step costs beyond its matrix products. docs/performance.md ("Where the time goes
+now") has figures. Takes about a minute.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def _options(threads: int) -> ort.SessionOptions:
     return opts
 
 
-def linear_model(k: int, n: int, copies: int, block: int | None) -> onnx.ModelProto:
-    """``copies`` independent products of one input: float32 ``MatMul`` (block None) or 8-bit ``MatMulNBits``."""
+def linear_model(k: int, n: int, copies: int, block: int | None, bits: int = 8) -> onnx.ModelProto:
+    """``copies`` independent products of one input: float32 ``MatMul`` (block None) or ``bits``-bit ``MatMulNBits``."""
     rng = np.random.default_rng(0)
     inits, nodes = [], []
     for i in range(copies):
@@ -57,12 +57,12 @@ def linear_model(k: int, n: int, copies: int, block: int | None) -> onnx.ModelPr
             inits.append(numpy_helper.from_array((rng.standard_normal((k, n)) * 0.02).astype(np.float32), f"w{i}"))
             nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"]))
             continue
-        codes = rng.integers(0, 256, (n, k // block, block), dtype=np.uint8)
+        codes = rng.integers(0, 256, (n, k // block, block * bits // 8), dtype=np.uint8)
         scales = (rng.random(n * (k // block)) * 0.01).astype(np.float32)
         inits += [numpy_helper.from_array(codes, f"w{i}"), numpy_helper.from_array(scales, f"s{i}")]
         nodes.append(
             helper.make_node("MatMulNBits", ["x", f"w{i}", f"s{i}"], [f"y{i}"], domain="com.microsoft",
-                             K=k, N=n, bits=8, block_size=block, accuracy_level=4)
+                             K=k, N=n, bits=bits, block_size=block, accuracy_level=4)
         )  # fmt: skip
     graph = helper.make_graph(
         nodes, "linears", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
@@ -82,12 +82,12 @@ def shapes_table(args: argparse.Namespace) -> None:
             cells = []
             for block in [None, *[b for b in args.blocks if k % b == 0]]:
                 session = ort.InferenceSession(
-                    linear_model(k, n, copies, block).SerializeToString(), _options(args.threads),
+                    linear_model(k, n, copies, block, args.bits).SerializeToString(), _options(args.threads),
                     providers=["CPUExecutionProvider"],
                 )  # fmt: skip
                 ms = _median_ms(session, x, args.reps) / copies
-                width = 4 if block is None else 1
-                name = "float32 MatMul" if block is None else f"MatMulNBits int8/{block}"
+                width = 4 if block is None else args.bits / 8
+                name = "float32 MatMul" if block is None else f"MatMulNBits int{args.bits}/{block}"
                 cells.append(f"{name} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
             print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
 
@@ -158,6 +158,7 @@ def main() -> None:
     )
     parser.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
     parser.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=[16, 32, 64])
+    parser.add_argument("--bits", type=int, choices=[4, 8], default=8, help="MatMulNBits weight bits")
     parser.add_argument("--copies", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
