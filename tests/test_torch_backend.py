@@ -84,8 +84,8 @@ def test_runner_on_the_torch_engine(torch_engines, tiny_engines):
 def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
     """The torch engine's LLM samples with the device sampler: seeded top-k/top-p/min-p draws equal the host's on
     the onnxruntime engine (penalised rows go to the host sampler); the KV pool defaults to the CPU size."""
-    from trtbuild.backends.torch.memory import CPU_KV_CACHE_MEMORY
     from trtbuild.backends.torch.sampling import DeviceSampler
+    from trtbuild.runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 
     model, _, engine = torch_engines["llama_gqa"]
     prompts, _ = mixed_requests(model.config.vocab_size, n=6)
@@ -99,7 +99,7 @@ def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
     ]
     llm = LLM(engine)
     assert isinstance(llm.sampler, DeviceSampler)
-    assert llm.session.kv_cache_memory == CPU_KV_CACHE_MEMORY
+    assert llm.session.kv_cache_memory == DEFAULT_KV_CACHE_MEMORY
     ort = LLM(tiny_engines["llama_gqa"][2])
     assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in ort.generate(prompts, params)]
 

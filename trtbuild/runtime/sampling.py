@@ -224,12 +224,16 @@ class Sampler:
             if params.greedy:
                 token = int(np.argmax(row))
             else:
-                rng = request.generator if request.generator is not None else self._rng
                 cdf = np.cumsum(np.exp(row - row.max()))
-                token = min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), row.shape[0] - 1)
+                token = min(int(np.searchsorted(cdf, self.uniform(request) * cdf[-1], side="right")), row.shape[0] - 1)
             token_ids.append(token)
             logprobs.append(None if params.logprobs is None else _token_logprobs(row, token, params.logprobs))
         return SamplerOutput(token_ids, logprobs)
+
+    def uniform(self, request: SamplingRequest) -> float:
+        """A random row's one draw in [0, 1): from the request's own generator, else the sampler's."""
+        rng = request.generator if request.generator is not None else self._rng
+        return float(rng.random())
 
     def join(self, parts: Sequence[np.ndarray]) -> np.ndarray:
         """Rows of several steps' logits, stacked in order."""

@@ -6,9 +6,10 @@ import time
 
 from ...artifacts.atomic import atomic_output_dir
 from ...artifacts.manifest import write_manifest
-from ...config import RuntimeConfig
+from ...config import RuntimeConfig, TorchDevice
 from ...configio import to_dict
 from ...convert.convert import copy_tokenizer_files
+from ...errors import BuildError
 from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 
@@ -16,6 +17,8 @@ def build_torch(req: BuildRequest) -> BuildResult:
     """The torch backend: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2`` (docs/gpu.md)."""
     from .target import local_target
 
+    if req.torch.max_autotune and req.torch.device is not TorchDevice.CUDA:
+        raise BuildError("--max-autotune tunes Triton templates for a GPU: it needs --device cuda")
     local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
     model_cfg, build, io, portable = portable_graph(req.ckpt_dir, req.build)
     from .writer import write_torch_engine

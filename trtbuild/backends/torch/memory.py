@@ -2,7 +2,8 @@
 
 On a GPU the pool is sized after the package has loaded (its weights are resident): ``KV_FREE_FRACTION`` of the
 memory left free, minus what one step of the engine's largest shapes needs for activations and the sampler
-(``step_reserve``). On the CPU, where memory is shared with everything else, the default is a fixed size.
+(``step_reserve``). On the CPU the default is ``runtime.kv_cache.DEFAULT_KV_CACHE_MEMORY`` (torch zero-fills its
+pool, so a large default would take its pages at once).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 from ...config import BuildConfig, ModelConfig
 
 KV_FREE_FRACTION = 0.9  # of the device memory free after loading; the rest is headroom for other allocations
-CPU_KV_CACHE_MEMORY = 256 * 2**20  # torch engines on the CPU, as onnxruntime engines: a fixed default
 CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' private pools (one per padded batch size), bounded
 
 
@@ -31,11 +31,12 @@ def default_kv_cache_memory(free_bytes: int, model: ModelConfig, build: BuildCon
 
     ``ValueError`` (one line, with the figures) when nothing is left for the pool.
     """
-    budget = int(KV_FREE_FRACTION * free_bytes) - step_reserve(model, build, elem_size)
+    reserve = step_reserve(model, build, elem_size)
+    budget = int(KV_FREE_FRACTION * free_bytes) - reserve
     if budget <= 0:
         raise ValueError(
             f"the GPU has {free_bytes / 2**30:.2f} GiB free after loading the engine and one step may need "
-            f"{step_reserve(model, build, elem_size) / 2**30:.2f} GiB: no room for a KV cache (lower "
+            f"{reserve / 2**30:.2f} GiB: no room for a KV cache (lower "
             "max_num_tokens / max_batch_size at build time, or free the GPU)"
         )
     return budget

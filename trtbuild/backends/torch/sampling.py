@@ -47,7 +47,9 @@ class DeviceSampler:
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
         if device_rows:
             params = [requests[b].sampling_params for b in device_rows]
-            uniforms = [0.0 if requests[b].sampling_params.greedy else self._uniform(requests[b]) for b in device_rows]
+            uniforms = [
+                0.0 if p.greedy else self.host.uniform(requests[b]) for b, p in zip(device_rows, params, strict=True)
+            ]
             rows = logits if len(device_rows) == len(requests) else logits[device_rows]
             for b, t in zip(device_rows, sample_rows(rows, params, uniforms).tolist(), strict=True):
                 token_ids[b] = int(t)
@@ -61,10 +63,6 @@ class DeviceSampler:
     def join(self, parts: Sequence[torch.Tensor]) -> torch.Tensor:
         """Rows of several steps' logits, stacked in order."""
         return torch.cat(list(parts))
-
-    def _uniform(self, request: SamplingRequest) -> float:
-        rng = request.generator if request.generator is not None else self.host._rng
-        return float(rng.random())
 
 
 def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms: Sequence[float]) -> torch.Tensor:

@@ -22,9 +22,10 @@ from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
+from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
 from .decode_graphs import DecodeGraphs
-from .memory import CPU_KV_CACHE_MEMORY, default_kv_cache_memory
+from .memory import default_kv_cache_memory
 from .sampling import DeviceSampler
 from .target import select_torch_engine
 from .writer import TORCH_DTYPES, cache_dtype
@@ -46,7 +47,7 @@ class TorchSession(EngineSession):
     ``decode_batch_sizes``: pure decode steps of up to the largest of these sizes run padded to the next one, as
     CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
     ``max_batch_size`` on CUDA, none on the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
-    memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``CPU_KV_CACHE_MEMORY``.
+    memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     """
 
     def __init__(
@@ -94,7 +95,7 @@ class TorchSession(EngineSession):
 
     def _default_kv_cache_memory(self, compute_dtype: torch.dtype) -> int:
         if self.device.type != "cuda":
-            return CPU_KV_CACHE_MEMORY
+            return DEFAULT_KV_CACHE_MEMORY
         free, _ = torch.cuda.mem_get_info(self.device)
         elem = torch.empty((), dtype=compute_dtype).element_size()
         return default_kv_cache_memory(free, self.config.model, self.config.build, elem)
