@@ -27,7 +27,12 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-OUTPUT_TYPES = {"MatMul": TensorProto.FLOAT, "MatMulNBits": TensorProto.FLOAT, "MatMulInteger": TensorProto.INT32}
+OUTPUT_TYPES = {
+    "MatMul": TensorProto.FLOAT,
+    "MatMulNBits": TensorProto.FLOAT,
+    "MatMulInteger": TensorProto.INT32,
+    "QLinear": TensorProto.FLOAT,
+}
 LINEAR_OPS = tuple(OUTPUT_TYPES)
 
 
@@ -72,6 +77,27 @@ def linear_model(k: int, n: int, copies: int, block: int | None, bits: int = 8) 
     return helper.make_model(graph, opset_imports=opsets)
 
 
+def native_model(k: int, n: int, copies: int, block: int, bits: int) -> onnx.ModelProto:
+    """``copies`` products on trtbuild's native ``QLinear`` (int8: per channel, activation blocks of ``block``;
+    int4: groups and activation blocks of ``block``)."""
+    from trtbuild.backends.onnxruntime.native_linear import pack_weight, pad_scales, qlinear_node
+
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+    group = k if bits == 8 else block
+    for i in range(copies):
+        codes = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (k, n)).astype(np.int8)
+        scales = (rng.random((-(-k // group), n)) * 0.01).astype(np.float32)
+        inits += [numpy_helper.from_array(pack_weight(codes, bits), f"w{i}.packed"),
+                  numpy_helper.from_array(pad_scales(scales), f"w{i}.scales")]  # fmt: skip
+        nodes.append(qlinear_node(f"w{i}", "x", f"y{i}", k=k, n=n, bits=bits, group=group, block=block))
+    graph = helper.make_graph(
+        nodes, "linears", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["M", n]) for i in range(copies)], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtbuild.cpu", 1)])
+
+
 def shapes_table(args: argparse.Namespace) -> None:
     print(f"{args.threads} threads, {args.copies} copies of each weight, median of {args.reps}")
     for shape in args.shapes:
@@ -89,6 +115,19 @@ def shapes_table(args: argparse.Namespace) -> None:
                 width = 4 if block is None else args.bits / 8
                 name = "float32 MatMul" if block is None else f"MatMulNBits int{args.bits}/{block}"
                 cells.append(f"{name} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
+            if args.native:
+                from trtbuild.backends.onnxruntime.native import library_path
+
+                opts = _options(args.threads)
+                opts.register_custom_ops_library(str(library_path()))
+                per_token = [k] if args.bits == 8 else []  # int8 per token: one block per row
+                for block in [*per_token, *[b for b in args.blocks if b % 8 == 0]]:
+                    model = native_model(k, n, copies, block, args.bits)
+                    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+                    ms = _median_ms(session, x, args.reps) / copies
+                    label = "per token" if block == k else str(block)
+                    gbps = k * n * args.bits / 8 / ms / 1e6
+                    cells.append(f"QLinear int{args.bits}/{label} {ms:.3f} ms ({gbps:.1f} GB/s)")
             print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
 
 
@@ -114,7 +153,8 @@ def engine_linears(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     for i, node in enumerate(nodes):
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-        width = attrs["K"] if node.op_type == "MatMulNBits" else int(inits[node.input[1]].dims[0])
+        width = attrs["K"] if node.op_type == "MatMulNBits" else attrs["in_features"] if node.op_type == "QLinear" \
+            else int(inits[node.input[1]].dims[0])  # fmt: skip
         dtype = np.uint8 if node.op_type == "MatMulInteger" else np.float32
         name = f"x_{node.op_type}_{width}"
         if name not in feeds:
@@ -132,7 +172,9 @@ def engine_linears(args: argparse.Namespace) -> None:
         [inits[name] for name in sorted(used) if name in inits],
     )  # fmt: skip
     cut = helper.make_model(graph, opset_imports=list(model.opset_import))
-    session = ort.InferenceSession(cut.SerializeToString(), _options(args.threads), providers=["CPUExecutionProvider"])
+    opts = _options(args.threads)
+    opts.register_custom_ops_library(str(library_path()))
+    session = ort.InferenceSession(cut.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     linears = _median_ms(session, feeds, args.reps)
     del session
     step = OrtSession(engine, kv_cache_memory=256 << 20, num_threads=args.threads)
@@ -159,6 +201,7 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda s: [int(v) for v in s.split(",")], default=[1, 64])
     parser.add_argument("--blocks", type=lambda s: [int(v) for v in s.split(",")], default=[16, 32, 64])
     parser.add_argument("--bits", type=int, choices=[4, 8], default=8, help="MatMulNBits weight bits")
+    parser.add_argument("--native", action="store_true", help="also time trtbuild's native QLinear")
     parser.add_argument("--copies", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)

@@ -16,9 +16,10 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
+from trtbuild.backends.onnxruntime.native_linear import cpu_has_vnni
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
-from trtbuild.config import ActivationScales, BuildConfig, KVCacheDType, QFormat, QuantConfig
+from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig
 from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
@@ -112,14 +113,39 @@ def quantized(tmp_path_factory):
     return out
 
 
+def _native_linears(engine) -> int:
+    graph = onnx.load(str(engine / "engines/onnxruntime-cpu/model.onnx"), load_external_data=False).graph
+    return sum(n.op_type == "QLinear" for n in graph.node)
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_engine_matches_modelopt_fake_quant(quantized, name):
-    model, _, engine = quantized[name]
-    session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=session_config(CASES[name]))
-    # MatMulNBits quantizes its activations with its own float arithmetic, not the graph's x / (amax / 127) rounded
-    # half to even: a rare one-code flip in some block moves the tiny model's logits by ~2e-3 (the torch importer,
-    # which runs the graph's own Q/DQ, is held to 1e-3 below)
-    check_against_fake_quant(session, model, name, atol=5e-3 if dynamic_int8(CASES[name]) else None)
+def test_engine_matches_modelopt_fake_quant(quantized, name, tmp_path):
+    """The default engine, and for weight-only formats (whose native ``QLinear`` quantizes activations to int8 per
+    block, as MatMulNBits' default level does) also an engine on onnxruntime's kernels with float activations."""
+    model, qckpt, engine = quantized[name]
+    case = CASES[name]
+    if _native_linears(engine) and not dynamic_int8(case) and case.activations is not PER_TOKEN:
+        ort_kernels = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=CpuLinear.ONNXRUNTIME)
+        build_engine(qckpt, tmp_path / "ort", ort_kernels)
+        assert _native_linears(tmp_path / "ort") == 0
+        session = OrtSession(tmp_path / "ort", kv_cache_memory=1 << 20, session_config=EXACT)
+        check_against_fake_quant(session, model, name)
+        # int8 activations per block of 16 (int8) or of the group (int4), as MatMulNBits' default level has them:
+        # no further from the float-activation model than that level is
+        ids = list(range(1, 30))
+        ref = hf_logits(model, ids)
+        errors = []
+        batch = StepBatch.build([ids], [0], [[1, 2, 3, 4, 5, 6, 7, 8]], all_logits=True)
+        for path in (tmp_path / "ort", engine):
+            logits = OrtSession(path, kv_cache_memory=1 << 20).step(batch)
+            errors.append(float(np.abs(logits - ref).mean()))
+        assert errors[1] < 1.25 * errors[0], errors
+        return
+    session = OrtSession(engine, kv_cache_memory=1 << 20, session_config=session_config(case))
+    # MatMulNBits (and QLinear) quantize activations with their own float arithmetic, not the graph's x / (amax /
+    # 127) rounded half to even: a rare one-code flip in some block moves the tiny model's logits by ~2e-3 (the
+    # torch importer, which runs the graph's own Q/DQ, is held to 1e-3 below)
+    check_against_fake_quant(session, model, name, atol=5e-3 if dynamic_int8(case) else None)
 
 
 class ImportedSession:
@@ -182,12 +208,14 @@ def test_compiled_torch_engine_matches_modelopt_fake_quant(quantized, name, tmp_
 
 
 def test_per_token_int8_in_standard_ops_matches_modelopt_fake_quant(quantized, tmp_path):
-    """Without the native library (``--cpu-attention lowered``) a per-token linear is ten standard ops around
-    ``MatMulInteger``: the same codes and sums as the native row ops."""
+    """Without the native library (``--cpu-attention lowered --cpu-linear onnxruntime``) a per-token linear is ten
+    standard ops around ``MatMulInteger``: the same codes and sums as the native row ops."""
     from trtbuild.config import CpuAttention
 
     model, ckpt, _ = quantized["int8_sq_per_token"]
-    lowered = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_attention=CpuAttention.LOWERED)
+    lowered = BuildConfig(
+        max_seq_len=128, kv_block_size=4, cpu_attention=CpuAttention.LOWERED, cpu_linear=CpuLinear.ONNXRUNTIME
+    )
     build_engine(ckpt, tmp_path / "e", lowered)
     ops = collections.Counter(
         n.op_type
@@ -240,12 +268,14 @@ def test_default_session_is_close_to_fake_quant(quantized, name):
     assert np.abs(logits - ref).max() < DEFAULT_SESSION_TOLERANCE[name] * np.abs(ref).max()
 
 
-# Optimized-graph op a quantized linear must become on onnxruntime's CPU provider.
+# Optimized-graph op a quantized linear must become on onnxruntime's CPU provider: trtbuild's native QLinear on a
+# CPU with AVX-512 VNNI (int8 per channel, symmetric int4), else onnxruntime's own integer kernels.
+NATIVE = "QLinear" if cpu_has_vnni() else None
 KERNELS = {
-    QFormat.INT8_SQ: "MatMulNBits",  # dynamic activation scales; static ones: MatMulIntegerToFloat
-    QFormat.INT8_WO: "MatMulNBits",
-    QFormat.INT4_WO: "MatMulNBits",
-    QFormat.INT4_AWQ: "MatMulNBits",
+    QFormat.INT8_SQ: NATIVE or "MatMulNBits",  # dynamic activation scales; static ones: MatMulIntegerToFloat
+    QFormat.INT8_WO: NATIVE or "MatMulNBits",
+    QFormat.INT4_WO: NATIVE or "MatMulNBits",
+    QFormat.INT4_AWQ: NATIVE or "MatMulNBits",
 }
 
 
@@ -278,19 +308,25 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
         assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
+    elif CASES[name].activations is PER_TOKEN and NATIVE:
+        assert ops["QLinear"] == QUANTIZED_LINEARS and ops["MatMulInteger"] == 0, dict(ops)
+        assert ops["MatMulNBits"] == ops["DequantizeLinear"] == ops["QuantizeLinear"] == 0, dict(ops)
     elif CASES[name].activations is PER_TOKEN:  # uint8 x int8 integer GEMMs between the native row ops
         assert ops["MatMulInteger"] == ops["QuantizeRows"] == ops["RescaleRows"] == QUANTIZED_LINEARS, dict(ops)
         assert ops["MatMulNBits"] == ops["DequantizeLinear"] == ops["QuantizeLinear"] == 0, dict(ops)
     else:
         kernel = "MatMulIntegerToFloat" if CASES[name].activations is STATIC else KERNELS[qformat]
+        if CASES[name].zero_points:  # QLinear takes symmetric int4 only
+            kernel = "MatMulNBits"
         assert ops[kernel] == QUANTIZED_LINEARS, dict(ops)
         assert ops["DequantizeLinear"] == 0 or name.endswith("kv_fp8")
         assert ops["QuantizeLinear"] == 0 or name.endswith("kv_fp8") or CASES[name].activations is STATIC
 
 
 def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
-    """The portable graph keeps per-channel int8 weights; the onnxruntime engine restates them in blocks of 16
-    in-features (same codes, scale repeated), which MatMulNBits also uses to quantize its activations."""
+    """The portable graph keeps per-channel int8 weights; the onnxruntime engine quantizes their activations in
+    blocks of 16 in-features: QLinear's activation blocks, or (onnxruntime's kernels) the weight restated in blocks
+    of 16 (same codes, scale repeated), which MatMulNBits also uses for its activations."""
     from trtbuild.build import portable_graph
 
     _, qckpt, engine = quantized["int8_wo"]
@@ -302,7 +338,12 @@ def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
     _open_engine(engine, opts)
     fused = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
-    blocks = {a.i for n in fused if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"}
+    blocks = {
+        a.i
+        for n in fused
+        for a in n.attribute
+        if (n.op_type, a.name) in {("MatMulNBits", "block_size"), ("QLinear", "block")}
+    }
     assert blocks == {16}
 
 
@@ -356,7 +397,7 @@ def test_checkpoint_layout(quantized):
 @pytest.mark.parametrize("name", ["int4_awq+head", "int8_sq+tied_head"])
 def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
     """Not excluded, the LM head is int8 per channel in every format; a tied one gets its own copy (the embedding
-    stays float) and runs on MatMulNBits in 16-wide blocks."""
+    stays float) and runs on QLinear (or MatMulNBits) with 16-wide activation blocks."""
     from safetensors import safe_open
 
     _, qckpt, engine = quantized[name]
@@ -373,8 +414,8 @@ def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
     _open_engine(engine, opts)
     head_ops = [n for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node]
     head_ops = [n for n in head_ops if n.name.startswith("lm_head")]
-    assert [n.op_type for n in head_ops] == ["MatMulNBits"]
-    assert {a.name: a.i for a in head_ops[0].attribute}["block_size"] == 16
+    assert [n.op_type for n in head_ops] == [KERNELS[QFormat.INT8_WO]]
+    assert {a.name: a.i for a in head_ops[0].attribute}["block" if NATIVE else "block_size"] == 16
 
 
 def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):

@@ -96,7 +96,7 @@ BAD = {
     "unknown key": (
         "build.max_seqlen",
         5,
-        "recipe.build.max_seqlen: unknown key (known: backend, cpu_attention, kv_block_size, ",
+        "recipe.build.max_seqlen: unknown key (known: backend, cpu_attention, cpu_linear, kv_block_size, ",
     ),
     "unknown nested key": ("formats.1.quantization.bits", 4, "recipe.formats[1].quantization.bits: unknown key"),
     "bad enum": (

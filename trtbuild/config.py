@@ -97,6 +97,17 @@ class CpuAttention(enum.Enum):
     LOWERED = "lowered"
 
 
+class CpuLinear(enum.Enum):
+    """How the onnxruntime engine runs its quantized linears (docs/performance.md).
+
+    ``NATIVE``: int8 per-channel and symmetric int4 weights as the native library's ``QLinear`` (AVX-512 VNNI;
+    ``backends/onnxruntime/native_linear.py``), compiled like the native attention kernel; a build on a CPU without
+    VNNI records ``ONNXRUNTIME`` instead. ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``."""
+
+    NATIVE = "native"
+    ONNXRUNTIME = "onnxruntime"
+
+
 class TorchDevice(enum.Enum):
     """Device type a torch engine is compiled for (AOTInductor generates code for exactly one)."""
 
@@ -282,6 +293,18 @@ class BuildConfig:
             "$CXX, at first use) or as standard ONNX ops"
         },
     )
+    cpu_linear: CpuLinear = field(
+        default=CpuLinear.NATIVE,
+        metadata={
+            "help": "onnxruntime engines: quantized linears on trtbuild's native AVX-512 VNNI kernel (needs the same "
+            "compiler; CPUs without VNNI fall back) or on onnxruntime's MatMulNBits / MatMulInteger"
+        },
+    )
+
+    @property
+    def uses_native_cpu_library(self) -> bool:
+        """Whether an onnxruntime engine built so has nodes of trtbuild's native library (attention or linears)."""
+        return self.cpu_attention is CpuAttention.NATIVE or self.cpu_linear is CpuLinear.NATIVE
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_seq_len", "max_num_tokens", "kv_block_size"):

@@ -1,5 +1,6 @@
 // trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention"), and
-// the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end).
+// the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end), and the
+// integer linear QLinear (cpu_linear.inc, included at the end).
 //
 // One node per layer replaces the ~20-node lowering of backends/onnxruntime/lowering.py: it rotates q and k, writes the
 // step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
@@ -25,7 +26,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#if defined(__F16C__)
+#include <vector>
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -743,6 +745,13 @@ const OrtCustomOp kRescaleRows = {
     one, compute_rescale_rows, destroy_stateless, required, required, input_memory_type, {nullptr},
 };
 
+#include "cpu_linear.inc"
+
+const OrtCustomOp kQLinear = {
+    kCustomOpVersion, create_linear, linear_name, op_provider, linear_input, three, output_type, one,
+    compute_linear, destroy_linear, required, required, input_memory_type, {nullptr},
+};
+
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
@@ -752,7 +761,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
   OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
   if (status) return status;
-  for (const OrtCustomOp* op : {&kOp, &kQuantizeRows, &kRescaleRows}) {
+  for (const OrtCustomOp* op : {&kOp, &kQuantizeRows, &kRescaleRows, &kQLinear}) {
     status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, op);
     if (status) return status;
   }

@@ -35,6 +35,7 @@ MATMUL_OPS = frozenset(
         "MatMulIntegerToFloat",
         "DynamicQuantizeMatMul",
         "MatMulInteger",
+        "QLinear",
         "QuantizeRows",
         "RescaleRows",
     }

@@ -9,7 +9,7 @@ import onnx
 
 from ...artifacts.atomic import atomic_output_dir
 from ...artifacts.manifest import cpu_target, write_manifest
-from ...config import CpuAttention, RuntimeConfig
+from ...config import CpuAttention, CpuLinear, RuntimeConfig
 from ...configio import to_dict
 from ...convert.convert import copy_tokenizer_files
 from ...errors import BuildError, EngineError
@@ -31,20 +31,28 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .lowering import lower_for_onnxruntime
     from .native import library_path, lower_to_native, native_supports
+    from .native_linear import cpu_has_vnni, native_linears
     from .weights import hand_activations_to_kernel, integer_gemms_per_token, reblock_int8_weights
 
+    # What the engine holds is recorded: a fallback here is written into its runtime config.
     if build.cpu_attention is CpuAttention.NATIVE and native_supports(portable, build.kv_block_size) is not None:
-        build = replace(build, cpu_attention=CpuAttention.LOWERED)  # recorded: the engine says what it holds
-    if build.cpu_attention is CpuAttention.NATIVE:
+        build = replace(build, cpu_attention=CpuAttention.LOWERED)
+    if build.cpu_linear is CpuLinear.NATIVE and not cpu_has_vnni():
+        build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
+    if build.uses_native_cpu_library:
         try:
             library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time
         except EngineError as e:
             raise BuildError(str(e)) from None
+    if build.cpu_attention is CpuAttention.NATIVE:
         lowered = lower_to_native(portable)
     else:
         lowered = lower_for_onnxruntime(portable, io)
-    native = build.cpu_attention is CpuAttention.NATIVE  # the engine loads the native library: its row ops too
-    engine = reblock_int8_weights(hand_activations_to_kernel(integer_gemms_per_token(lowered, native)))
+    engine = hand_activations_to_kernel(lowered)
+    if build.cpu_linear is CpuLinear.NATIVE:
+        engine = native_linears(engine)
+    native = build.uses_native_cpu_library  # the engine loads the native library: its row ops too
+    engine = reblock_int8_weights(integer_gemms_per_token(engine, native))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:

@@ -35,6 +35,7 @@ NATIVE_DOMAIN = "trtbuild.cpu"
 # no float8), so its graph inputs are uint8.
 CACHE_ELEM_TYPES = {KV_FLOAT: onnx.TensorProto.FLOAT, KV_INT8: onnx.TensorProto.INT8, KV_FP8: onnx.TensorProto.UINT8}
 SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
+INCLUDES = (SOURCE.with_name("cpu_linear.inc"),)  # textually included by SOURCE: part of the build's digest
 # Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
 # Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
 # flush-to-zero/denormals-are-zero bits for the whole process on load (numpy, torch and every other library then
@@ -81,7 +82,8 @@ def library_path() -> Path:
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(CXXFLAGS).encode(), version.encode(), _cpu_identity().encode()):
+    sources = [SOURCE.read_bytes(), *(p.read_bytes() for p in INCLUDES)]
+    for part in (*sources, " ".join(CXXFLAGS).encode(), version.encode(), _cpu_identity().encode()):
         digest.update(part)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtbuild" / "kernels"
     lib = cache / f"paged_attention-{digest.hexdigest()[:16]}.so"

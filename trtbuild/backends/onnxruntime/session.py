@@ -80,8 +80,8 @@ class OrtSession(EngineSession):
             opts.profile_file_prefix = str(Path(tempfile.gettempdir()) / "trtbuild-ort-profile")
         for key, value in (session_config or {}).items():
             opts.add_session_config_entry(key, value)
-        self._native = build.cpu_attention is CpuAttention.NATIVE
-        if self._native:
+        self._native = build.cpu_attention is CpuAttention.NATIVE  # the graph writes the KV cache itself
+        if build.uses_native_cpu_library:
             from .native import library_path  # compiles the kernel on this machine's first use
 
             opts.register_custom_ops_library(str(library_path()))

@@ -1,0 +1,149 @@
+"""The native ``trtbuild.cpu::QLinear`` (plugins/paged_attention/cpu_linear.inc) against its numpy statement.
+
+One ``QLinear`` node run by onnxruntime with the compiled library registered must give ``qlinear_reference``'s
+output bit for bit: integer sums are exact and the float steps are written in one order on both sides. Its
+per-token form must equal the graph it replaces (``QuantizeRows -> MatMulInteger -> RescaleRows``) bit for bit.
+Shapes cover the kernel's tiles and their edges: 1-3 rows (decode tiles), 4-row tiles with a remainder, more rows
+than one task takes (64), columns that are not a whole panel or tile, in-features that are not a whole step or
+block, int4 groups with a short last one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild.backends.onnxruntime.native import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
+from trtbuild.backends.onnxruntime.native_linear import (
+    cpu_has_vnni,
+    pack_weight,
+    pad_scales,
+    qlinear_node,
+    qlinear_reference,
+)
+
+CASES = [  # rows, in, out, bits, group, block
+    (1, 576, 960, 8, 576, 576),  # per token, decode
+    (3, 100, 33, 8, 100, 100),  # out-features not a whole panel
+    (70, 1536, 576, 8, 1536, 1536),  # per token, two row chunks, 4-row tiles with a remainder of 2
+    (5, 576, 100, 8, 576, 16),  # per channel, activation blocks of 16 (int8_wo / int8_sq)
+    (2, 50, 48, 8, 50, 16),  # blocks of 16 with a short last block and a partial step
+    (1, 576, 960, 4, 128, 128),  # int4 g128 with a short last group (576 = 4 x 128 + 64), decode
+    (9, 576, 3072, 4, 128, 128),
+    (66, 256, 40, 4, 32, 32),  # int4 g32, panel remainder, row chunks
+    (4, 44, 17, 4, 16, 16),  # in-features not a whole step of 8
+]
+
+
+def _model(k: int, n: int, bits: int, group: int, block: int, codes: np.ndarray, scale: np.ndarray):
+    node = qlinear_node("lin", "x", "y", k=k, n=n, bits=bits, group=group, block=block)
+    inits = [
+        numpy_helper.from_array(pack_weight(codes, bits), "lin.packed"),
+        numpy_helper.from_array(pad_scales(scale), "lin.scales"),
+    ]
+    graph = helper.make_graph(
+        [node],
+        "qlinear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(NATIVE_DOMAIN, 1)])
+
+
+def _session(model, threads: int, library: str | None = None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.register_custom_ops_library(library or str(library_path()))
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _case(rows: int, k: int, n: int, bits: int, group: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 20, (rows, 1))).astype(np.float32)
+    x[0, : min(k, 3)] = 0.0
+    if rows > 1:
+        x[1] = 0.0  # an all-zero row: the smallest normal scale, zero codes
+    codes = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (k, n)).astype(np.int8)
+    groups = -(-k // group) if group < k else 1
+    scale = (rng.uniform(0.001, 0.02, (groups, n))).astype(np.float32)
+    return x, codes, scale if group < k else scale[0]
+
+
+@pytest.mark.parametrize("rows, k, n, bits, group, block", CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qlinear_matches_reference_bit_for_bit(rows, k, n, bits, group, block, threads):
+    x, codes, scale = _case(rows, k, n, bits, group)
+    y = _session(_model(k, n, bits, group, block, codes, scale), threads).run(None, {"x": x})[0]
+    ref = qlinear_reference(x, codes, scale, bits=bits, group=group, block=block)
+    np.testing.assert_array_equal(y, ref)
+    # and the reference is the linear it stands for: close to the float product of the dequantized weight
+    w = codes.astype(np.float32) * (np.repeat(scale, group, axis=0)[:k] if group < k else scale[None, :])
+    exact = x @ w
+    assert np.abs(ref - exact).max() < 0.05 * np.abs(exact).max()
+
+
+def test_qlinear_takes_any_leading_shape():
+    x, codes, scale = _case(6, 64, 32, 8, 64)
+    sess = _session(_model(64, 32, 8, 64, 64, codes, scale), 2)
+    flat = sess.run(None, {"x": x})[0]
+    model3 = _model(64, 32, 8, 64, 64, codes, scale)
+    model3.graph.input[0].CopyFrom(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["A", "B", 64]))
+    model3.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B", 32]))
+    shaped = _session(model3, 2).run(None, {"x": x.reshape(2, 3, 64)})[0]
+    np.testing.assert_array_equal(shaped.reshape(6, 32), flat)
+    empty = sess.run(None, {"x": np.zeros((0, 64), np.float32)})[0]
+    assert empty.shape == (0, 32)
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
+    """One block per row: the same codes, exact sums and (sum * row) * col as QuantizeRows -> MatMulInteger ->
+    RescaleRows, so a per-token engine's outputs do not move by one bit."""
+    k, n = 1536, 576
+    x, codes, scale = _case(rows, k, n, 8, k, seed=3)
+    nodes = [
+        helper.make_node("QuantizeRows", ["x"], ["codes", "row"], domain=NATIVE_DOMAIN),
+        helper.make_node("MatMulInteger", ["codes", "w", "zp"], ["sums"]),
+        helper.make_node("RescaleRows", ["sums", "row", "col"], ["y"], domain=NATIVE_DOMAIN),
+    ]
+    inits = [
+        numpy_helper.from_array(codes, "w"),
+        numpy_helper.from_array(np.array(128, np.uint8), "zp"),
+        numpy_helper.from_array(scale, "col"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", n])],
+        inits,
+    )
+    chain = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(NATIVE_DOMAIN, 1)])
+    expected = _session(chain, 2).run(None, {"x": x})[0]
+    got = _session(_model(k, n, 8, k, k, codes, scale), 2).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_plain_loops_give_the_same_integers(tmp_path):
+    """The library built without AVX-512 VNNI (its plain-loop path, for CPUs without it) gives the same output."""
+    lib = tmp_path / "no_vnni.so"
+    cmd = ["g++", *CXXFLAGS, "-mno-avx512vnni", "-o", str(lib), str(SOURCE)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    for rows, k, n, bits, group, block in [CASES[1], CASES[3], CASES[6], CASES[8]]:
+        x, codes, scale = _case(rows, k, n, bits, group)
+        model = _model(k, n, bits, group, block, codes, scale)
+        plain = _session(model, 2, str(lib)).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(plain, qlinear_reference(x, codes, scale, bits=bits, group=group, block=block))
+
+
+def test_this_machine_runs_the_vnni_path():
+    """The build machine of these tests has AVX-512 VNNI (else engines fall back to onnxruntime's kernels)."""
+    if not cpu_has_vnni():
+        pytest.skip("no AVX-512 VNNI on this CPU: engines record cpu_linear=onnxruntime")
+    nm = subprocess.run(["objdump", "-d", str(library_path())], capture_output=True, text=True).stdout
+    assert "vpdpbusd" in nm

@@ -1,0 +1,184 @@
+"""onnxruntime lowering of quantized linears onto the native library's ``trtbuild.cpu::QLinear``.
+
+``QLinear`` (``plugins/paged_attention/cpu_linear.inc``) multiplies float rows by packed 8- or 4-bit weights on
+AVX-512 VNNI: the activations are quantized to int8 per block inside the op, the products summed exactly in int32.
+It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three linears trtbuild's formats emit:
+
+- an int8 per-channel weight ``DequantizeLinear`` feeding a ``MatMul`` of float activations (``int8_wo``, the int8
+  LM heads, and ``int8_sq``'s linears once ``weights.hand_activations_to_kernel`` has handed their blocks-of-16
+  activation Q/DQ to the kernel): activation blocks of ``weights.ACTIVATION_BLOCK``, as ``MatMulNBits`` ran them;
+- the same weight behind a per-token activation Q/DQ (``--activation-scales per_token``): one block per row, the
+  exact integers and float order of ``QuantizeRows -> MatMulInteger -> RescaleRows`` (bit-identical output);
+- a symmetric int4 weight blocked along in-features (``int4_wo`` / ``int4_awq`` without zero points): activation
+  blocks of the weight's group, as ``MatMulNBits``' accuracy level 4 ran them.
+
+Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
+the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32 (docs/performance.md).
+``qlinear_reference`` states the op's arithmetic in numpy; ``tests/test_cpu_linear.py`` holds the kernel to it.
+Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .native import NATIVE_DOMAIN
+from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes
+
+PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums)
+ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
+STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has AVX-512 VNNI, where ``QLinear`` is fast (elsewhere it is correct but slow)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_vnni" in line for line in f)
+    except OSError:
+        return False
+
+
+def pack_weight(codes: np.ndarray, bits: int) -> np.ndarray:
+    """``codes`` int ``[K, N]`` (int8, or int4 values in [-8, 7]) -> ``QLinear``'s packed uint8 ``[panels, steps,
+    64]`` (layout: ``cpu_linear.inc``)."""
+    k, n = codes.shape
+    step, panels = STEP[bits], -(-n // PANEL)
+    steps = -(-k // step)
+    u = np.zeros((steps * step, panels * PANEL), np.int32)
+    u[:k, :n] = codes.astype(np.int32) + ZERO_POINT[bits]
+    u[k:, :] = 0
+    if bits == 8:
+        # [steps, 4, panels, 16] -> [panels, steps, 16, 4]
+        return np.ascontiguousarray(u.reshape(steps, 4, panels, PANEL).transpose(2, 0, 3, 1).astype(np.uint8))
+    halves = u.reshape(steps, 2, 4, panels, PANEL)  # [steps, low/high, i, panels, 16]
+    byte = halves[:, 0] | (halves[:, 1] << 4)  # [steps, 4, panels, 16]
+    return np.ascontiguousarray(byte.transpose(2, 0, 3, 1).astype(np.uint8))
+
+
+def pad_scales(scale: np.ndarray) -> np.ndarray:
+    """Weight scales ``[N]`` or ``[groups, N]`` -> ``[groups, panels * 16]`` float32, padded columns zero."""
+    scale = np.atleast_2d(np.asarray(scale, np.float32))
+    out = np.zeros((scale.shape[0], -(-scale.shape[1] // PANEL) * PANEL), np.float32)
+    out[:, : scale.shape[1]] = scale
+    return out
+
+
+def qlinear_reference(
+    x: np.ndarray, codes: np.ndarray, scale: np.ndarray, *, bits: int, group: int, block: int
+) -> np.ndarray:
+    """``QLinear`` in numpy: float32 rows ``x [M, K]``, weight ``codes [K, N]`` and scales ``[N]`` (per channel)
+    or ``[ceil(K / group), N]`` -> ``[M, N]`` float32, with the kernel's integers and float order (bits only
+    decides which codes are valid)."""
+    assert codes.min() >= -(1 << (bits - 1)) and codes.max() < (1 << (bits - 1))
+    x = np.asarray(x, np.float32)
+    k = x.shape[1]
+    scale = np.atleast_2d(np.asarray(scale, np.float32))
+    grouped = group < k
+    acc = np.zeros((x.shape[0], codes.shape[1]), np.float32)
+    for b, k0 in enumerate(range(0, k, block)):
+        xb = x[:, k0 : k0 + block]
+        s = np.maximum(np.abs(xb).max(axis=1, keepdims=True) / np.float32(127), np.finfo(np.float32).tiny)
+        q = np.clip(np.rint(xb / s), -127, 127).astype(np.int64)
+        d = (q @ codes[k0 : k0 + block].astype(np.int64)).astype(np.float32)
+        factor = (scale[k0 // group][None, :] * s).astype(np.float32) if grouped else s
+        # after the first block the kernel's fused multiply-add: the float32 product is exact in float64
+        first = b == 0
+        acc = (d * factor).astype(np.float32) if first else (d.astype(np.float64) * factor + acc).astype(np.float32)
+    return acc if grouped else (acc * scale[0][None, :]).astype(np.float32)
+
+
+def qlinear_node(name: str, x: str, y: str, *, k: int, n: int, bits: int, group: int, block: int) -> onnx.NodeProto:
+    """The ``QLinear`` node of ``name`` (its packed weight and padded scales are ``{name}.packed`` / ``.scales``)."""
+    return helper.make_node(
+        "QLinear",
+        [x, name + ".packed", name + ".scales"],
+        [y],
+        name=name,
+        domain=NATIVE_DOMAIN,
+        bits=bits,
+        in_features=k,
+        out_features=n,
+        group=group,
+        block=block,
+    )
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _weight_form(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tuple[int, int, np.ndarray] | None:
+    """(bits, group, scales) of a weight ``DequantizeLinear`` ``QLinear`` takes, else None: int8 per output
+    channel (``axis=1``, scales ``[N]``), or int4 blocked along in-features (``axis=0``), no zero points."""
+    if dq.op_type != "DequantizeLinear" or len(dq.input) > 2:
+        return None
+    weight, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
+    if weight is None or scale is None or len(weight.dims) != 2:
+        return None
+    k, n = weight.dims
+    attrs = _attrs(dq)
+    per_channel = attrs.get("axis") == 1 and "block_size" not in attrs and list(scale.dims) == [n]
+    if weight.data_type == TensorProto.INT8 and per_channel:
+        return 8, k, numpy_helper.to_array(scale)
+    if weight.data_type == TensorProto.INT4 and attrs.get("axis") == 0:
+        group = attrs.get("block_size", 0)
+        if group % STEP[4] == 0 and list(scale.dims) == [-(-k // group), n]:
+            return 4, group, numpy_helper.to_array(scale)
+    return None
+
+
+def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite, in place, every linear ``QLinear`` takes (module docstring) as one ``QLinear`` node; returns
+    ``model``. Run after ``hand_activations_to_kernel`` and before ``integer_gemms_per_token``."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    consumers: dict[str, int] = {}
+    for node in graph.node:
+        for i in node.input:
+            consumers[i] = consumers.get(i, 0) + 1
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    replacements: dict[str, list[onnx.NodeProto]] = {}
+    dead: set[str] = set()
+    packed: list[onnx.TensorProto] = []
+
+    def replace(matmul: onnx.NodeProto, dq: onnx.NodeProto, x: str, form: tuple[int, int, np.ndarray], block: int):
+        bits, group, scale = form
+        codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int8)
+        k, n = codes.shape
+        name = matmul.name + ".q"
+        packed.append(numpy_helper.from_array(pack_weight(codes, bits), name + ".packed"))
+        packed.append(numpy_helper.from_array(pad_scales(scale), name + ".scales"))
+        node = qlinear_node(name, x, matmul.output[0], k=k, n=n, bits=bits, group=group, block=block)
+        replacements[matmul.name] = [node]
+        if consumers[dq.output[0]] == 1:
+            dead.add(dq.name)
+
+    for node, q, weight_dq, x in _dynamic_linears(graph):  # per-token int8 activations: one block per row
+        form = _weight_form(weight_dq, inits)
+        qattrs = _attrs(q)
+        if form is None or form[0] != 8 or qattrs.get("output_dtype") != TensorProto.INT8:
+            continue
+        k = inits[weight_dq.input[0]].dims[0]
+        if qattrs.get("block_size") != k:
+            continue
+        replace(node, weight_dq, x, form, block=int(k))
+        dead |= _emitted_quantization(graph, q)
+    for node in graph.node:  # weight-only: float activations
+        if node.op_type != "MatMul" or node.name in replacements or node.input[0] in dequantized:
+            continue
+        dq = producer.get(node.input[1])
+        form = _weight_form(dq, inits) if dq is not None else None
+        if form is None:
+            continue
+        replace(node, dq, node.input[0], form, block=ACTIVATION_BLOCK if form[0] == 8 else form[1])
+    if not replacements:
+        return model
+    graph.initializer.extend(packed)
+    _replace_nodes(graph, dead, replacements)
+    if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+    return model
