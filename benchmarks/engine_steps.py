@@ -1,0 +1,81 @@
+"""Engine step times side by side: onnxruntime engines A, B, ... in one process, their steps interleaved.
+
+    .venv/bin/python benchmarks/engine_steps.py ENGINE_A ENGINE_B [...] [--rounds 5] [--threads 2] [--batch 64]
+
+For each engine, one round times (medians of a few calls each) a batch-1 decode step at a context of ~130
+tokens, a 128-token prefill and a decode step of ``--batch`` sequences at that context, all on ``OrtSession``
+directly (no runner, no sampling): the engine's own cost per step kind. Rounds go engine after engine, then again,
+so that a machine whose speed drifts (these 2-core machines move by up to 1.5x within minutes) drifts for all of
+them alike; the table gives the median over rounds and the fastest round. Use it for kernel A/B runs (build the
+same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild bench`` and
+``benchmarks/vs_peers.py`` measure whole generations. Takes about 20 s per engine and round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from trtbuild.backends.onnxruntime.session import OrtSession
+from trtbuild.config import RuntimeConfig
+from trtbuild.runtime.batch import StepBatch
+from trtbuild.runtime.kv_cache import bytes_per_block
+
+BLOCKS_PER_SEQ = 10  # 160 cached positions at 16 per block: the 128-token prompt plus the decoded ones
+KINDS = ("decode b1", "prefill 128", "decode batch")
+
+
+def _median_s(fn: Callable[[], object], calls: int) -> float:
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("engines", nargs="+")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=64, help="sequences in the batched decode step")
+    args = parser.parse_args()
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, 20000, 128).tolist()
+    tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ)) for i in range(args.batch)]
+    sessions = []
+    for engine in args.engines:
+        config = RuntimeConfig.load(Path(engine))
+        per_block = bytes_per_block(config.model, config.build.kv_block_size)
+        memory = per_block * (args.batch * BLOCKS_PER_SEQ + 2)  # block 0 unused: ids start at 1
+        session = OrtSession(engine, kv_cache_memory=memory, num_threads=args.threads)
+        for i in range(0, args.batch, 8):  # every sequence's 128-token prompt in the cache
+            rows = tables[i : i + 8]
+            session.step(StepBatch.build([prompt] * len(rows), [0] * len(rows), rows))
+        sessions.append(session)
+    cases: dict[str, tuple[int, Callable[[int], StepBatch]]] = {
+        "decode b1": (20, lambda i: StepBatch.build([[5]], [128 + i], tables[:1])),
+        "prefill 128": (3, lambda i: StepBatch.build([prompt], [0], tables[:1])),
+        "decode batch": (5, lambda i: StepBatch.build([[5]] * args.batch, [128 + i] * args.batch, tables)),
+    }
+    results = {e: {k: [] for k in KINDS} for e in args.engines}
+    for _ in range(args.rounds):
+        for engine, session in zip(args.engines, sessions, strict=True):
+            for kind, (calls, make) in cases.items():
+                batches = iter([make(i) for i in range(calls)])
+                results[engine][kind].append(_median_s(lambda s=session, b=batches: s.step(next(b)), calls))
+    print(f"{args.threads} threads, {args.rounds} interleaved rounds; ms per step, median over rounds (fastest)")
+    print("engine | " + " | ".join(k if k != "decode batch" else f"decode b{args.batch}" for k in KINDS))
+    for engine in args.engines:
+        cells = [f"{1e3 * statistics.median(v):.2f} ({1e3 * min(v):.2f})" for v in results[engine].values()]
+        print(f"{engine} | " + " | ".join(cells))
+
+
+if __name__ == "__main__":
+    main()
