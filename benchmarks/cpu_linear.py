@@ -1,12 +1,13 @@
 """One linear layer on onnxruntime's CPU kernels, and an engine's linears alone: milliseconds and read bandwidth.
 
     .venv/bin/python benchmarks/cpu_linear.py [--shapes 576x960,576x3072,1536x576,576x49152] [--rows 1,64]
-        [--blocks 16,32,64] [--threads 2]
+        [--blocks 16,32,64] [--bits 8|4] [--native] [--threads 2]
     .venv/bin/python benchmarks/cpu_linear.py --engine ENGINE_DIR   # the engine's matrix products, cut out
 
 The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
 (``--bits 4``: 4-bit) weights at each activation block size (accuracy level 4: int8 activations per block, as
-trtbuild's quantized engines run), each over ``--copies`` copies of the weight (30, as the layers of a model) so
+trtbuild's quantized engines ran them before ``QLinear``) and with ``--native`` trtbuild's ``QLinear`` (int8 per
+token and per block; int4 with groups of each block size), each over ``--copies`` copies of the weight (30, as the layers of a model) so
 that it streams from DRAM; it prints the median time per product and the weight bytes read per second. The second
 form takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger``
 nodes with their real weights (each fed a random input of its width) and times one pass over all of them next to one
