@@ -7,12 +7,12 @@
 The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
 (``--bits 4``: 4-bit) weights at each activation block size (accuracy level 4: int8 activations per block, as
 trtbuild's quantized engines ran them before ``QLinear``) and with ``--native`` trtbuild's ``QLinear`` (int8 per
-token and per block; int4 with groups of each block size), each over ``--copies`` copies of the weight (30, as the layers of a model) so
-that it streams from DRAM; it prints the median time per product and the weight bytes read per second. The second
-form takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger``
-nodes with their real weights (each fed a random input of its width) and times one pass over all of them next to one
-engine step of batch 1: what the step costs beyond its matrix products. docs/performance.md ("Where the time goes
-now") has figures. Takes about a minute.
+token and per block; int4 with groups of each block size), each over ``--copies`` copies of the weight (30, as the
+layers of a model) so that it streams from DRAM; it prints the median time per product and the weight bytes read per
+second. The second form takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` /
+``MatMulInteger`` / ``QLinear`` nodes with their real weights (each fed a random input of its width) and times one
+pass over all of them next to one engine step of batch 1: what the step costs beyond its matrix products.
+docs/performance.md ("Where the time goes now") has figures. Takes about a minute.
 """
 
 from __future__ import annotations

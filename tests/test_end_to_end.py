@@ -110,7 +110,7 @@ def _engine_graph(engine_dir):
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))
 def test_engine_graph_holds_one_native_attention_node_per_layer(tiny_engines, name):
     """Native attention: each layer's plugin node became one ``trtbuild.cpu`` node; no K/V leaves the graph."""
-    from trtbuild.config import CpuAttention, RuntimeConfig
+    from trtbuild.config import CpuAttention, CpuLinear, RuntimeConfig
 
     model, _, engine_dir = tiny_engines[name]
     graph = _engine_graph(engine_dir)
@@ -120,6 +120,8 @@ def test_engine_graph_holds_one_native_attention_node_per_layer(tiny_engines, na
     assert {"Attention", "RotaryEmbedding", "Concat"}.isdisjoint(n.op_type for n in graph.node)
     assert [o.name for o in graph.output] == ["logits"]
     assert RuntimeConfig.load(engine_dir).build.cpu_attention is CpuAttention.NATIVE
+    # a float model has no linear for QLinear: the engine records onnxruntime's kernels
+    assert RuntimeConfig.load(engine_dir).build.cpu_linear is CpuLinear.ONNXRUNTIME
 
 
 @pytest.mark.parametrize("name", list(TINY_CONFIGS))

@@ -19,7 +19,7 @@ from tiny_models import hf_logits
 from trtbuild.backends.onnxruntime.native_linear import cpu_has_vnni
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
-from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig
+from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
 from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
@@ -305,6 +305,8 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
         n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
     )
     qformat = CASES[name].qformat
+    native_recorded = RuntimeConfig.load(engine).build.cpu_linear is CpuLinear.NATIVE
+    assert native_recorded == (ops["QLinear"] > 0), dict(ops)  # the engine says what it holds
     if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
         assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS

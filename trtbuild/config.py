@@ -102,7 +102,8 @@ class CpuLinear(enum.Enum):
 
     ``NATIVE``: int8 per-channel and symmetric int4 weights as the native library's ``QLinear`` (AVX-512 VNNI;
     ``backends/onnxruntime/native_linear.py``), compiled like the native attention kernel; a build on a CPU without
-    VNNI records ``ONNXRUNTIME`` instead. ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``."""
+    VNNI, or of a model with no such linear, records ``ONNXRUNTIME`` instead. ``ONNXRUNTIME``: onnxruntime's
+    ``MatMulNBits`` / ``MatMulInteger``."""
 
     NATIVE = "native"
     ONNXRUNTIME = "onnxruntime"

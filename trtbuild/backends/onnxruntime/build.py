@@ -39,11 +39,6 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         build = replace(build, cpu_attention=CpuAttention.LOWERED)
     if build.cpu_linear is CpuLinear.NATIVE and not cpu_has_vnni():
         build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
-    if build.uses_native_cpu_library:
-        try:
-            library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time
-        except EngineError as e:
-            raise BuildError(str(e)) from None
     if build.cpu_attention is CpuAttention.NATIVE:
         lowered = lower_to_native(portable)
     else:
@@ -51,6 +46,13 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     engine = hand_activations_to_kernel(lowered)
     if build.cpu_linear is CpuLinear.NATIVE:
         engine = native_linears(engine)
+        if not any(n.op_type == "QLinear" for n in engine.graph.node):  # a float model: nothing for it to run
+            build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
+    if build.uses_native_cpu_library:
+        try:
+            library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time
+        except EngineError as e:
+            raise BuildError(str(e)) from None
     native = build.uses_native_cpu_library  # the engine loads the native library: its row ops too
     engine = reblock_int8_weights(integer_gemms_per_token(engine, native))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)

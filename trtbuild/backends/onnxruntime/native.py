@@ -62,7 +62,7 @@ def _compiler() -> str:
     if path is None:
         raise EngineError(
             f"the native attention kernel needs a C++ compiler and {cxx!r} was not found: install g++ (or set CXX), "
-            "or build the engine with --cpu-attention lowered"
+            "or build the engine with --cpu-attention lowered --cpu-linear onnxruntime"
         )
     return path
 
@@ -96,7 +96,9 @@ def library_path() -> Path:
         proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
         if proc.returncode != 0:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
-            raise EngineError(f"compiling the native attention kernel failed ({first}); use --cpu-attention lowered")
+            raise EngineError(
+                f"compiling the native kernels failed ({first}); use --cpu-attention lowered --cpu-linear onnxruntime"
+            )
         os.replace(tmp, lib)
     finally:
         Path(tmp).unlink(missing_ok=True)
