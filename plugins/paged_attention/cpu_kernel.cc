@@ -668,13 +668,17 @@ void rescale_rows(void* data, size_t task) {
     rescale_row(w->sums + r * w->width, w->scale[r], w->col, w->out + r * w->width, w->width);
 }
 
+// fn(data, t) for t < tasks on onnxruntime's pool; all in this thread when `parallel` is false, there is one task,
+// or the pool refuses.
+void run_tasks(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data, bool parallel = true) {
+  if (!parallel || tasks < 2 || !ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, fn, tasks, tasks, data)))
+    for (size_t t = 0; t < tasks; ++t) fn(data, t);
+}
+
 // Rows in tasks of kRowsPerTask on onnxruntime's pool when there is enough work for a second thread.
 void for_rows(OrtKernelContext* ctx, void (*fn)(void*, size_t), RowsWork* w) {
   const size_t tasks = size_t((w->rows + kRowsPerTask - 1) / kRowsPerTask);
-  if (tasks < 2 || w->rows * w->width < (int64_t(1) << 15) ||
-      !ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, fn, tasks, tasks, w))) {
-    for (size_t t = 0; t < tasks; ++t) fn(w, t);
-  }
+  run_tasks(ctx, fn, tasks, w, w->rows * w->width >= (int64_t(1) << 15));
 }
 
 // A tensor [..., width] seen as rows of its last axis.

@@ -76,9 +76,9 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
     numpy advises transparent huge pages for large arrays: a cache block's first write then faults in and zeroes a
     whole 2 MB page, and (the kernel's default ``defrag=madvise``) may compact memory first. On the development
-    machine fresh 128-token prefills of the int4 SmolLM2 engine took 57-134 ms (the first 757 ms) on huge pages
-    against 47-64 ms on 4 KB pages, and 64-sequence decode steps were no slower (medians 53-62 against 60-64 ms;
-    docs/performance.md)."""
+    machine fresh 128-token prefills of the int4 SmolLM2 engine took 57-160 ms (the first 0.76-0.84 s) on huge
+    pages against 47-65 ms on 4 KB pages, and 64-sequence decode steps were no slower (medians 53-62 against
+    60-70 ms; docs/performance.md)."""
     count = math.prod(shape)
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is None or count == 0:

@@ -20,6 +20,8 @@ Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -48,8 +50,7 @@ def pack_weight(codes: np.ndarray, bits: int) -> np.ndarray:
     step, panels = STEP[bits], -(-n // PANEL)
     steps = -(-k // step)
     u = np.zeros((steps * step, panels * PANEL), np.int32)
-    u[:k, :n] = codes.astype(np.int32) + ZERO_POINT[bits]
-    u[k:, :] = 0
+    u[:k, :n] = codes.astype(np.int32) + ZERO_POINT[bits]  # padding stays 0
     if bits == 8:
         # [steps, 4, panels, 16] -> [panels, steps, 16, 4]
         return np.ascontiguousarray(u.reshape(steps, 4, panels, PANEL).transpose(2, 0, 3, 1).astype(np.uint8))
@@ -136,10 +137,8 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {out: n for n in graph.node for out in n.output}
-    consumers: dict[str, int] = {}
-    for node in graph.node:
-        for i in node.input:
-            consumers[i] = consumers.get(i, 0) + 1
+    consumers = collections.Counter(i for n in graph.node for i in n.input)
+    replaced = collections.Counter()  # weight DequantizeLinear name -> how many of its MatMuls were replaced
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
     replacements: dict[str, list[onnx.NodeProto]] = {}
     dead: set[str] = set()
@@ -154,7 +153,8 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         packed.append(numpy_helper.from_array(pad_scales(scale), name + ".scales"))
         node = qlinear_node(name, x, matmul.output[0], k=k, n=n, bits=bits, group=group, block=block)
         replacements[matmul.name] = [node]
-        if consumers[dq.output[0]] == 1:
+        replaced[dq.name] += 1
+        if replaced[dq.name] == consumers[dq.output[0]]:  # no reader left (a shared weight: after its last one)
             dead.add(dq.name)
 
     for node, q, weight_dq, x in _dynamic_linears(graph):  # per-token int8 activations: one block per row
@@ -162,10 +162,10 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         qattrs = _attrs(q)
         if form is None or form[0] != 8 or qattrs.get("output_dtype") != TensorProto.INT8:
             continue
-        k = inits[weight_dq.input[0]].dims[0]
+        k = form[1]  # an int8 weight's group: all its in-features
         if qattrs.get("block_size") != k:
             continue
-        replace(node, weight_dq, x, form, block=int(k))
+        replace(node, weight_dq, x, form, block=k)
         dead |= _emitted_quantization(graph, q)
     for node in graph.node:  # weight-only: float activations
         if node.op_type != "MatMul" or node.name in replacements or node.input[0] in dequantized:
