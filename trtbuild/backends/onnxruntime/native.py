@@ -61,7 +61,7 @@ def _compiler() -> str:
     path = shutil.which(cxx)
     if path is None:
         raise EngineError(
-            f"the native attention kernel needs a C++ compiler and {cxx!r} was not found: install g++ (or set CXX), "
+            f"trtbuild's native kernels need a C++ compiler and {cxx!r} was not found: install g++ (or set CXX), "
             "or build the engine with --cpu-attention lowered --cpu-linear onnxruntime"
         )
     return path
