@@ -19,7 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.native import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
 from trtbuild.backends.onnxruntime.native_linear import (
-    cpu_has_vnni,
+    LinearSimd,
+    cpu_linear_simd,
     pack_weight,
     pad_scales,
     qlinear_node,
@@ -103,16 +104,17 @@ def test_qlinear_takes_any_leading_shape():
 @pytest.mark.parametrize("rows", [1, 64])
 def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
     """One block per row: the same codes, exact sums and (sum * row) * col as QuantizeRows -> MatMulInteger ->
-    RescaleRows, so a per-token engine's outputs do not move by one bit."""
+    RescaleRows (its weight in uint8 with zero point 128, as ``integer_gemms_per_token`` emits it: exact on every
+    CPU), so a per-token engine's outputs do not move by one bit."""
     k, n = 1536, 576
     x, codes, scale = _case(rows, k, n, 8, k, seed=3)
     nodes = [
         helper.make_node("QuantizeRows", ["x"], ["codes", "row"], domain=NATIVE_DOMAIN),
-        helper.make_node("MatMulInteger", ["codes", "w", "zp"], ["sums"]),
+        helper.make_node("MatMulInteger", ["codes", "w", "zp", "zp"], ["sums"]),
         helper.make_node("RescaleRows", ["sums", "row", "col"], ["y"], domain=NATIVE_DOMAIN),
     ]
     inits = [
-        numpy_helper.from_array(codes, "w"),
+        numpy_helper.from_array((codes.astype(np.int16) + 128).astype(np.uint8), "w"),
         numpy_helper.from_array(np.array(128, np.uint8), "zp"),
         numpy_helper.from_array(scale, "col"),
     ]
@@ -129,21 +131,34 @@ def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
     np.testing.assert_array_equal(got, expected)
 
 
-def test_plain_loops_give_the_same_integers(tmp_path):
-    """The library built without AVX-512 VNNI (its plain-loop path, for CPUs without it) gives the same output."""
-    lib = tmp_path / "no_vnni.so"
-    cmd = ["g++", *CXXFLAGS, "-mno-avx512vnni", "-o", str(lib), str(SOURCE)]
+# The library's product loops other than this machine's own (-march=native less an ISA: cpu_linear.inc's #if chain)
+OTHER_LOOPS = {
+    "avx2": ["-mno-avx512f"],  # on an AVX-512 CPU: its AVX2 tiles; elsewhere the same library as the default
+    "plain": ["-mno-avx2"],  # GCC turns AVX-512 off with AVX2: the plain loops
+}
+
+
+@pytest.mark.parametrize("loops", sorted(OTHER_LOOPS))
+def test_every_product_loop_gives_the_same_integers(tmp_path, loops):
+    """The library built for a CPU without AVX-512 VNNI (AVX2 tiles) or without AVX2 (plain loops) gives the same
+    output, bit for bit."""
+    lib = tmp_path / f"{loops}.so"
+    cmd = ["g++", *CXXFLAGS, *OTHER_LOOPS[loops], "-o", str(lib), str(SOURCE)]
     subprocess.run(cmd, check=True, capture_output=True)
-    for rows, k, n, bits, group, block in [CASES[1], CASES[3], CASES[6], CASES[8]]:
+    dis = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout
+    assert ("vpmaddubsw" in dis) == (loops == "avx2") and "vpdpbusd" not in dis
+    for rows, k, n, bits, group, block in CASES:
         x, codes, scale = _case(rows, k, n, bits, group)
         model = _model(k, n, bits, group, block, codes, scale)
-        plain = _session(model, 2, str(lib)).run(None, {"x": x})[0]
-        np.testing.assert_array_equal(plain, qlinear_reference(x, codes, scale, bits=bits, group=group, block=block))
+        got = _session(model, 2, str(lib)).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, qlinear_reference(x, codes, scale, bits=bits, group=group, block=block))
 
 
-def test_this_machine_runs_the_vnni_path():
-    """The build machine of these tests has AVX-512 VNNI (else engines fall back to onnxruntime's kernels)."""
-    if not cpu_has_vnni():
-        pytest.skip("no AVX-512 VNNI on this CPU: engines record cpu_linear=onnxruntime")
-    nm = subprocess.run(["objdump", "-d", str(library_path())], capture_output=True, text=True).stdout
-    assert "vpdpbusd" in nm
+def test_this_machine_runs_a_simd_loop():
+    """The library compiled here has the product loop ``cpu_linear_simd`` names (engines record
+    cpu_linear=onnxruntime on a CPU with neither AVX-512 VNNI nor AVX2)."""
+    simd = cpu_linear_simd()
+    if simd is LinearSimd.NONE:
+        pytest.skip("neither AVX-512 VNNI nor AVX2 on this CPU: engines record cpu_linear=onnxruntime")
+    dis = subprocess.run(["objdump", "-d", str(library_path())], capture_output=True, text=True).stdout
+    assert {LinearSimd.AVX512_VNNI: "vpdpbusd", LinearSimd.AVX2: "vpmaddubsw"}[simd] in dis

@@ -16,7 +16,7 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
-from trtbuild.backends.onnxruntime.native_linear import cpu_has_vnni
+from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
@@ -269,8 +269,8 @@ def test_default_session_is_close_to_fake_quant(quantized, name):
 
 
 # Optimized-graph op a quantized linear must become on onnxruntime's CPU provider: trtbuild's native QLinear on a
-# CPU with AVX-512 VNNI (int8 per channel, symmetric int4), else onnxruntime's own integer kernels.
-NATIVE = "QLinear" if cpu_has_vnni() else None
+# CPU with AVX-512 VNNI or AVX2 (int8 per channel, symmetric int4), else onnxruntime's own integer kernels.
+NATIVE = None if cpu_linear_simd() is LinearSimd.NONE else "QLinear"
 KERNELS = {
     QFormat.INT8_SQ: NATIVE or "MatMulNBits",  # dynamic activation scales; static ones: MatMulIntegerToFloat
     QFormat.INT8_WO: NATIVE or "MatMulNBits",

@@ -31,13 +31,18 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .lowering import lower_for_onnxruntime
     from .native import library_path, lower_to_native, native_supports
-    from .native_linear import cpu_has_vnni, native_linears
-    from .weights import hand_activations_to_kernel, integer_gemms_per_token, reblock_int8_weights
+    from .native_linear import LinearSimd, cpu_linear_simd, native_linears
+    from .weights import (
+        hand_activations_to_kernel,
+        integer_gemms_per_token,
+        reblock_int8_weights,
+        unsigned_static_int8_weights,
+    )
 
     # What the engine holds is recorded: a fallback here is written into its runtime config.
     if build.cpu_attention is CpuAttention.NATIVE and native_supports(portable, build.kv_block_size) is not None:
         build = replace(build, cpu_attention=CpuAttention.LOWERED)
-    if build.cpu_linear is CpuLinear.NATIVE and not cpu_has_vnni():
+    if build.cpu_linear is CpuLinear.NATIVE and cpu_linear_simd() is LinearSimd.NONE:
         build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
     if build.cpu_attention is CpuAttention.NATIVE:
         lowered = lower_to_native(portable)
@@ -54,7 +59,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         except EngineError as e:
             raise BuildError(str(e)) from None
     native = build.uses_native_cpu_library  # the engine loads the native library: its row ops too
-    engine = reblock_int8_weights(integer_gemms_per_token(engine, native))
+    engine = reblock_int8_weights(unsigned_static_int8_weights(integer_gemms_per_token(engine, native)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:

@@ -1,7 +1,8 @@
 """onnxruntime lowering of quantized linears onto the native library's ``trtbuild.cpu::QLinear``.
 
 ``QLinear`` (``plugins/paged_attention/cpu_linear.inc``) multiplies float rows by packed 8- or 4-bit weights on
-AVX-512 VNNI: the activations are quantized to int8 per block inside the op, the products summed exactly in int32.
+AVX-512 VNNI or AVX2 (``cpu_linear_simd``): the activations are quantized to int8 per block inside the op, the
+products summed exactly in int32.
 It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three linears trtbuild's formats emit:
 
 - an int8 per-channel weight ``DequantizeLinear`` feeding a ``MatMul`` of float activations (``int8_wo``, the int8
@@ -14,6 +15,8 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
 the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32 (docs/performance.md).
+On AVX2 without VNNI it is also exact where onnxruntime's ``MatMulInteger`` is not: MLAS's AVX2 uint8 x int8
+kernel sums pairs of products in saturating int16 (``vpmaddubsw``), so the per-token chain loses bits there.
 ``qlinear_reference`` states the op's arithmetic in numpy; ``tests/test_cpu_linear.py`` holds the kernel to it.
 Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
 """
@@ -21,6 +24,7 @@ Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
 from __future__ import annotations
 
 import collections
+import enum
 
 import numpy as np
 import onnx
@@ -29,18 +33,33 @@ from onnx import TensorProto, helper, numpy_helper
 from .native import NATIVE_DOMAIN
 from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes
 
-PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums)
+PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
 ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
 STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
 
 
-def cpu_has_vnni() -> bool:
-    """Whether this CPU has AVX-512 VNNI, where ``QLinear`` is fast (elsewhere it is correct but slow)."""
+class LinearSimd(enum.Enum):
+    """Which of ``QLinear``'s product loops this CPU runs (``cpu_linear.inc``: one per ``#if`` branch)."""
+
+    AVX512_VNNI = "avx512_vnni"  # vpdpbusd: 4 products summed per int32 lane, 16 columns a register
+    AVX2 = "avx2"  # vpmaddubsw + vpmaddwd: the same integers, 8 columns a register
+    NONE = "none"  # plain loops: correct, several times slower than onnxruntime's kernels
+
+
+def cpu_linear_simd() -> LinearSimd:
+    """The product loop ``QLinear`` compiled with ``-march=native`` runs here (read from /proc/cpuinfo's flags).
+
+    With ``NONE`` a build keeps onnxruntime's kernels (``BuildConfig.cpu_linear`` recorded ``ONNXRUNTIME``)."""
     try:
         with open("/proc/cpuinfo") as f:
-            return any(line.startswith("flags") and " avx512_vnni" in line for line in f)
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
     except OSError:
-        return False
+        return LinearSimd.NONE
+    if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
+        return LinearSimd.AVX512_VNNI
+    if {"avx2", "fma"} <= flags:
+        return LinearSimd.AVX2
+    return LinearSimd.NONE
 
 
 def pack_weight(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -113,6 +113,46 @@ def reblock_int8_weights(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) 
     return model
 
 
+# Why onnxruntime's integer GEMMs get uint8 weights (zero point 128) rather than int8 ones: MLAS's uint8 x int8
+# kernel on AVX2 CPUs without VNNI sums pairs of products in saturating int16 (vpmaddubsw): 255 x 127 x 2 does not
+# fit, and measured on an AVX2 EPYC every output of a 1536 x 576 MatMulInteger was off (int8_sq static engines missed
+# the fake-quant model by 1.1). Its uint8 x uint8 kernel widens to int16 first and is exact on every CPU; the codes
+# are the same integers (u - 128 = c), so an engine built on one CPU stays exact on any other.
+UNSIGNED_WEIGHTS = "uint8 weights, zero point 128"
+
+
+def _unsigned(weight: onnx.TensorProto) -> onnx.TensorProto:
+    codes = numpy_helper.to_array(weight).astype(np.int16) + 128
+    return numpy_helper.from_array(codes.astype(np.uint8), weight.name + ".u8")
+
+
+def unsigned_static_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Rewrite, in place, each int8 weight ``DequantizeLinear`` (no zero point) feeding a ``MatMul`` whose activation
+    is itself dequantized (static W8A8, which onnxruntime fuses into an integer GEMM) as the same weight in uint8
+    with zero point 128 (``UNSIGNED_WEIGHTS``); the dequantized floats are identical. Returns ``model``."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    static_weights = {n.input[1] for n in graph.node if n.op_type == "MatMul" and n.input[0] in dequantized}
+    added: dict[str, tuple[onnx.TensorProto, onnx.TensorProto]] = {}  # int8 weight -> (uint8 codes, zero point)
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or node.output[0] not in static_weights or len(node.input) > 2:
+            continue
+        weight, scale = inits.get(node.input[0]), inits.get(node.input[1])
+        if weight is None or scale is None or weight.data_type != TensorProto.INT8:
+            continue
+        if weight.name not in added:
+            zero = np.full(tuple(scale.dims), 128, np.uint8)
+            added[weight.name] = (_unsigned(weight), numpy_helper.from_array(zero, weight.name + ".u8_zero_point"))
+        codes, zero_point = added[weight.name]
+        node.input[0] = codes.name
+        node.input.append(zero_point.name)
+    if added:
+        graph.initializer.extend(t for pair in added.values() for t in pair)
+        _replace_nodes(graph, set(), {})  # drops the int8 codes no node reads any more
+    return model
+
+
 def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelProto:
     """Rewrite, in place, each linear whose activation has a run-time int8 Q/DQ per token (one block of the whole
     row, ``--activation-scales per_token``) and whose weight is a per-channel int8 ``DequantizeLinear`` as
@@ -120,13 +160,13 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
 
     The row's scale is the graph's own, ``s = max(amax / 127, tiny)``; ``QuantizeLinear(x / s)`` to uint8 with zero
     point 128 gives the same codes as the graph's int8 ones plus 128 (|x / s| <= 127, so nothing saturates);
-    ``MatMulInteger`` (uint8 x int8, the zero point subtracted inside, int32 sums: MLAS's VNNI kernel) against the
-    int8 weight, then the sums times ``s`` and the weight's per-channel scale. Only the float rounding of that
-    rescale differs from the graph's ``DequantizeLinear`` -> ``MatMul``. (int8 activation codes would take a slow
-    reference kernel: onnxruntime's fast integer GEMMs are uint8 x int8.) With ``native`` (the engine loads
-    trtbuild's native library anyway) the scale-and-codes ops before the GEMM are one ``trtbuild.cpu::QuantizeRows``
-    and the rescale after it one ``trtbuild.cpu::RescaleRows`` (plugins/paged_attention/cpu_kernel.cc), the same
-    arithmetic in one pass each; else ten standard ops.
+    ``MatMulInteger`` (the zero points subtracted inside, int32 sums) against the weight stored as uint8 with zero
+    point 128 (``UNSIGNED_WEIGHTS``), then the sums times ``s`` and the weight's per-channel scale. Only the float
+    rounding of that rescale differs from the graph's ``DequantizeLinear`` -> ``MatMul``. (int8 activation codes
+    would take a slow reference kernel: onnxruntime's fast integer GEMMs take uint8 activations.) With ``native``
+    (the engine loads trtbuild's native library anyway) the scale-and-codes ops before the GEMM are one
+    ``trtbuild.cpu::QuantizeRows`` and the rescale after it one ``trtbuild.cpu::RescaleRows``
+    (plugins/paged_attention/cpu_kernel.cc), the same arithmetic in one pass each; else ten standard ops.
     """
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
@@ -139,6 +179,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     }
     replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
     dead: set[str] = set()
+    unsigned_weights: dict[str, onnx.TensorProto] = {}  # int8 weight name -> its uint8 form (UNSIGNED_WEIGHTS)
     for node, q, weight_dq, x in _dynamic_linears(graph):
         if weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
             continue
@@ -152,11 +193,13 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
         if wattrs.get("axis") != 1 or "block_size" in wattrs or list(wscale.dims) != [weight.dims[1]]:
             continue
         emit = _native_int8_rows if native else _standard_int8_rows
-        replacements[node.name] = emit(node.name + ".int8", x, weight.name, wscale.name, node.output[0])
+        unsigned = unsigned_weights.setdefault(weight.name, _unsigned(weight))
+        replacements[node.name] = emit(node.name + ".int8", x, unsigned.name, wscale.name, node.output[0])
         dead |= _emitted_quantization(graph, q) | {weight_dq.name}
     if not replacements:
         return model
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    graph.initializer.extend(unsigned_weights.values())
     _replace_nodes(graph, dead, replacements)
     if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
@@ -171,7 +214,7 @@ def _native_int8_rows(p: str, x: str, weight: str, wscale: str, y: str) -> list[
     """``y`` = the per-token int8 linear of rows ``x`` as the native library's row ops around ``MatMulInteger``."""
     return [
         helper.make_node("QuantizeRows", [x], [p + ".codes", p + ".scale"], name=p + ".quantize", domain=NATIVE_DOMAIN),
-        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point"], p + ".sums"),
+        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point", "per_token.zero_point"], p + ".sums"),
         helper.make_node(
             "RescaleRows", [p + ".sums", p + ".scale", wscale], [y], name=p + ".rescale", domain=NATIVE_DOMAIN
         ),
@@ -187,7 +230,7 @@ def _standard_int8_rows(p: str, x: str, weight: str, wscale: str, y: str) -> lis
         _node("Max", [p + ".scale_raw", "per_token.tiny"], p + ".scale"),
         _node("Div", [x, p + ".scale"], p + ".scaled"),
         _node("QuantizeLinear", [p + ".scaled", "per_token.one", "per_token.zero_point"], p + ".codes"),
-        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point"], p + ".sums"),
+        _node("MatMulInteger", [p + ".codes", weight, "per_token.zero_point", "per_token.zero_point"], p + ".sums"),
         _node("Cast", [p + ".sums"], p + ".sums_float", to=TensorProto.FLOAT),
         _node("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
         helper.make_node("Mul", [p + ".row_scaled", wscale], [y], name=p + ".col_scaled"),
