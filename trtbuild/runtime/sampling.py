@@ -216,9 +216,21 @@ class Sampler:
         """
         if logits.ndim != 2 or logits.shape[0] != len(requests):
             raise ValueError(f"logits {logits.shape} do not match {len(requests)} requests")
-        token_ids: list[int] = []
-        logprobs: list[TokenLogprobs | None] = []
-        for row_logits, request in zip(logits, requests, strict=True):
+        # Plain greedy rows (no penalties, no logprobs) in one argmax over the float32 rows: the same tokens as the
+        # float64 path below (float32 -> float64 is exact and keeps the order; ties go to the lowest id in both).
+        plain = [b for b, r in enumerate(requests) if _plain_greedy(r.sampling_params)]
+        token_ids: list[int] = [0] * len(requests)
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        if plain:
+            rows = logits if len(plain) == len(requests) else logits[plain]
+            for b, token in zip(plain, np.argmax(rows, axis=1).tolist(), strict=True):
+                token_ids[b] = token
+            if len(plain) == len(requests):
+                return SamplerOutput(token_ids, logprobs)
+        done = set(plain)
+        for b, (row_logits, request) in enumerate(zip(logits, requests, strict=True)):
+            if b in done:
+                continue
             params = request.sampling_params
             row = self.process(row_logits, request)
             if params.greedy:
@@ -226,8 +238,8 @@ class Sampler:
             else:
                 cdf = np.cumsum(np.exp(row - row.max()))
                 token = min(int(np.searchsorted(cdf, self.uniform(request) * cdf[-1], side="right")), row.shape[0] - 1)
-            token_ids.append(token)
-            logprobs.append(None if params.logprobs is None else _token_logprobs(row, token, params.logprobs))
+            token_ids[b] = token
+            logprobs[b] = None if params.logprobs is None else _token_logprobs(row, token, params.logprobs)
         return SamplerOutput(token_ids, logprobs)
 
     def uniform(self, request: SamplingRequest) -> float:
@@ -238,6 +250,17 @@ class Sampler:
     def join(self, parts: Sequence[np.ndarray]) -> np.ndarray:
         """Rows of several steps' logits, stacked in order."""
         return np.concatenate(parts)
+
+
+def _plain_greedy(params: SamplingParams) -> bool:
+    """Greedy with nothing that changes the row first (penalties) or reads it after (logprobs)."""
+    return (
+        params.greedy
+        and params.repetition_penalty == 1.0
+        and not params.frequency_penalty
+        and not params.presence_penalty
+        and params.logprobs is None
+    )
 
 
 def _token_logprobs(row: np.ndarray, token: int, k: int) -> TokenLogprobs:
