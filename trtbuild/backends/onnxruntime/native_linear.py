@@ -16,7 +16,8 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
 the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32 (docs/performance.md).
 On AVX2 without VNNI it is also exact where onnxruntime's ``MatMulInteger`` is not: MLAS's AVX2 uint8 x int8
-kernel sums pairs of products in saturating int16 (``vpmaddubsw``), so the per-token chain loses bits there.
+kernel sums pairs of products in saturating int16 (``vpmaddubsw``), which is why the GEMMs left to onnxruntime
+take uint8 weights (``weights.WEIGHT_ZERO_POINT``).
 ``qlinear_reference`` states the op's arithmetic in numpy; ``tests/test_cpu_linear.py`` holds the kernel to it.
 Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
 """

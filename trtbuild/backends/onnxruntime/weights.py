@@ -118,18 +118,18 @@ def reblock_int8_weights(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) 
 # fit, and measured on an AVX2 EPYC every output of a 1536 x 576 MatMulInteger was off (int8_sq static engines missed
 # the fake-quant model by 1.1). Its uint8 x uint8 kernel widens to int16 first and is exact on every CPU; the codes
 # are the same integers (u - 128 = c), so an engine built on one CPU stays exact on any other.
-UNSIGNED_WEIGHTS = "uint8 weights, zero point 128"
+WEIGHT_ZERO_POINT = 128  # the uint8 weight code is the int8 one + this
 
 
 def _unsigned(weight: onnx.TensorProto) -> onnx.TensorProto:
-    codes = numpy_helper.to_array(weight).astype(np.int16) + 128
+    codes = numpy_helper.to_array(weight).astype(np.int16) + WEIGHT_ZERO_POINT
     return numpy_helper.from_array(codes.astype(np.uint8), weight.name + ".u8")
 
 
 def unsigned_static_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite, in place, each int8 weight ``DequantizeLinear`` (no zero point) feeding a ``MatMul`` whose activation
     is itself dequantized (static W8A8, which onnxruntime fuses into an integer GEMM) as the same weight in uint8
-    with zero point 128 (``UNSIGNED_WEIGHTS``); the dequantized floats are identical. Returns ``model``."""
+    with zero point 128 (``WEIGHT_ZERO_POINT``); the dequantized floats are identical. Returns ``model``."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
@@ -142,7 +142,7 @@ def unsigned_static_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         if weight is None or scale is None or weight.data_type != TensorProto.INT8:
             continue
         if weight.name not in added:
-            zero = np.full(tuple(scale.dims), 128, np.uint8)
+            zero = np.full(tuple(scale.dims), WEIGHT_ZERO_POINT, np.uint8)
             added[weight.name] = (_unsigned(weight), numpy_helper.from_array(zero, weight.name + ".u8_zero_point"))
         codes, zero_point = added[weight.name]
         node.input[0] = codes.name
@@ -161,7 +161,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     The row's scale is the graph's own, ``s = max(amax / 127, tiny)``; ``QuantizeLinear(x / s)`` to uint8 with zero
     point 128 gives the same codes as the graph's int8 ones plus 128 (|x / s| <= 127, so nothing saturates);
     ``MatMulInteger`` (the zero points subtracted inside, int32 sums) against the weight stored as uint8 with zero
-    point 128 (``UNSIGNED_WEIGHTS``), then the sums times ``s`` and the weight's per-channel scale. Only the float
+    point 128 (``WEIGHT_ZERO_POINT``), then the sums times ``s`` and the weight's per-channel scale. Only the float
     rounding of that rescale differs from the graph's ``DequantizeLinear`` -> ``MatMul``. (int8 activation codes
     would take a slow reference kernel: onnxruntime's fast integer GEMMs take uint8 activations.) With ``native``
     (the engine loads trtbuild's native library anyway) the scale-and-codes ops before the GEMM are one
@@ -179,7 +179,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     }
     replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
     dead: set[str] = set()
-    unsigned_weights: dict[str, onnx.TensorProto] = {}  # int8 weight name -> its uint8 form (UNSIGNED_WEIGHTS)
+    unsigned_weights: dict[str, onnx.TensorProto] = {}  # int8 weight name -> its uint8 form (WEIGHT_ZERO_POINT)
     for node, q, weight_dq, x in _dynamic_linears(graph):
         if weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
             continue
