@@ -225,8 +225,6 @@ class Sampler:
             rows = logits if len(plain) == len(requests) else logits[plain]
             for b, token in zip(plain, np.argmax(rows, axis=1).tolist(), strict=True):
                 token_ids[b] = token
-            if len(plain) == len(requests):
-                return SamplerOutput(token_ids, logprobs)
         done = set(plain)
         for b, (row_logits, request) in enumerate(zip(logits, requests, strict=True)):
             if b in done:
