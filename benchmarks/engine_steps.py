@@ -1,6 +1,9 @@
 """Engine step times side by side: onnxruntime engines A, B, ... in one process, their steps interleaved.
 
     .venv/bin/python benchmarks/engine_steps.py ENGINE_A ENGINE_B [...] [--rounds 5] [--threads 2] [--batch 64]
+        [--kinds decode-b1,prefill-128,decode-batch]
+    perf record -F 2999 -o /tmp/perf.data -- .venv/bin/python benchmarks/engine_steps.py ENGINE \
+        --kinds decode-b1 --rounds 50    # then: perf report -i /tmp/perf.data --sort dso,symbol
 
 For each engine, one round times (medians of a few calls each) a batch-1 decode step at a context of ~130
 tokens, a 128-token prefill and a decode step of ``--batch`` sequences at that context, all on ``OrtSession``
@@ -28,6 +31,7 @@ from trtbuild.runtime.kv_cache import bytes_per_block
 
 BLOCKS_PER_SEQ = 10  # 160 cached positions at 16 per block: the 128-token prompt plus the decoded ones
 KINDS = ("decode b1", "prefill 128", "decode batch")
+KIND_FLAGS = {kind.replace(" ", "-"): kind for kind in KINDS}  # --kinds spells them decode-b1, prefill-128, ...
 
 
 def _median_s(fn: Callable[[], object], calls: int) -> float:
@@ -45,7 +49,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=64, help="sequences in the batched decode step")
+    parser.add_argument(
+        "--kinds",
+        type=lambda s: [KIND_FLAGS[k] for k in s.split(",")],
+        default=list(KINDS),
+        help=f"step kinds to time, comma-separated: {', '.join(KIND_FLAGS)} [default: all] (one kind and many "
+        "--rounds make a steady load to profile, e.g. under perf record)",
+    )
     args = parser.parse_args()
+    kinds = [k for k in KINDS if k in args.kinds]
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 128).tolist()
     tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ)) for i in range(args.batch)]
@@ -64,14 +76,15 @@ def main() -> None:
         "prefill 128": (3, lambda i: StepBatch.build([prompt], [0], tables[:1])),
         "decode batch": (5, lambda i: StepBatch.build([[5]] * args.batch, [128 + i] * args.batch, tables)),
     }
-    results = {e: {k: [] for k in KINDS} for e in args.engines}
+    cases = {k: v for k, v in cases.items() if k in kinds}
+    results = {e: {k: [] for k in kinds} for e in args.engines}
     for _ in range(args.rounds):
         for engine, session in zip(args.engines, sessions, strict=True):
             for kind, (calls, make) in cases.items():
                 batches = iter([make(i) for i in range(calls)])
                 results[engine][kind].append(_median_s(lambda s=session, b=batches: s.step(next(b)), calls))
     print(f"{args.threads} threads, {args.rounds} interleaved rounds; ms per step, median over rounds (fastest)")
-    print("engine | " + " | ".join(k if k != "decode batch" else f"decode b{args.batch}" for k in KINDS))
+    print("engine | " + " | ".join(k if k != "decode batch" else f"decode b{args.batch}" for k in kinds))
     for engine in args.engines:
         cells = [f"{1e3 * statistics.median(v):.2f} ({1e3 * min(v):.2f})" for v in results[engine].values()]
         print(f"{engine} | " + " | ".join(cells))
