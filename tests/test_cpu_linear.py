@@ -34,7 +34,7 @@ CASES = [  # rows, in, out, bits, group, block
     (5, 576, 100, 8, 576, 16),  # per channel, activation blocks of 16 (int8_wo / int8_sq)
     (2, 50, 48, 8, 50, 16),  # blocks of 16 with a short last block and a partial step
     (1, 576, 960, 4, 128, 128),  # int4 g128 with a short last group (576 = 4 x 128 + 64), decode
-    (2, 256, 100, 4, 64, 64),  # int4 decode rows, 7 panels: whole decode tiles, a one-panel tile, a partial panel
+    (2, 256, 100, 4, 64, 64),  # int4 decode rows over 7 panels, the last one partial (tiles of 1 or 4 panels)
     (9, 576, 3072, 4, 128, 128),
     (66, 256, 40, 4, 32, 32),  # int4 g32, panel remainder, row chunks
     (4, 44, 17, 4, 16, 16),  # in-features not a whole step of 8
