@@ -34,6 +34,13 @@ KINDS = ("decode b1", "prefill 128", "decode batch")
 KIND_FLAGS = {kind.replace(" ", "-"): kind for kind in KINDS}  # --kinds spells them decode-b1, prefill-128, ...
 
 
+def _kinds(text: str) -> list[str]:
+    unknown = [k for k in text.split(",") if k not in KIND_FLAGS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown step kind {unknown[0]!r} (choose from {', '.join(KIND_FLAGS)})")
+    return [KIND_FLAGS[k] for k in text.split(",")]
+
+
 def _median_s(fn: Callable[[], object], calls: int) -> float:
     times = []
     for _ in range(calls):
@@ -51,7 +58,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="sequences in the batched decode step")
     parser.add_argument(
         "--kinds",
-        type=lambda s: [KIND_FLAGS[k] for k in s.split(",")],
+        type=_kinds,
         default=list(KINDS),
         help=f"step kinds to time, comma-separated: {', '.join(KIND_FLAGS)} [default: all] (one kind and many "
         "--rounds make a steady load to profile, e.g. under perf record)",
