@@ -68,14 +68,15 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 128).tolist()
     tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ)) for i in range(args.batch)]
+    cached = tables if "decode batch" in kinds else tables[:1]  # the other kinds read sequence 0 only
     sessions = []
     for engine in args.engines:
         config = RuntimeConfig.load(Path(engine))
         per_block = bytes_per_block(config.model, config.build.kv_block_size)
         memory = per_block * (args.batch * BLOCKS_PER_SEQ + 2)  # block 0 unused: ids start at 1
         session = OrtSession(engine, kv_cache_memory=memory, num_threads=args.threads)
-        for i in range(0, args.batch, 8):  # every sequence's 128-token prompt in the cache
-            rows = tables[i : i + 8]
+        for i in range(0, len(cached), 8):  # the 128-token prompt of every sequence a kind reads in the cache
+            rows = cached[i : i + 8]
             session.step(StepBatch.build([prompt] * len(rows), [0] * len(rows), rows))
         sessions.append(session)
     cases: dict[str, tuple[int, Callable[[int], StepBatch]]] = {
