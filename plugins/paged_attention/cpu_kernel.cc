@@ -27,7 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <vector>
-#if defined(__F16C__) || defined(__AVX512F__)
+#if defined(__AVX__) || defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -223,6 +223,16 @@ typedef float v8 __attribute__((vector_size(32), aligned(4)));
 inline v8 load8(const float* p) { return *reinterpret_cast<const v8*>(p); }
 inline void store8(float* p, v8 x) { *reinterpret_cast<v8*>(p) = x; }
 inline float hsum(v8 x) { return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7])); }
+// The eight sums of eight vectors, as one vector (lane i: the sum of x_i's lanes).
+inline v8 hsum8(v8 x0, v8 x1, v8 x2, v8 x3, v8 x4, v8 x5, v8 x6, v8 x7) {
+#if defined(__AVX__)
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(__m256(x0), __m256(x1)), _mm256_hadd_ps(__m256(x2), __m256(x3)));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(__m256(x4), __m256(x5)), _mm256_hadd_ps(__m256(x6), __m256(x7)));
+  return v8(_mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+#else
+  return v8{hsum(x0), hsum(x1), hsum(x2), hsum(x3), hsum(x4), hsum(x5), hsum(x6), hsum(x7)};
+#endif
+}
 
 // exp(x) for x <= 0 (a score minus its row's running maximum), Cephes' expf polynomial, within 2 ulp; a plain
 // loop over it vectorises (libm's expf does not), which matters: every score takes one.
@@ -274,6 +284,26 @@ void dequantize_rows(const Attrs& a, const void* cache, int64_t offset, int64_t 
   }
 }
 
+// The next KV block's lines for one work item (its heads' part of each of the block's rows, keys and values), in
+// address order, prefetched a few at a time from inside the compute loops. Issued in one burst per block (or per
+// head) they filled the core's miss buffers and stalled the compute, so memory and compute time added up; spread
+// over the block's work they overlap (see the comment at its use).
+struct BlockPrefetch {
+  const char* keys = nullptr;  // the block's first byte of this item's heads (nullptr: nothing to fetch)
+  const char* values = nullptr;
+  int64_t stride = 0, rows = 0, lines_per_row = 0;  // bytes between rows; rows; 64-byte lines of a row
+  int64_t row = 0, line = 0, per_step = 0;  // the next line to fetch; lines fetched by each step()
+  void issue(int64_t count) {
+    for (; count > 0 && row < rows; --count) {
+      __builtin_prefetch(keys + row * stride + line * 64);
+      __builtin_prefetch(values + row * stride + line * 64);
+      if (++line == lines_per_row) line = 0, ++row;
+    }
+  }
+  void step() { issue(per_step); }
+  void finish() { issue(rows * lines_per_row); }
+};
+
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions 0 ..= its last token's position, block by block (online softmax). A block's rows
 // of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
@@ -310,23 +340,26 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
     const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
     const int64_t n = std::min(bs, ctx - j * bs);
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
-    // reads come from DRAM, and this took a layer's call from 1.03 to 0.91 ms. The prefetches go out head by head,
-    // just before each head's work on this block, not all at once (a burst of 2 x 192 per block for SmolLM2): at
-    // 64 sequences a float call took 1.08 ms instead of 1.21 (medians of 5 interleaved benchmarks/cpu_kernel.py).
-    const bool has_next = (j + 1) * bs < ctx;
+    // reads come from DRAM. The item's lines of it go out a few at a time from the QK and PV loops, evenly over
+    // this block's iterations of them, in address order. On the AVX2 EPYC, 64 decodes at context 190
+    // (benchmarks/cpu_kernel.py --batch 64, float32): 1.6-2.4 ms a call against 2.8-3.4 with the prefetches sent
+    // head by head in bursts (interleaved runs), where the same call with every block resident in cache took 0.9.
     const int64_t esize = a.cache_type == kCacheFloat ? sizeof(float) : 1;  // bytes per cached value
-    const int64_t next = has_next ? clamp(table[j + 1], 0, s.num_blocks - 1) * bs * hkv * d : 0;
     int64_t first_row = 0;  // a head's rows before it come before this block (a prefill tile's early tokens)
     while (first_row < head_rows && last_pos[first_row] < j * bs) ++first_row;
+    BlockPrefetch pf;
+    if ((j + 1) * bs < ctx) {
+      const int64_t first = (clamp(table[j + 1], 0, s.num_blocks - 1) * bs * hkv + w.h_lo) * d * esize;
+      pf.keys = static_cast<const char*>(s.key_cache) + first;
+      pf.values = static_cast<const char*>(s.value_cache) + first;
+      pf.stride = hkv * d * esize;
+      pf.rows = bs;
+      pf.lines_per_row = ((w.h_hi - w.h_lo) * d * esize + 63) / 64;
+      const int64_t rows_here = head_rows - first_row;  // steps: the QK loop's and the PV loop's iterations
+      const int64_t steps = (w.h_hi - w.h_lo) * (rows_here * (n / 4) + (rows_here + 3) / 4 * (d8 / 8));
+      pf.per_step = (pf.rows * pf.lines_per_row + steps - 1) / std::max<int64_t>(steps, 1);
+    }
     for (int64_t h = w.h_lo; h < w.h_hi; ++h) {
-      if (has_next)  // the next block's rows of this head, spread over the heads' work
-        for (int64_t o = 0; o < bs; ++o) {
-          const int64_t first = (next + (o * hkv + h) * d) * esize, last = first + d * esize;
-          for (int64_t x = first; x < last; x += 64) {
-            __builtin_prefetch(static_cast<const char*>(s.key_cache) + x);
-            __builtin_prefetch(static_cast<const char*>(s.value_cache) + x);
-          }
-        }
       const int64_t row0 = (block * bs * hkv + h) * d;  // the head's first key of the block
       const float* keys;
       const float* values;
@@ -344,7 +377,26 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
         const float* qr = q + r * d;
         float* pr = p + r * bs;
         int64_t o = 0;
+        for (; o + 8 <= n && d8 == d; o += 8) {  // 8 keys: 8 independent FMA chains (4 would wait on latency)
+          pf.step();
+          pf.step();
+          const float* k0 = keys + o * stride;
+          v8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
+          for (int64_t c = 0; c < d; c += 8) {
+            const v8 qv = load8(qr + c);
+            a0 += qv * load8(k0 + c);
+            a1 += qv * load8(k0 + stride + c);
+            a2 += qv * load8(k0 + 2 * stride + c);
+            a3 += qv * load8(k0 + 3 * stride + c);
+            a4 += qv * load8(k0 + 4 * stride + c);
+            a5 += qv * load8(k0 + 5 * stride + c);
+            a6 += qv * load8(k0 + 6 * stride + c);
+            a7 += qv * load8(k0 + 7 * stride + c);
+          }
+          store8(pr + o, hsum8(a0, a1, a2, a3, a4, a5, a6, a7));
+        }
         for (; o + 4 <= n; o += 4) {
+          pf.step();
           const float *k0 = keys + o * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
           v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
           for (int64_t c = 0; c < d8; c += 8) {
@@ -393,7 +445,29 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
         const float* p1 = p0 + (nr > 1 ? bs : 0);  // a short group repeats its last row: same result, not stored
         const float* p2 = p0 + (nr > 2 ? 2 * bs : 0);
         const float* p3 = p0 + (nr > 3 ? 3 * bs : 0);
-        for (int64_t c = 0; c < d8; c += 8) {
+        int64_t c = 0;
+        for (; c + 16 <= d8; c += 16) {  // two chunks: 8 independent FMA chains
+          pf.step();
+          pf.step();
+          float* ar = acc + r * d + c;
+          v8 a0 = load8(ar), b0 = load8(ar + 8), a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
+          if (nr > 1) a1 = load8(ar + d), b1 = load8(ar + d + 8);
+          if (nr > 2) a2 = load8(ar + 2 * d), b2 = load8(ar + 2 * d + 8);
+          if (nr > 3) a3 = load8(ar + 3 * d), b3 = load8(ar + 3 * d + 8);
+          for (int64_t o = 0; o < n; ++o) {
+            const v8 v = load8(values + o * stride + c), u = load8(values + o * stride + c + 8);
+            a0 += p0[o] * v, b0 += p0[o] * u;
+            a1 += p1[o] * v, b1 += p1[o] * u;
+            a2 += p2[o] * v, b2 += p2[o] * u;
+            a3 += p3[o] * v, b3 += p3[o] * u;
+          }
+          store8(ar, a0), store8(ar + 8, b0);
+          if (nr > 1) store8(ar + d, a1), store8(ar + d + 8, b1);
+          if (nr > 2) store8(ar + 2 * d, a2), store8(ar + 2 * d + 8, b2);
+          if (nr > 3) store8(ar + 3 * d, a3), store8(ar + 3 * d + 8, b3);
+        }
+        for (; c < d8; c += 8) {
+          pf.step();
           v8 a0 = load8(acc + r * d + c), a1 = {}, a2 = {}, a3 = {};
           if (nr > 1) a1 = load8(acc + (r + 1) * d + c);
           if (nr > 2) a2 = load8(acc + (r + 2) * d + c);
@@ -415,6 +489,7 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
             for (int64_t o = 0; o < n; ++o) acc[x * d + c] += p[x * bs + o] * values[o * stride + c];
       }
     }
+    pf.finish();  // whatever the loops left (a block of fewer than 4 keys has no QK steps)
   }
   for (int64_t h = w.h_lo; h < w.h_hi; ++h)
     for (int64_t i = 0; i < w.num_tokens; ++i) {
