@@ -342,8 +342,8 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
     // reads come from DRAM. The item's lines of it go out a few at a time from the QK and PV loops, evenly over
     // this block's iterations of them, in address order. On the AVX2 EPYC, 64 decodes at context 190
-    // (benchmarks/cpu_kernel.py --batch 64, float32): 1.6-2.4 ms a call against 2.8-3.4 with the prefetches sent
-    // head by head in bursts (interleaved runs), where the same call with every block resident in cache took 0.9.
+    // (benchmarks/cpu_kernel.py --batch 64, float32, one run of 3 interleaved rounds): 1.5-1.7 ms a call against
+    // 2.4-2.8 with the prefetches sent head by head in bursts; with every block resident in cache it took 0.9.
     const int64_t esize = a.cache_type == kCacheFloat ? sizeof(float) : 1;  // bytes per cached value
     int64_t first_row = 0;  // a head's rows before it come before this block (a prefill tile's early tokens)
     while (first_row < head_rows && last_pos[first_row] < j * bs) ++first_row;
@@ -377,7 +377,8 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
         const float* qr = q + r * d;
         float* pr = p + r * bs;
         int64_t o = 0;
-        for (; o + 8 <= n && d8 == d; o += 8) {  // 8 keys: 8 independent FMA chains (4 would wait on latency)
+        // 8 keys: 8 independent FMA chains (4 would wait on latency); no scalar tail, so head sizes of 8k only
+        for (; o + 8 <= n && d8 == d; o += 8) {
           pf.step();
           pf.step();
           const float* k0 = keys + o * stride;
