@@ -1,7 +1,7 @@
 """Engine step times side by side: onnxruntime engines A, B, ... in one process, their steps interleaved.
 
     .venv/bin/python benchmarks/engine_steps.py ENGINE_A ENGINE_B [...] [--rounds 5] [--threads 2] [--batch 64]
-        [--kinds decode-b1,prefill-128,decode-batch]
+        [--kinds decode-b1,prefill-128,decode-batch] [--small-pages-too]
     perf record -F 2999 -o /tmp/perf.data -- .venv/bin/python benchmarks/engine_steps.py ENGINE \
         --kinds decode-b1 --rounds 50    # then: perf report -i /tmp/perf.data --sort dso,symbol
 
@@ -63,18 +63,26 @@ def main() -> None:
         help=f"step kinds to time, comma-separated: {', '.join(KIND_FLAGS)} [default: all] (one kind and many "
         "--rounds make a steady load to profile, e.g. under perf record)",
     )
+    parser.add_argument(
+        "--small-pages-too",
+        action="store_true",
+        help="also time each engine with its weights on 4 KB pages (OrtSession(huge_pages=False)): the A/B of "
+        "backends/onnxruntime/huge_pages.py",
+    )
     args = parser.parse_args()
     kinds = [k for k in KINDS if k in args.kinds]
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 128).tolist()
     tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ)) for i in range(args.batch)]
     cached = tables if "decode batch" in kinds else tables[:1]  # the other kinds read sequence 0 only
+    variants = [(e, True) for e in args.engines] + [(e, False) for e in args.engines if args.small_pages_too]
+    labels = [e if huge else f"{e} (4 KB pages)" for e, huge in variants]
     sessions = []
-    for engine in args.engines:
+    for engine, huge in variants:
         config = RuntimeConfig.load(Path(engine))
         per_block = bytes_per_block(config.model, config.build.kv_block_size)
         memory = per_block * (args.batch * BLOCKS_PER_SEQ + 2)  # block 0 unused: ids start at 1
-        session = OrtSession(engine, kv_cache_memory=memory, num_threads=args.threads)
+        session = OrtSession(engine, kv_cache_memory=memory, num_threads=args.threads, huge_pages=huge)
         for i in range(0, len(cached), 8):  # the 128-token prompt of every sequence a kind reads in the cache
             rows = cached[i : i + 8]
             session.step(StepBatch.build([prompt] * len(rows), [0] * len(rows), rows))
@@ -85,15 +93,15 @@ def main() -> None:
         "decode batch": (5, lambda i: StepBatch.build([[5]] * args.batch, [128 + i] * args.batch, tables)),
     }
     cases = {k: v for k, v in cases.items() if k in kinds}
-    results = {e: {k: [] for k in kinds} for e in args.engines}
+    results = {e: {k: [] for k in kinds} for e in labels}
     for _ in range(args.rounds):
-        for engine, session in zip(args.engines, sessions, strict=True):
+        for engine, session in zip(labels, sessions, strict=True):
             for kind, (calls, make) in cases.items():
                 batches = iter([make(i) for i in range(calls)])
                 results[engine][kind].append(_median_s(lambda s=session, b=batches: s.step(next(b)), calls))
     print(f"{args.threads} threads, {args.rounds} interleaved rounds; ms per step, median over rounds (fastest)")
     print("engine | " + " | ".join(k if k != "decode batch" else f"decode b{args.batch}" for k in kinds))
-    for engine in args.engines:
+    for engine in labels:
         cells = [f"{1e3 * statistics.median(v):.2f} ({1e3 * min(v):.2f})" for v in results[engine].values()]
         print(f"{engine} | " + " | ".join(cells))
 

@@ -17,7 +17,7 @@ from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
 from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
-from trtbuild.backends.onnxruntime.session import OrtSession
+from trtbuild.backends.onnxruntime.session import NATIVE_WEIGHT_OPS, OrtSession
 from trtbuild.build import build_engine
 from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
 from trtbuild.quantize.layout import load_any_checkpoint
@@ -512,3 +512,28 @@ def test_tensorrt_lowering_refuses_zero_points(quantized):
     _, _, _, graph = portable_graph(quantized["int4_wo_zp"][1], build)  # whole groups of 32: only the zero points
     with pytest.raises(BuildError, match="int4 with zero points, which TensorRT's DequantizeLayer does not take"):
         lower_for_tensorrt(graph, build)
+
+
+@pytest.mark.parametrize("name", ["int4_awq", "int8_sq_per_token"])
+def test_weight_arena_holds_every_native_weight(quantized, name):
+    """The native kernels' weights come from the huge-page arena (huge_pages.WeightArena), byte for byte the
+    engine's data file, and the session gives the logits it gives reading them from the file."""
+    from onnx import numpy_helper
+
+    from trtbuild.backends.onnxruntime import huge_pages
+
+    _, _, engine = quantized[name]
+    path = engine / "engines/onnxruntime-cpu/model.onnx"
+    graph = onnx.load(str(path)).graph
+    external = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer if t.external_data}
+    inits = {t.name: t for t in graph.initializer}
+    weights = {i for n in graph.node if n.op_type == "QLinear" for i in n.input if i in external}  # not the inline
+    arena = huge_pages.WeightArena(path, NATIVE_WEIGHT_OPS)
+    assert set(arena.arrays) == weights and len(weights) >= QUANTIZED_LINEARS  # at least every codes tensor
+    for w in weights:
+        np.testing.assert_array_equal(arena.arrays[w], numpy_helper.to_array(inits[w]))
+    batch = StepBatch.build([list(range(1, 20))], [0], [[1, 2, 3, 4, 5]], all_logits=True)
+    plain = OrtSession(engine, kv_cache_memory=1 << 20, huge_pages=False).step(batch)
+    session = OrtSession(engine, kv_cache_memory=1 << 20)
+    assert session.huge_page_bytes >= (arena.nbytes if huge_pages.supported() else 0)
+    np.testing.assert_array_equal(session.step(batch), plain)

@@ -29,6 +29,10 @@ from ...runtime.kv_cache import (
     slot_mapping,
 )
 from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
+from . import huge_pages as hp
+
+# The native kernels whose weights are read in place every step: from a huge-page arena (huge_pages.WeightArena).
+NATIVE_WEIGHT_OPS = frozenset({("trtbuild.cpu", "QLinear")})
 
 
 def open_onnxruntime(
@@ -55,8 +59,12 @@ class OrtSession(EngineSession):
         num_threads: int | None = None,
         session_config: Mapping[str, str] | None = None,
         profile_kernels: bool = False,
+        huge_pages: bool = True,
     ) -> None:
-        """``session_config``: extra onnxruntime session config entries, e.g.
+        """``huge_pages``: put the weights on transparent huge pages where Linux allows it (``huge_pages.py``: the
+        native kernels' weights copied into one arena, and what onnxruntime allocates while creating the session,
+        e.g. its prepacked float matrices); ``huge_page_bytes`` says how much was advised.
+        ``session_config``: extra onnxruntime session config entries, e.g.
         ``{"session.qdq_matmulnbits_accuracy_level": "0"}`` for float (not int8) activations in ``MatMulNBits``.
         ``profile_kernels``: run onnxruntime's profiler (it times every node: a decode step of a 30-layer model
         takes up to 2x as long); ``kernel_times()`` reads it."""
@@ -86,10 +94,25 @@ class OrtSession(EngineSession):
 
             opts.register_custom_ops_library(str(library_path()))
         path = engine_dir / self.config.engine_file
+        huge_pages = huge_pages and hp.supported()
+        self._arena: hp.WeightArena | None = None  # holds the native kernels' weights while the session lives
+        if huge_pages:
+            hp.map_large_allocations_apart()
+        if huge_pages and build.uses_native_cpu_library:
+            try:
+                self._arena = hp.WeightArena(path, NATIVE_WEIGHT_OPS)
+            except Exception as e:
+                raise EngineError(f"{path}: cannot load the engine's weights ({str(e).splitlines()[0]})") from None
+            for name, value in self._arena.values.items():
+                opts.add_initializer(name, value)
+        before = hp.anonymous_ranges() if huge_pages else []
         try:
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise EngineError(f"{path}: onnxruntime cannot load the engine ({str(e).splitlines()[0]})") from None
+        # Before the KV cache exists: only the session's own allocations (its weights) change page size.
+        advised = hp.advise_huge_pages(hp.subtract(hp.anonymous_ranges(), before)) if huge_pages else 0
+        self.huge_page_bytes = advised + (self._arena.nbytes if self._arena else 0)
         self.kv_cache_memory = kv_cache_memory
         num_blocks = num_blocks_for_memory(model, build.kv_block_size, kv_cache_memory)
         self.cache = PagedKVCache(model, num_blocks, build.kv_block_size)

@@ -1,0 +1,160 @@
+"""Back an onnxruntime session's weights with transparent huge pages (Linux; a no-op elsewhere).
+
+A batch-1 decode step streams every weight matrix once (538 MB for SmolLM2-135M in float32): with 4 KB pages
+that is a TLB miss every 4 KB, and on the 2-core machines here the float32 engine decoded 5-10% faster with its
+weights on 2 MB pages (docs/performance.md, "Huge pages for the weights"). onnxruntime allocates the weights
+(its prepacked float matrices) with ``malloc`` at session creation, and Linux's default THP mode, ``madvise``,
+backs such memory with huge pages only when asked. So the session records the process's anonymous mappings
+before it creates the ``InferenceSession``, and afterwards asks (``madvise``) for the memory that appeared in
+between to be huge pages (with ``malloc`` mapping each large block apart, so that the weights are new memory
+rather than a freed block reused) — ``MADV_HUGEPAGE`` for what faults in later, ``MADV_COLLAPSE`` (Linux 6.1+) to
+rewrite the populated part now (~0.1-0.9 s for 0.5 GB). The KV cache is allocated after that window and stays on
+small pages (huge pages there made the attention kernel slower, and each first write of a 2 MB page cost 100+
+us). Nothing changes numerically; a kernel without THP or ``MADV_COLLAPSE`` leaves the pages as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25
+M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+Range = tuple[int, int]  # [start, end) virtual addresses
+
+
+def supported() -> bool:
+    """Linux with transparent huge pages not switched off (``always`` or ``madvise``)."""
+    try:
+        return sys.platform == "linux" and "[never]" not in THP_MODE.read_text()
+    except OSError:
+        return False
+
+
+def anonymous_ranges() -> list[Range]:
+    """The writable anonymous memory of this process, sorted: ``/proc/self/maps`` lines without a path, and the
+    ``[heap]`` (where ``malloc`` serves blocks below its mmap threshold)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if fields[1].startswith("rw") and (len(fields) == 5 or fields[5] == "[heap]"):
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return sorted(ranges)
+
+
+def subtract(ranges: list[Range], old: list[Range]) -> list[Range]:
+    """The parts of ``ranges`` not covered by ``old`` (both sorted, each free of overlaps)."""
+    out, i = [], 0
+    for start, end in ranges:
+        while i < len(old) and old[i][1] <= start:
+            i += 1
+        j, cursor = i, start
+        while j < len(old) and old[j][0] < end:
+            if old[j][0] > cursor:
+                out.append((cursor, old[j][0]))
+            cursor = max(cursor, old[j][1])
+            j += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def map_large_allocations_apart() -> None:
+    """Make ``malloc`` give every block of 1 MB or more its own mapping, from now on, in this process (glibc's
+    ``M_MMAP_THRESHOLD``; elsewhere nothing happens). By default glibc raises that threshold to the size of each
+    large block freed (up to 32 MB), so a second session's weights would reuse the first one's freed memory: old
+    ranges that the window misses. Blocks of 1 MB+ are a decode step's weight matrices and the batch-sized
+    arrays; a fresh mapping for each such array costs its page faults (~0.1 ms a MB), nothing a step notices."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, 1 << 20)
+
+
+def advise_huge_pages(ranges: list[Range]) -> int:
+    """Ask for the 2 MB-aligned interiors of ``ranges`` to be huge pages; returns the bytes advised (0 if the
+    kernel refused all). Populated memory is collapsed now where the kernel can (``MADV_COLLAPSE``)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    advised = 0
+    for start, end in ranges:
+        lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
+        if hi > lo and libc.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0:
+            libc.madvise(lo, hi - lo, MADV_COLLAPSE)  # fails on unpopulated parts and old kernels: harmless
+            advised += hi - lo
+    return advised
+
+
+def huge_page_bytes(ranges: list[Range]) -> int:
+    """Bytes on huge pages now in the mappings that overlap ``ranges`` (``AnonHugePages`` of ``/proc/self/smaps``;
+    a mapping counts whole, so this is an upper bound for ``ranges`` alone)."""
+    total, current = 0, None
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                current = (start, end)
+            elif head == "AnonHugePages:" and current and any(s < current[1] and current[0] < e for s, e in ranges):
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+class WeightArena:
+    """The weights that ``ops`` nodes read in place each step, copied from the model's external data files into
+    one anonymous mapping on huge pages, each tensor 64-byte aligned. onnxruntime would map every tensor of a
+    data file separately (small pages that ``MADV_COLLAPSE`` cannot turn into huge ones: they are file-backed);
+    ``values`` (zero-copy ``OrtValue`` views) go to ``SessionOptions.add_initializer`` instead, which makes
+    onnxruntime use them rather than read the file, and the arena must outlive the session."""
+
+    def __init__(self, model_path: Path, ops: frozenset[tuple[str, str]]) -> None:
+        import onnx  # the graph only, not its weights
+        import onnxruntime as ort
+        from onnx.helper import tensor_dtype_to_np_dtype
+
+        model = onnx.load(str(model_path), load_external_data=False)
+        external = {t.name: t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
+        names = sorted({i for n in model.graph.node if (n.domain, n.op_type) in ops for i in n.input if i in external})
+        layout, size = [], 0
+        for name in names:
+            tensor = external[name]
+            info = {e.key: e.value for e in tensor.external_data}
+            length = int(info["length"])
+            layout.append((tensor, info["location"], int(info.get("offset", 0)), length, size))
+            size += -(-length // 64) * 64
+        self.memory = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if supported():
+            self.memory.madvise(mmap.MADV_HUGEPAGE)  # before the first write: the pages fault in as 2 MB ones
+        self.arrays: dict[str, np.ndarray] = {}
+        view, files = memoryview(self.memory), {}
+        folder = model_path.parent.resolve()
+        try:
+            for tensor, location, offset, length, start in layout:
+                if location not in files:
+                    file = (folder / location).resolve()
+                    if folder not in file.parents:
+                        raise OSError(f"external data {location!r} lies outside the engine directory")
+                    files[location] = open(file, "rb")  # noqa: SIM115 (closed below)
+                f = files[location]
+                f.seek(offset)
+                if f.readinto(view[start : start + length]) != length:
+                    raise OSError(f"{location}: truncated external data for {tensor.name}")
+                dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.data_type))
+                array = np.frombuffer(self.memory, dtype, length // dtype.itemsize, start)
+                self.arrays[tensor.name] = array.reshape(tuple(tensor.dims))
+        finally:
+            for f in files.values():
+                f.close()
+        self.values = {name: ort.OrtValue.ortvalue_from_numpy(a) for name, a in self.arrays.items()}
+        self.nbytes = size
