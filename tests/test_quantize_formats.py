@@ -16,8 +16,8 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
-from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
-from trtbuild.backends.onnxruntime.session import NATIVE_WEIGHT_OPS, OrtSession
+from trtbuild.backends.onnxruntime.native_linear import WEIGHT_OPS, LinearSimd, cpu_linear_simd
+from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
 from trtbuild.quantize.layout import load_any_checkpoint
@@ -528,7 +528,7 @@ def test_weight_arena_holds_every_native_weight(quantized, name):
     external = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer if t.external_data}
     inits = {t.name: t for t in graph.initializer}
     weights = {i for n in graph.node if n.op_type == "QLinear" for i in n.input if i in external}  # not the inline
-    arena = huge_pages.WeightArena(path, NATIVE_WEIGHT_OPS)
+    arena = huge_pages.WeightArena(path, WEIGHT_OPS)
     assert set(arena.arrays) == weights and len(weights) >= QUANTIZED_LINEARS  # at least every codes tensor
     for w in weights:
         np.testing.assert_array_equal(arena.arrays[w], numpy_helper.to_array(inits[w]))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import sys
 from pathlib import Path
@@ -76,14 +77,21 @@ def subtract(ranges: list[Range], old: list[Range]) -> list[Range]:
     return out
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once, with ``madvise``'s argument types set."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
 def map_large_allocations_apart() -> None:
     """Make ``malloc`` give every block of 1 MB or more its own mapping, from now on, in this process (glibc's
     ``M_MMAP_THRESHOLD``; elsewhere nothing happens). By default glibc raises that threshold to the size of each
     large block freed (up to 32 MB), so a second session's weights would reuse the first one's freed memory: old
     ranges that the window misses. Blocks of 1 MB+ are a decode step's weight matrices and the batch-sized
     arrays; a fresh mapping for each such array costs its page faults (~0.1 ms a MB), nothing a step notices."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    mallopt = getattr(libc, "mallopt", None)
+    mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is not None:
         mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
@@ -91,9 +99,7 @@ def map_large_allocations_apart() -> None:
 def advise_huge_pages(ranges: list[Range]) -> int:
     """Ask for the 2 MB-aligned interiors of ``ranges`` to be huge pages; returns the bytes advised (0 if the
     kernel refused all). Populated memory is collapsed now where the kernel can (``MADV_COLLAPSE``)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    advised = 0
+    libc, advised = _libc(), 0
     for start, end in ranges:
         lo, hi = -(-start // HUGE_PAGE) * HUGE_PAGE, end // HUGE_PAGE * HUGE_PAGE
         if hi > lo and libc.madvise(lo, hi - lo, MADV_HUGEPAGE) == 0:

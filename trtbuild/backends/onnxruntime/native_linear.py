@@ -37,6 +37,10 @@ from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, 
 PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
 ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
 STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
+QLINEAR_OP = "QLinear"
+# The native ops that read their weights in place every step: OrtSession gives them a huge-page arena
+# (huge_pages.WeightArena).
+WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
 
 
 class LinearSimd(enum.Enum):
@@ -114,7 +118,7 @@ def qlinear_reference(
 def qlinear_node(name: str, x: str, y: str, *, k: int, n: int, bits: int, group: int, block: int) -> onnx.NodeProto:
     """The ``QLinear`` node of ``name`` (its packed weight and padded scales are ``{name}.packed`` / ``.scales``)."""
     return helper.make_node(
-        "QLinear",
+        QLINEAR_OP,
         [x, name + ".packed", name + ".scales"],
         [y],
         name=name,

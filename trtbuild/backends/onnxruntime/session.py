@@ -31,9 +31,6 @@ from ...runtime.kv_cache import (
 from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 from . import huge_pages as hp
 
-# The native kernels whose weights are read in place every step: from a huge-page arena (huge_pages.WeightArena).
-NATIVE_WEIGHT_OPS = frozenset({("trtbuild.cpu", "QLinear")})
-
 
 def open_onnxruntime(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
@@ -99,8 +96,10 @@ class OrtSession(EngineSession):
         if huge_pages:
             hp.map_large_allocations_apart()
         if huge_pages and build.uses_native_cpu_library:
+            from .native_linear import WEIGHT_OPS
+
             try:
-                self._arena = hp.WeightArena(path, NATIVE_WEIGHT_OPS)
+                self._arena = hp.WeightArena(path, WEIGHT_OPS)
             except Exception as e:
                 raise EngineError(f"{path}: cannot load the engine's weights ({str(e).splitlines()[0]})") from None
             for name, value in self._arena.values.items():
