@@ -24,7 +24,7 @@ import onnxruntime as ort
 from trtbuild.backends.onnxruntime.native import library_path, single_node_model
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
 
-HQ, HKV, D, BS = 9, 3, 64, 16
+HQ, HKV, D = 9, 3, 64
 DTYPES = {KV_FLOAT: np.float32, KV_INT8: np.int8, KV_FP8: np.uint8}  # an fp8 cache holds E4M3 bit patterns
 NAMES = {KV_FLOAT: "float32", KV_INT8: "int8", KV_FP8: "fp8"}
 
@@ -37,19 +37,21 @@ def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
 
-def measure(batch: int, ctx: int, kv: int, library: str, threads: int, layers: int, reps: int) -> tuple[float, float]:
+def measure(
+    batch: int, ctx: int, kv: int, library: str, threads: int, layers: int, reps: int, bs: int = 16
+) -> tuple[float, float]:
     """Median µs per call and KV GB/s read, for ``batch`` decodes at context ``ctx``."""
     rng = np.random.default_rng(0)
-    blocks_per_seq = (ctx + 1 + BS - 1) // BS
+    blocks_per_seq = (ctx + 1 + bs - 1) // bs
     num_blocks = batch * blocks_per_seq
     dtype = DTYPES[kv]
     sess = _session(kv, library, threads)
     pools = []
     for _ in range(layers):
         if kv == KV_FLOAT:
-            k, v = (rng.standard_normal((num_blocks, BS, HKV, D)).astype(np.float32) for _ in range(2))
+            k, v = (rng.standard_normal((num_blocks, bs, HKV, D)).astype(np.float32) for _ in range(2))
         else:
-            k, v = (rng.integers(0, 100, (num_blocks, BS, HKV, D)).astype(dtype) for _ in range(2))
+            k, v = (rng.integers(0, 100, (num_blocks, bs, HKV, D)).astype(dtype) for _ in range(2))
         pools.append([ort.OrtValue.ortvalue_from_numpy(a) for a in (k, v)])
     tables = rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int64)
     feeds = {
@@ -89,6 +91,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=190, help="cached positions per sequence before the decoded token")
     ap.add_argument("--kv", choices=list(NAMES.values()), nargs="+", default=list(NAMES.values()))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--block-size", type=int, default=16, help="KV slots per block (the engines' default: 16)")
     ap.add_argument("--layers", type=int, default=30, help="pools cycled through (30: SmolLM2's layers)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--library", help="kernel library to time (default: this machine's build, compiled if needed)")
@@ -98,7 +101,7 @@ def main() -> None:
     for batch in args.batch:
         for kv, name in NAMES.items():
             if name in args.kv:
-                us, gbs = measure(batch, args.ctx, kv, library, args.threads, args.layers, args.reps)
+                us, gbs = measure(batch, args.ctx, kv, library, args.threads, args.layers, args.reps, args.block_size)
                 print(f"batch {batch:3d}  kv {name:7s}  {us:9.1f} us/call  {gbs:6.1f} GB/s of KV")
 
 

@@ -60,7 +60,8 @@ CASES = {
     "gqa8_interleaved_partial": (8, 1, 32, 8, True, True, 16, 1),
     "gqa2_one_thread": (4, 2, 16, 5, True, False, 16, 1),
     "head_size_12": (4, 4, 12, 4, False, False, 0, 2),  # GPT-2 tiny: not a multiple of 8 (scalar tail)
-    # 8-key and 4-key QK groups in one block of 12; PV in two-chunk passes plus one 8-wide chunk (40 = 16 + 16 + 8)
+    # three 4-key score tiles in a block of 12; the values in a 32-wide pass and an 8-wide one (40 = 32 + 8). The other
+    # cases cover the 1- and 2-row tiles (mha, gqa2, gqa8: 8 = 3 + 3 + 2 rows), the 16-wide pass and a lone key (gqa2)
     "head_size_40_block_12": (6, 2, 40, 12, True, False, 40, 2),
 }
 

@@ -253,6 +253,100 @@ inline float exp_nonpositive(float x) {
   return y * scale;
 }
 
+// Eight int32s beside v8, for the exponent arithmetic of exp8.
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+
+// exp_nonpositive on eight lanes: the same steps (floor by truncation, corrected where it rounded up).
+inline v8 exp8_nonpositive(v8 x) {
+  x = x < -87.3f ? v8{} - 87.3f : x;
+  const v8 t = x * 1.44269504088896341f + 0.5f;
+  v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
+  n = n > t ? n - 1.0f : n;
+  const v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  v8 y = v8{} + 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  v8 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+// The four sums of four vectors, stored to out[0..3].
+inline void hsum4(v8 x0, v8 x1, v8 x2, v8 x3, float* out) {
+#if defined(__AVX__)
+  const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(__m256(x0), __m256(x1)), _mm256_hadd_ps(__m256(x2), __m256(x3)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1)));
+#else
+  out[0] = hsum(x0), out[1] = hsum(x1), out[2] = hsum(x2), out[3] = hsum(x3);
+#endif
+}
+
+// Register tiles of one block and KV head (head size a multiple of 8). R query rows (row r at q + r * d) against
+// 4 keys (key j at k + j * stride): each key vector is loaded once for the R rows, 4R independent FMA chains
+// (R = 3: 12 accumulators, 3 query vectors and a key, AVX2's 16 registers). Scores to p + r * ps + 0..3.
+template <int R>
+inline void scores_x4(const float* q, int64_t d, const float* k, int64_t stride, float* p, int64_t ps) {
+  v8 acc[R][4] = {};
+  for (int64_t c = 0; c < d; c += 8) {
+    v8 qv[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) qv[r] = load8(q + r * d + c);
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const v8 kv = load8(k + j * stride + c);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][j] += qv[r] * kv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], p + r * ps);
+}
+
+// One key's scores for R rows (a block's last n % 4 keys).
+template <int R>
+inline void scores_x1(const float* q, int64_t d, const float* k, float* p, int64_t ps) {
+  v8 acc[R] = {};
+  for (int64_t c = 0; c < d; c += 8) {
+    const v8 kv = load8(k + c);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) acc[r] += load8(q + r * d + c) * kv;
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) p[r * ps] = hsum(acc[r]);
+}
+
+// R rows' accumulators (row r at acc + r * d), dims [0, 8C): acc = acc * alpha[r] + sum_o p[r * ps + o] * v_o, over
+// the block's n values (value o at v + o * stride). Each value vector is loaded once for the R rows.
+template <int R, int C>
+inline void values_xc(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, float* acc, int64_t d,
+                      const float* alpha) {
+  v8 a[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) a[r][c] = load8(acc + r * d + 8 * c) * alpha[r];
+  for (int64_t o = 0; o < n; ++o) {
+    v8 pr[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) pr[r] = v8{} + p[r * ps + o];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const v8 vv = load8(v + o * stride + 8 * c);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) a[r][c] += pr[r] * vv;
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) store8(acc + r * d + 8 * c, a[r][c]);
+}
+
 // `n` cache rows of one head (row i at offset + i * row_stride, `d` values) -> float rows of `d` in `out`.
 void dequantize_rows(const Attrs& a, const void* cache, int64_t offset, int64_t n, int64_t row_stride, int64_t d,
                      float scale, float* __restrict out) {
@@ -287,7 +381,8 @@ void dequantize_rows(const Attrs& a, const void* cache, int64_t offset, int64_t 
 // The next KV block's lines for one work item (its heads' part of each of the block's rows, keys and values), in
 // address order, prefetched a few at a time from inside the compute loops. Issued in one burst per block (or per
 // head) they filled the core's miss buffers and stalled the compute, so memory and compute time added up; spread
-// over the block's work they overlap (see the comment at its use).
+// over the block's work they overlap (see the comment at its use). Into L2 (prefetcht2), not L1: the L1's few
+// miss buffers capped the lines in flight.
 struct BlockPrefetch {
   const char* keys = nullptr;  // the block's first byte of this item's heads (nullptr: nothing to fetch)
   const char* values = nullptr;
@@ -295,8 +390,8 @@ struct BlockPrefetch {
   int64_t row = 0, line = 0, per_step = 0;  // the next line to fetch; lines fetched by each step()
   void issue(int64_t count) {
     for (; count > 0 && row < rows; --count) {
-      __builtin_prefetch(keys + row * stride + line * 64);
-      __builtin_prefetch(values + row * stride + line * 64);
+      __builtin_prefetch(keys + row * stride + line * 64, 0, 1);
+      __builtin_prefetch(values + row * stride + line * 64, 0, 1);
       if (++line == lines_per_row) line = 0, ++row;
     }
   }
@@ -304,20 +399,105 @@ struct BlockPrefetch {
   void finish() { issue(rows * lines_per_row); }
 };
 
+// The rows [lo, hi) of one head against the block's n keys / values, in tiles of 3 rows (a GQA group of 3 decoding,
+// or a prefill tile's rows 3 at a time); one prefetch step per tile.
+template <int R>
+void scores_rows(const float* q, int64_t d, const float* keys, int64_t stride, int64_t n, float* p, int64_t ps,
+                 BlockPrefetch& pf) {
+  int64_t o = 0;
+  for (; o + 4 <= n; o += 4) {
+    pf.step();
+    scores_x4<R>(q, d, keys + o * stride, stride, p + o, ps);
+  }
+  for (; o < n; ++o) scores_x1<R>(q, d, keys + o * stride, p + o, ps);
+}
+
+template <int R>
+void values_rows(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, float* acc, int64_t d,
+                 const float* alpha, BlockPrefetch& pf) {
+  int64_t c = 0;
+  for (; c + 32 <= d; c += 32) {
+    pf.step();
+    values_xc<R, 4>(p, ps, v + c, stride, n, acc + c, d, alpha);
+  }
+  if (c + 16 <= d) {
+    pf.step();
+    values_xc<R, 2>(p, ps, v + c, stride, n, acc + c, d, alpha);
+    c += 16;
+  }
+  if (c + 8 <= d) {
+    pf.step();
+    values_xc<R, 1>(p, ps, v + c, stride, n, acc + c, d, alpha);
+  }
+}
+
+// The prefetch steps scores_rows and values_rows take for `rows` rows of one head and a block of n keys.
+int64_t tile_steps(int64_t rows, int64_t n, int64_t d) {
+  const int64_t passes = d / 32 + (d % 32) / 16 + (d % 16) / 8;
+  return (rows + 2) / 3 * (n / 4 + passes);
+}
+
+// Head sizes that are not a multiple of 8 (GPT-2 tiny's 12): plain loops, same sums.
+void scores_scalar(const float* q, int64_t d, const float* keys, int64_t stride, int64_t n, int64_t rows, float* p,
+                   int64_t ps) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t o = 0; o < n; ++o) {
+      float t = 0.0f;
+      for (int64_t c = 0; c < d; ++c) t += q[r * d + c] * keys[o * stride + c];
+      p[r * ps + o] = t;
+    }
+}
+
+void values_scalar(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, int64_t rows, float* acc,
+                   int64_t d, const float* alpha) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < d; ++c) {
+      float t = acc[r * d + c] * alpha[r];
+      for (int64_t o = 0; o < n; ++o) t += p[r * ps + o] * v[o * stride + c];
+      acc[r * d + c] = t;
+    }
+}
+
+// One row's scores of a block (the first `visible` of its ps, a multiple of 8, count) -> probabilities in place, the
+// row's running max m and sum l updated; returns the factor the row's accumulator is rescaled by.
+inline float softmax_block(float* pr, int64_t visible, int64_t ps, float& m, float& l) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t o = visible; o < ps; ++o) pr[o] = ninf;
+  v8 mx = load8(pr);
+  for (int64_t o = 8; o < ps; o += 8) {
+    const v8 x = load8(pr + o);
+    mx = x > mx ? x : mx;
+  }
+  float block_max = mx[0];
+  for (int i = 1; i < 8; ++i) block_max = std::max(block_max, mx[i]);
+  const float m_new = std::max(m, block_max);
+  const float alpha = exp_nonpositive(m - m_new);
+  v8 sum = {};
+  for (int64_t o = 0; o < ps; o += 8) {
+    const v8 x = load8(pr + o);
+    const v8 e = x == ninf ? v8{} : exp8_nonpositive(x - m_new);
+    store8(pr + o, e);
+    sum += e;
+  }
+  l = l * alpha + hsum(sum);
+  m = m_new;
+  return alpha;
+}
+
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions 0 ..= its last token's position, block by block (online softmax). A block's rows
 // of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
-// as one contiguous run. Per block and head: scores of the head's rows against the block's keys (4 keys at a time
-// share the query loads), the rows' running max / sum / rescale, then the weighted values added into the
-// accumulators (4 rows at a time, one load of each value vector). Head sizes that are not a multiple of 8 take a
-// scalar loop for the last few.
+// as one contiguous run. Per block and head: the scores of the head's rows against the block's keys in register
+// tiles of 3 rows x 4 keys, each row's softmax update on 8 lanes, then the weighted values added into the rows'
+// accumulators in tiles of 3 rows x 32 dims (the accumulators rescaled on the way).
 void attend(const Attrs& a, const Step& s, const WorkItem& w) {
-  const int64_t group = a.num_heads / a.num_kv_heads, d = a.head_size, hkv = a.num_kv_heads, d8 = d & ~int64_t(7);
-  const int64_t head_rows = group * w.num_tokens, bs = s.block_size;
+  const int64_t group = a.num_heads / a.num_kv_heads, d = a.head_size, hkv = a.num_kv_heads;
+  const int64_t head_rows = group * w.num_tokens, bs = s.block_size, ps = (bs + 7) & ~int64_t(7);
   const int64_t rows = head_rows * (w.h_hi - w.h_lo);
+  const bool tiled = d % 8 == 0;
   // Per-thread scratch: rows <= kMaxRows, rows x head size <= kMaxTileFloats (both ensured by the caller), block
   // size <= kMaxBlockSize. Row r = (head - h_lo) * head_rows + token * group + query head within the group.
-  static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows];
+  static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
   static thread_local float p[kMaxRows * kMaxBlockSize];
   static thread_local int64_t last_pos[kMaxRows];
   static thread_local float kq[kMaxBlockSize * kMaxHeadSize], vq[kMaxBlockSize * kMaxHeadSize];  // dequantized
@@ -336,27 +516,32 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
   std::fill(acc, acc + rows * d, 0.0f);
   const int64_t ctx = last_pos[head_rows - 1] + 1;  // positions ascend within a sequence
   const int64_t* table = s.block_tables + w.seq * s.max_blocks;
+  const int64_t esize = a.cache_type == kCacheFloat ? sizeof(float) : 1;  // bytes per cached value
+  auto block_lines = [&](int64_t j) {  // the item's lines of the sequence's block j
+    BlockPrefetch f;
+    const int64_t first = (clamp(table[j], 0, s.num_blocks - 1) * bs * hkv + w.h_lo) * d * esize;
+    f.keys = static_cast<const char*>(s.key_cache) + first;
+    f.values = static_cast<const char*>(s.value_cache) + first;
+    f.stride = hkv * d * esize;
+    f.rows = bs;
+    f.lines_per_row = ((w.h_hi - w.h_lo) * d * esize + 63) / 64;
+    return f;
+  };
   for (int64_t j = 0; j * bs < ctx; ++j) {
     const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
     const int64_t n = std::min(bs, ctx - j * bs);
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
-    // reads come from DRAM. The item's lines of it go out a few at a time from the QK and PV loops, evenly over
-    // this block's iterations of them, in address order. On the AVX2 EPYC, 64 decodes at context 190
-    // (benchmarks/cpu_kernel.py --batch 64, float32, one run of 3 interleaved rounds): 1.5-1.7 ms a call against
-    // 2.4-2.8 with the prefetches sent head by head in bursts; with every block resident in cache it took 0.9.
-    const int64_t esize = a.cache_type == kCacheFloat ? sizeof(float) : 1;  // bytes per cached value
+    // reads come from DRAM. The item's lines of it go out a few at a time from the tiles, evenly over this
+    // block's tiles, in address order (sent in one burst per block or head they filled the core's miss buffers
+    // and stalled the compute, so memory and compute time added up).
     int64_t first_row = 0;  // a head's rows before it come before this block (a prefill tile's early tokens)
     while (first_row < head_rows && last_pos[first_row] < j * bs) ++first_row;
-    BlockPrefetch pf;
+    const int64_t rows_here = head_rows - first_row;
+    if (j == 0) block_lines(0).finish();  // at once: nothing to overlap it with yet
+    BlockPrefetch pf;  // block j + 1, spread over this block's tiles
     if ((j + 1) * bs < ctx) {
-      const int64_t first = (clamp(table[j + 1], 0, s.num_blocks - 1) * bs * hkv + w.h_lo) * d * esize;
-      pf.keys = static_cast<const char*>(s.key_cache) + first;
-      pf.values = static_cast<const char*>(s.value_cache) + first;
-      pf.stride = hkv * d * esize;
-      pf.rows = bs;
-      pf.lines_per_row = ((w.h_hi - w.h_lo) * d * esize + 63) / 64;
-      const int64_t rows_here = head_rows - first_row;  // steps: the QK loop's and the PV loop's iterations
-      const int64_t steps = (w.h_hi - w.h_lo) * (rows_here * (n / 4) + (rows_here + 3) / 4 * (d8 / 8));
+      pf = block_lines(j + 1);
+      const int64_t steps = tiled ? (w.h_hi - w.h_lo) * tile_steps(rows_here, n, d) : 0;
       pf.per_step = (pf.rows * pf.lines_per_row + steps - 1) / std::max<int64_t>(steps, 1);
     }
     for (int64_t h = w.h_lo; h < w.h_hi; ++h) {
@@ -372,125 +557,33 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
         dequantize_rows(a, s.value_cache, row0, n, hkv * d, d, s.v_scale, vq);
         keys = kq, values = vq, stride = d;
       }
-      const int64_t base = (h - w.h_lo) * head_rows;
-      for (int64_t r = base + first_row; r < base + head_rows; ++r) {
-        const float* qr = q + r * d;
-        float* pr = p + r * bs;
-        int64_t o = 0;
-        // 8 keys: 8 independent FMA chains (4 would wait on latency); no scalar tail, so head sizes of 8k only
-        for (; o + 8 <= n && d8 == d; o += 8) {
-          pf.step();
-          pf.step();
-          const float* k0 = keys + o * stride;
-          v8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, a4 = {}, a5 = {}, a6 = {}, a7 = {};
-          for (int64_t c = 0; c < d; c += 8) {
-            const v8 qv = load8(qr + c);
-            a0 += qv * load8(k0 + c);
-            a1 += qv * load8(k0 + stride + c);
-            a2 += qv * load8(k0 + 2 * stride + c);
-            a3 += qv * load8(k0 + 3 * stride + c);
-            a4 += qv * load8(k0 + 4 * stride + c);
-            a5 += qv * load8(k0 + 5 * stride + c);
-            a6 += qv * load8(k0 + 6 * stride + c);
-            a7 += qv * load8(k0 + 7 * stride + c);
-          }
-          store8(pr + o, hsum8(a0, a1, a2, a3, a4, a5, a6, a7));
-        }
-        for (; o + 4 <= n; o += 4) {
-          pf.step();
-          const float *k0 = keys + o * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-          v8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-          for (int64_t c = 0; c < d8; c += 8) {
-            const v8 qv = load8(qr + c);
-            a0 += qv * load8(k0 + c);
-            a1 += qv * load8(k1 + c);
-            a2 += qv * load8(k2 + c);
-            a3 += qv * load8(k3 + c);
-          }
-          float t0 = hsum(a0), t1 = hsum(a1), t2 = hsum(a2), t3 = hsum(a3);
-          for (int64_t c = d8; c < d; ++c) {
-            t0 += qr[c] * k0[c], t1 += qr[c] * k1[c];
-            t2 += qr[c] * k2[c], t3 += qr[c] * k3[c];
-          }
-          pr[o] = t0, pr[o + 1] = t1, pr[o + 2] = t2, pr[o + 3] = t3;
-        }
-        for (; o < n; ++o) {
-          const float* k = keys + o * stride;
-          v8 acc0 = {};
-          for (int64_t c = 0; c < d8; c += 8) acc0 += load8(qr + c) * load8(k + c);
-          float t = hsum(acc0);
-          for (int64_t c = d8; c < d; ++c) t += qr[c] * k[c];
-          pr[o] = t;
-        }
-        const int64_t visible = std::min(n, last_pos[r] - j * bs + 1);  // keys of this block the row may see
-        float block_max = -std::numeric_limits<float>::infinity();
-        for (o = 0; o < visible; ++o) block_max = std::max(block_max, pr[o]);
-        const float m_new = std::max(m[r], block_max);
-        const float alpha = exp_nonpositive(m[r] - m_new);
-        float sum = 0.0f;
-        for (o = 0; o < visible; ++o) {
-          pr[o] = exp_nonpositive(pr[o] - m_new);
-          sum += pr[o];
-        }
-        for (o = visible; o < n; ++o) pr[o] = 0.0f;
-        l[r] = l[r] * alpha + sum;
-        m[r] = m_new;
-        if (alpha != 1.0f) {
-          float* ar = acc + r * d;
-          for (int64_t c = 0; c < d; ++c) ar[c] *= alpha;
+      const int64_t lo = (h - w.h_lo) * head_rows + first_row, hi = lo + rows_here;
+      if (!tiled) {
+        scores_scalar(q + lo * d, d, keys, stride, n, rows_here, p + lo * ps, ps);
+      } else {
+        for (int64_t r = lo; r < hi; r += 3) {
+          const int64_t nr = std::min<int64_t>(3, hi - r);
+          float* pr = p + r * ps;
+          if (nr == 3) scores_rows<3>(q + r * d, d, keys, stride, n, pr, ps, pf);
+          else if (nr == 2) scores_rows<2>(q + r * d, d, keys, stride, n, pr, ps, pf);
+          else scores_rows<1>(q + r * d, d, keys, stride, n, pr, ps, pf);
         }
       }
-      for (int64_t r = base + first_row; r < base + head_rows; r += 4) {
-        const int64_t nr = std::min<int64_t>(4, base + head_rows - r);
-        const float* p0 = p + r * bs;
-        const float* p1 = p0 + (nr > 1 ? bs : 0);  // a short group repeats its last row: same result, not stored
-        const float* p2 = p0 + (nr > 2 ? 2 * bs : 0);
-        const float* p3 = p0 + (nr > 3 ? 3 * bs : 0);
-        int64_t c = 0;
-        for (; c + 16 <= d8; c += 16) {  // two chunks: 8 independent FMA chains
-          pf.step();
-          pf.step();
-          float* ar = acc + r * d + c;
-          v8 a0 = load8(ar), b0 = load8(ar + 8), a1 = {}, b1 = {}, a2 = {}, b2 = {}, a3 = {}, b3 = {};
-          if (nr > 1) a1 = load8(ar + d), b1 = load8(ar + d + 8);
-          if (nr > 2) a2 = load8(ar + 2 * d), b2 = load8(ar + 2 * d + 8);
-          if (nr > 3) a3 = load8(ar + 3 * d), b3 = load8(ar + 3 * d + 8);
-          for (int64_t o = 0; o < n; ++o) {
-            const v8 v = load8(values + o * stride + c), u = load8(values + o * stride + c + 8);
-            a0 += p0[o] * v, b0 += p0[o] * u;
-            a1 += p1[o] * v, b1 += p1[o] * u;
-            a2 += p2[o] * v, b2 += p2[o] * u;
-            a3 += p3[o] * v, b3 += p3[o] * u;
-          }
-          store8(ar, a0), store8(ar + 8, b0);
-          if (nr > 1) store8(ar + d, a1), store8(ar + d + 8, b1);
-          if (nr > 2) store8(ar + 2 * d, a2), store8(ar + 2 * d + 8, b2);
-          if (nr > 3) store8(ar + 3 * d, a3), store8(ar + 3 * d + 8, b3);
+      for (int64_t r = lo; r < hi; ++r)
+        alpha[r] = softmax_block(p + r * ps, std::min(n, last_pos[r] - j * bs + 1), ps, m[r], l[r]);
+      if (!tiled) {
+        values_scalar(p + lo * ps, ps, values, stride, n, rows_here, acc + lo * d, d, alpha + lo);
+      } else {
+        for (int64_t r = lo; r < hi; r += 3) {
+          const int64_t nr = std::min<int64_t>(3, hi - r);
+          const float* pr = p + r * ps;
+          if (nr == 3) values_rows<3>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
+          else if (nr == 2) values_rows<2>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
+          else values_rows<1>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
         }
-        for (; c < d8; c += 8) {
-          pf.step();
-          v8 a0 = load8(acc + r * d + c), a1 = {}, a2 = {}, a3 = {};
-          if (nr > 1) a1 = load8(acc + (r + 1) * d + c);
-          if (nr > 2) a2 = load8(acc + (r + 2) * d + c);
-          if (nr > 3) a3 = load8(acc + (r + 3) * d + c);
-          for (int64_t o = 0; o < n; ++o) {
-            const v8 v = load8(values + o * stride + c);
-            a0 += p0[o] * v;
-            a1 += p1[o] * v;
-            a2 += p2[o] * v;
-            a3 += p3[o] * v;
-          }
-          store8(acc + r * d + c, a0);
-          if (nr > 1) store8(acc + (r + 1) * d + c, a1);
-          if (nr > 2) store8(acc + (r + 2) * d + c, a2);
-          if (nr > 3) store8(acc + (r + 3) * d + c, a3);
-        }
-        for (int64_t x = r; x < r + nr; ++x)
-          for (int64_t c = d8; c < d; ++c)
-            for (int64_t o = 0; o < n; ++o) acc[x * d + c] += p[x * bs + o] * values[o * stride + c];
       }
     }
-    pf.finish();  // whatever the loops left (a block of fewer than 4 keys has no QK steps)
+    pf.finish();  // whatever the tiles left (a block of fewer than 4 keys has no score tiles)
   }
   for (int64_t h = w.h_lo; h < w.h_hi; ++h)
     for (int64_t i = 0; i < w.num_tokens; ++i) {
