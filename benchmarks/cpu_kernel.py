@@ -1,15 +1,17 @@
 """The native CPU paged-attention kernel alone: microseconds per call and KV bytes read per second.
 
 One ``trtbuild.cpu::PagedAttention`` node (SmolLM2-135M's shape: 9 query heads, 3 KV heads, head size 64, KV blocks
-of 16) run by onnxruntime with the compiled library, for ``B`` decoding sequences each at context ``--ctx``, with a
-float32, int8 or fp8 KV cache. Each timed call reads a different layer's pool (``--layers`` pools, 30 by default)
-as a model step does, so the context comes from DRAM rather than the last call's cache lines.
+of ``--block-size`` 16) run by onnxruntime with the compiled library, for ``B`` decoding sequences each at context
+``--ctx``, with a float32, int8 or fp8 KV cache. Each timed call reads a different layer's pool (``--layers`` pools,
+30 by default) as a model step does, so the context comes from DRAM rather than the last call's cache lines.
 
     .venv/bin/python benchmarks/cpu_kernel.py [--batch 1 64] [--ctx 190] [--threads 2] [--reps 5]
-    .venv/bin/python benchmarks/cpu_kernel.py --library /path/to/other.so   # A/B another build of the kernel
+    .venv/bin/python benchmarks/cpu_kernel.py --library OLD.so NEW.so --reps 50   # A/B builds of the kernel
 
-Prints one line per (batch, KV type): median µs per call over ``--reps`` passes over all layers, and the KV bytes
-those calls read per second.
+Prints one line per (batch, KV type, library): the median and the fastest of ``--reps`` passes over all layers (µs
+per call), and the KV bytes read per second at the median. Several libraries are timed in one process on the same
+pools, their passes interleaved (A, B, A, B, ...): these 2-core machines drift by up to 1.5x within seconds, so
+separate runs compare the machine's moods more than the kernels (their outputs are checked to agree on the way).
 """
 
 from __future__ import annotations
@@ -38,14 +40,13 @@ def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
 
 
 def measure(
-    batch: int, ctx: int, kv: int, library: str, threads: int, layers: int, reps: int, bs: int = 16
-) -> tuple[float, float]:
-    """Median µs per call and KV GB/s read, for ``batch`` decodes at context ``ctx``."""
+    batch: int, ctx: int, kv: int, libraries: list[str], threads: int, layers: int, reps: int, bs: int = 16
+) -> list[tuple[float, float, float]]:
+    """Per library: median and fastest µs per call and KV GB/s read, for ``batch`` decodes at context ``ctx``."""
     rng = np.random.default_rng(0)
     blocks_per_seq = (ctx + 1 + bs - 1) // bs
     num_blocks = batch * blocks_per_seq
     dtype = DTYPES[kv]
-    sess = _session(kv, library, threads)
     pools = []
     for _ in range(layers):
         if kv == KV_FLOAT:
@@ -63,26 +64,36 @@ def measure(
     }
     if kv != KV_FLOAT:
         feeds["k_scale"] = feeds["v_scale"] = np.array(0.05, dtype=np.float32)
-    bindings = []
-    for k, v in pools:
-        b = sess.io_binding()
-        b.bind_ortvalue_input("key_cache", k)
-        b.bind_ortvalue_input("value_cache", v)
-        for name, arr in feeds.items():
-            b.bind_cpu_input(name, arr)
-        b.bind_output("out", "cpu")
-        bindings.append(b)
-    for b in bindings:  # warm-up: thread pool, page faults
-        sess.run_with_iobinding(b)
-    per_call = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for b in bindings:
+    runs = []
+    for library in libraries:
+        sess = _session(kv, library, threads)
+        bindings = []
+        for k, v in pools:
+            b = sess.io_binding()
+            b.bind_ortvalue_input("key_cache", k)
+            b.bind_ortvalue_input("value_cache", v)
+            for name, arr in feeds.items():
+                b.bind_cpu_input(name, arr)
+            b.bind_output("out", "cpu")
+            bindings.append(b)
+        for b in bindings:  # warm-up: thread pool, page faults
             sess.run_with_iobinding(b)
-        per_call.append((time.perf_counter() - t0) / layers)
-    us = statistics.median(per_call) * 1e6
+        runs.append((sess, bindings, bindings[0].get_outputs()[0].numpy().copy()))
+    for _, _, out in runs[1:]:  # every build computes the same attention (the caches' writes repeat the same values)
+        np.testing.assert_allclose(out, runs[0][2], atol=1e-4, rtol=0)
+    per_call: list[list[float]] = [[] for _ in runs]
+    for _ in range(reps):
+        for (sess, bindings, _), times in zip(runs, per_call, strict=True):
+            t0 = time.perf_counter()
+            for b in bindings:
+                sess.run_with_iobinding(b)
+            times.append((time.perf_counter() - t0) / layers)
     kv_bytes = 2 * batch * (ctx + 1) * HKV * D * np.dtype(dtype).itemsize
-    return us, kv_bytes / (us * 1e-6) / 1e9
+    results = []
+    for times in per_call:
+        us = statistics.median(times) * 1e6
+        results.append((us, min(times) * 1e6, kv_bytes / (us * 1e-6) / 1e9))
+    return results
 
 
 def main() -> None:
@@ -94,15 +105,24 @@ def main() -> None:
     ap.add_argument("--block-size", type=int, default=16, help="KV slots per block (the engines' default: 16)")
     ap.add_argument("--layers", type=int, default=30, help="pools cycled through (30: SmolLM2's layers)")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--library", help="kernel library to time (default: this machine's build, compiled if needed)")
+    ap.add_argument(
+        "--library", nargs="+", help="kernel libraries to time, interleaved (default: this machine's build)"
+    )
     args = ap.parse_args()
-    library = args.library or str(library_path())
-    print(f"library {library}, ctx {args.ctx}, {args.threads} threads, median of {args.reps}")
+    libraries = args.library or [str(library_path())]
+    print(f"ctx {args.ctx}, {args.threads} threads, {args.reps} interleaved passes over {args.layers} layers")
+    for i, library in enumerate(libraries):
+        print(f"  [{i}] {library}")
     for batch in args.batch:
         for kv, name in NAMES.items():
             if name in args.kv:
-                us, gbs = measure(batch, args.ctx, kv, library, args.threads, args.layers, args.reps, args.block_size)
-                print(f"batch {batch:3d}  kv {name:7s}  {us:9.1f} us/call  {gbs:6.1f} GB/s of KV")
+                results = measure(batch, args.ctx, kv, libraries, args.threads, args.layers, args.reps, args.block_size)
+                for i, (us, fastest, gbs) in enumerate(results):
+                    tag = f"  [{i}]" if len(libraries) > 1 else ""
+                    print(
+                        f"batch {batch:3d}  kv {name:7s}{tag}  {us:9.1f} us/call (fastest {fastest:7.1f})"
+                        f"  {gbs:6.1f} GB/s of KV"
+                    )
 
 
 if __name__ == "__main__":
