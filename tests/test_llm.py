@@ -408,14 +408,15 @@ def test_engine_dir_errors(engine, text_engine, tmp_path):
         LLM(engine, max_num_batched_tokens=0)
 
 
-def test_runtime_imports_neither_torch_nor_transformers(engine):
+def test_runtime_imports_no_build_tool(engine):
+    """The thin runtime: numpy, onnxruntime, tokenizers; not torch, transformers or onnx (a build extra)."""
     code = (
         "import sys, trtbuild\n"
         "assert 'numpy' not in sys.modules and 'onnxruntime' not in sys.modules, 'import trtbuild is not light'\n"
         f"llm = trtbuild.LLM({str(engine)!r})\n"
         "out = llm.generate([[1, 2, 3]], trtbuild.SamplingParams(max_tokens=3))\n"
         "assert len(out[0].token_ids) == 3\n"
-        "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,6 +5,8 @@ and decode steps of the paged cache, and onnxruntime runs it on its integer kern
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
 from typing import NamedTuple
 
 import ml_dtypes
@@ -16,7 +18,7 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
-from trtbuild.backends.onnxruntime.native_linear import WEIGHT_OPS, LinearSimd, cpu_linear_simd
+from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
@@ -528,7 +530,8 @@ def test_weight_arena_holds_every_native_weight(quantized, name):
     external = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer if t.external_data}
     inits = {t.name: t for t in graph.initializer}
     weights = {i for n in graph.node if n.op_type == "QLinear" for i in n.input if i in external}  # not the inline
-    arena = huge_pages.WeightArena(path, WEIGHT_OPS)
+    assert path.with_name(huge_pages.ARENA_LAYOUT).is_file()  # the build wrote the layout: no onnx at run time
+    arena = huge_pages.WeightArena(path, huge_pages.read_arena_layout(path))
     assert set(arena.arrays) == weights and len(weights) >= QUANTIZED_LINEARS  # at least every codes tensor
     for w in weights:
         np.testing.assert_array_equal(arena.arrays[w], numpy_helper.to_array(inits[w]))
@@ -537,3 +540,12 @@ def test_weight_arena_holds_every_native_weight(quantized, name):
     session = OrtSession(engine, kv_cache_memory=1 << 20)
     assert session.huge_page_bytes >= (arena.nbytes if huge_pages.supported() else 0)
     np.testing.assert_array_equal(session.step(batch), plain)
+    # ... and a fresh process fills the arena from the layout the build wrote, without importing onnx
+    code = (
+        "import sys; from trtbuild.backends.onnxruntime.session import OrtSession\n"
+        f"s = OrtSession({str(engine)!r}, kv_cache_memory=1 << 20)\n"
+        "assert s._arena is not None and len(s._arena.arrays) > 0\n"
+        "assert 'onnx' not in sys.modules, 'the runtime imported onnx'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -66,7 +66,8 @@ def flip(path: Path, offset: int) -> None:
 def test_intact_artifacts_verify(artifacts):
     assert verify_artifacts(artifacts).ok
     report = verify_engine_dir(artifacts / ENGINE)
-    assert report.ok and report.checked_files == 5 and report.notes == []  # built here: no version differences
+    # model.onnx, its data, native_weights.json, runtime_config.json, the tokenizer; built here: no version notes
+    assert report.ok and report.checked_files == 6 and report.notes == []
     proc = subprocess.run([*TRTBUILD, "verify", str(artifacts / ENGINE)], capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout.startswith("ok: "), proc.stderr
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import onnx
 
@@ -29,9 +30,11 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     if gate is not None and req.check_gate is None:
         raise BuildError("a build request with an accuracy gate needs its check_gate (build_engine passes it)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
+    from .huge_pages import ARENA_LAYOUT
+    from .kernel_library import WEIGHT_OPS
     from .lowering import lower_for_onnxruntime
     from .native import library_path, lower_to_native, native_supports
-    from .native_linear import LinearSimd, cpu_linear_simd, native_linears
+    from .native_linear import LinearSimd, cpu_linear_simd, native_linears, weight_arena_layout
     from .weights import (
         hand_activations_to_kernel,
         integer_gemms_per_token,
@@ -51,7 +54,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     engine = hand_activations_to_kernel(lowered)
     if build.cpu_linear is CpuLinear.NATIVE:
         engine = native_linears(engine)
-        if not any(n.op_type == "QLinear" for n in engine.graph.node):  # a float model: nothing for it to run
+        if not any((n.domain, n.op_type) in WEIGHT_OPS for n in engine.graph.node):  # a float model: nothing to run
             build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
     if build.uses_native_cpu_library:
         try:
@@ -73,6 +76,10 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
             location=path.name + ".data",
             size_threshold=1024,
         )
+        if build.uses_native_cpu_library:  # the runtime's huge-page arena, readable without onnx
+            layout = weight_arena_layout(onnx.load(str(path), load_external_data=False))
+            text = json.dumps({"tensors": [asdict(t) for t in layout]}, indent=1)
+            path.with_name(ARENA_LAYOUT).write_text(text + "\n")
         RuntimeConfig(model=model_cfg, build=build, engine_file=ORT_ENGINE, io=io).save(tmp)
         copy_tokenizer_files(ckpt_dir, tmp)
         gate_result = None

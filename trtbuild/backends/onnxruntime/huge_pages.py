@@ -24,8 +24,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import json
 import mmap
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -123,28 +125,46 @@ def huge_page_bytes(ranges: list[Range]) -> int:
     return total
 
 
+ARENA_LAYOUT = "native_weights.json"  # beside the engine's model file: WeightArena's input, written by the build
+
+
+@dataclass(frozen=True)
+class ArenaTensor:
+    """One weight in a data file of the engine: ``length`` bytes at ``offset`` of ``location`` (relative to the
+    model file's folder), holding a C-order array of ``dtype`` (numpy's name) and ``shape``."""
+
+    name: str
+    location: str
+    offset: int
+    length: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+def read_arena_layout(model_path: Path) -> list[ArenaTensor] | None:
+    """The weights ``WeightArena`` holds for the engine at ``model_path``, from its build's ``native_weights.json``;
+    None for an engine built before that file existed (``OrtSession`` then reads the graph with ``onnx``)."""
+    layout = model_path.with_name(ARENA_LAYOUT)
+    if not layout.is_file():
+        return None
+    entries = json.loads(layout.read_text())["tensors"]
+    return [ArenaTensor(**{**e, "shape": tuple(e["shape"])}) for e in entries]
+
+
 class WeightArena:
-    """The weights that ``ops`` nodes read in place each step, copied from the model's external data files into
-    one anonymous mapping on huge pages, each tensor 64-byte aligned. onnxruntime would map every tensor of a
-    data file separately (small pages that ``MADV_COLLAPSE`` cannot turn into huge ones: they are file-backed);
-    ``values`` (zero-copy ``OrtValue`` views) go to ``SessionOptions.add_initializer`` instead, which makes
-    onnxruntime use them rather than read the file, and the arena must outlive the session."""
+    """The weights of ``layout`` (the native ops' weights, ``read_arena_layout``) copied from the engine's data
+    files into one anonymous mapping on huge pages, each tensor 64-byte aligned. onnxruntime would map every tensor
+    of a data file separately (small pages that ``MADV_COLLAPSE`` cannot turn into huge ones: they are
+    file-backed); ``values`` (zero-copy ``OrtValue`` views) go to ``SessionOptions.add_initializer`` instead, which
+    makes onnxruntime use them rather than read the file, and the arena must outlive the session."""
 
-    def __init__(self, model_path: Path, ops: frozenset[tuple[str, str]]) -> None:
-        import onnx  # the graph only, not its weights
+    def __init__(self, model_path: Path, layout: list[ArenaTensor]) -> None:
         import onnxruntime as ort
-        from onnx.helper import tensor_dtype_to_np_dtype
 
-        model = onnx.load(str(model_path), load_external_data=False)
-        external = {t.name: t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL}
-        names = sorted({i for n in model.graph.node if (n.domain, n.op_type) in ops for i in n.input if i in external})
-        layout, size = [], 0
-        for name in names:
-            tensor = external[name]
-            info = {e.key: e.value for e in tensor.external_data}
-            length = int(info["length"])
-            layout.append((tensor, info["location"], int(info.get("offset", 0)), length, size))
-            size += -(-length // 64) * 64
+        starts, size = [], 0
+        for tensor in layout:
+            starts.append(size)
+            size += -(-tensor.length // 64) * 64
         self.memory = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if supported():
             self.memory.madvise(mmap.MADV_HUGEPAGE)  # before the first write: the pages fault in as 2 MB ones
@@ -152,19 +172,19 @@ class WeightArena:
         view, files = memoryview(self.memory), {}
         folder = model_path.parent.resolve()
         try:
-            for tensor, location, offset, length, start in layout:
-                if location not in files:
-                    file = (folder / location).resolve()
+            for tensor, start in zip(layout, starts, strict=True):
+                if tensor.location not in files:
+                    file = (folder / tensor.location).resolve()
                     if folder not in file.parents:
-                        raise OSError(f"external data {location!r} lies outside the engine directory")
-                    files[location] = open(file, "rb")  # noqa: SIM115 (closed below)
-                f = files[location]
-                f.seek(offset)
-                if f.readinto(view[start : start + length]) != length:
-                    raise OSError(f"{location}: truncated external data for {tensor.name}")
-                dtype = np.dtype(tensor_dtype_to_np_dtype(tensor.data_type))
-                array = np.frombuffer(self.memory, dtype, length // dtype.itemsize, start)
-                self.arrays[tensor.name] = array.reshape(tuple(tensor.dims))
+                        raise OSError(f"external data {tensor.location!r} lies outside the engine directory")
+                    files[tensor.location] = open(file, "rb")  # noqa: SIM115 (closed below)
+                f = files[tensor.location]
+                f.seek(tensor.offset)
+                if f.readinto(view[start : start + tensor.length]) != tensor.length:
+                    raise OSError(f"{tensor.location}: truncated external data for {tensor.name}")
+                dtype = np.dtype(tensor.dtype)
+                array = np.frombuffer(self.memory, dtype, tensor.length // dtype.itemsize, start)
+                self.arrays[tensor.name] = array.reshape(tensor.shape)
         finally:
             for f in files.values():
                 f.close()

@@ -1,10 +1,7 @@
-"""The native CPU kernel of ``trtbuild::PagedAttention`` for onnxruntime: its build and its place in the graph.
+"""The native CPU kernel of ``trtbuild::PagedAttention`` for onnxruntime: its place in the graph (a build step).
 
-``plugins/paged_attention/cpu_kernel.cc`` is an onnxruntime custom-op library (domain ``trtbuild.cpu``). It is
-compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``) for the machine's own CPU
-(``-march=native``) and cached under ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the source, the compiler
-and the CPU, so a changed file, compiler or machine gets its own build. It links nothing: onnxruntime hands it
-its API table when the session registers the library.
+The kernel is ``plugins/paged_attention/cpu_kernel.cc``, an onnxruntime custom-op library (domain
+``trtbuild.cpu``) compiled for the machine at first use: ``kernel_library.py`` (the runtime's part, no ``onnx``).
 
 ``lower_to_native`` turns each plugin node into one ``trtbuild.cpu::PagedAttention`` node (float32, int8 or fp8
 cache, as the plugin's ``kv_cache_dtype`` says) with a single output: the cache inputs are written in place, so
@@ -14,95 +11,25 @@ the graph has no ``new_keys`` / ``new_values`` outputs and the session stores no
 
 from __future__ import annotations
 
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import onnx
 from onnx import helper
 
 from ...config import ORT_LOWERED_NODE_PREFIX
-from ...errors import EngineError
-from ...plugins import paged_attention
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
+from .kernel_library import (  # noqa: F401 (CXXFLAGS, SOURCE, library_path: re-exported for tests and benchmarks)
+    CXXFLAGS,
+    MAX_BLOCK_SIZE,
+    MAX_GQA_GROUP,
+    MAX_GROUP_X_HEAD_SIZE,
+    MAX_HEAD_SIZE,
+    NATIVE_DOMAIN,
+    SOURCE,
+    library_path,
+)
 
-NATIVE_DOMAIN = "trtbuild.cpu"
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.
 CACHE_ELEM_TYPES = {KV_FLOAT: onnx.TensorProto.FLOAT, KV_INT8: onnx.TensorProto.INT8, KV_FP8: onnx.TensorProto.UINT8}
-SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
-INCLUDES = (SOURCE.with_name("cpu_linear.inc"),)  # textually included by SOURCE: part of the build's digest
-# Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
-# Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
-# flush-to-zero/denormals-are-zero bits for the whole process on load (numpy, torch and every other library then
-# compute subnormals as zero). The individual flags give the same code without that side effect.
-CXXFLAGS = (
-    "-O3",
-    "-march=native",
-    "-fno-math-errno",
-    "-fno-trapping-math",
-    "-fno-signed-zeros",
-    "-fassociative-math",
-    "-freciprocal-math",
-    "-std=c++17",
-    "-shared",
-    "-fPIC",
-)
-# What the kernel's fixed scratch holds (cpu_kernel.cc: kMaxRows, kMaxTileFloats, kMaxBlockSize, kMaxHeadSize).
-MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_BLOCK_SIZE, MAX_HEAD_SIZE = 128, 8192, 64, 512
-
-
-def _compiler() -> str:
-    cxx = os.environ.get("CXX") or "g++"
-    path = shutil.which(cxx)
-    if path is None:
-        raise EngineError(
-            f"trtbuild's native kernels need a C++ compiler and {cxx!r} was not found: install g++ (or set CXX), "
-            "or build the engine with --cpu-attention lowered --cpu-linear onnxruntime"
-        )
-    return path
-
-
-def _cpu_identity() -> str:
-    """The CPU's model and features: ``-march=native`` code is only valid on CPUs that have them."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine() + platform.processor()
-    keep = ("model name", "flags", "Features", "CPU part")
-    return platform.machine() + "".join(sorted({line for line in lines if line.startswith(keep)}))
-
-
-def library_path() -> Path:
-    """The compiled kernel library for this machine, building it on first use (a few seconds)."""
-    cxx = _compiler()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256()
-    sources = [SOURCE.read_bytes(), *(p.read_bytes() for p in INCLUDES)]
-    for part in (*sources, " ".join(CXXFLAGS).encode(), version.encode(), _cpu_identity().encode()):
-        digest.update(part)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtbuild" / "kernels"
-    lib = cache / f"paged_attention-{digest.hexdigest()[:16]}.so"
-    if lib.is_file():
-        return lib
-    cache.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)  # compile beside it, then rename: concurrent builds are safe
-    os.close(fd)
-    try:
-        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
-            raise EngineError(
-                f"compiling the native kernels failed ({first}); use --cpu-attention lowered --cpu-linear onnxruntime"
-            )
-        os.replace(tmp, lib)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return lib
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int | float | None = None) -> int | float:

@@ -31,16 +31,29 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .native import NATIVE_DOMAIN
+from .huge_pages import ArenaTensor
+from .kernel_library import NATIVE_DOMAIN, QLINEAR_OP, WEIGHT_OPS
 from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes
 
 PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
 ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
 STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
-QLINEAR_OP = "QLinear"
-# The native ops that read their weights in place every step: OrtSession gives them a huge-page arena
-# (huge_pages.WeightArena).
-WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
+
+
+def weight_arena_layout(model: onnx.ModelProto) -> list[ArenaTensor]:
+    """Where the weights of ``model``'s ``WEIGHT_OPS`` nodes lie in its external data (``model`` loaded without
+    it), for the runtime's huge-page arena; the build writes this as ``native_weights.json``, so that the runtime
+    needs no ``onnx`` to read it."""
+    external = {t.name: t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    names = {i for n in model.graph.node if (n.domain, n.op_type) in WEIGHT_OPS for i in n.input if i in external}
+    layout = []
+    for name in sorted(names):
+        tensor = external[name]
+        info = {e.key: e.value for e in tensor.external_data}
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        layout.append(ArenaTensor(name, info["location"], offset, length, dtype, tuple(tensor.dims)))
+    return layout
 
 
 class LinearSimd(enum.Enum):

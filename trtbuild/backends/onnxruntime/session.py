@@ -87,7 +87,7 @@ class OrtSession(EngineSession):
             opts.add_session_config_entry(key, value)
         self._native = build.cpu_attention is CpuAttention.NATIVE  # the graph writes the KV cache itself
         if build.uses_native_cpu_library:
-            from .native import library_path  # compiles the kernel on this machine's first use
+            from .kernel_library import library_path  # compiles the kernels on this machine's first use
 
             opts.register_custom_ops_library(str(library_path()))
         path = engine_dir / self.config.engine_file
@@ -96,10 +96,8 @@ class OrtSession(EngineSession):
         if huge_pages:
             hp.map_large_allocations_apart()
         if huge_pages and build.uses_native_cpu_library:
-            from .native_linear import WEIGHT_OPS
-
             try:
-                self._arena = hp.WeightArena(path, WEIGHT_OPS)
+                self._arena = hp.WeightArena(path, _arena_layout(path))
             except Exception as e:
                 raise EngineError(f"{path}: cannot load the engine's weights ({str(e).splitlines()[0]})") from None
             for name, value in self._arena.values.items():
@@ -171,3 +169,18 @@ class OrtSession(EngineSession):
             return read_ort_profile(path, skip_runs)
         finally:
             path.unlink(missing_ok=True)
+
+
+def _arena_layout(model_path: Path) -> list[hp.ArenaTensor]:
+    """The native ops' weights for the huge-page arena: the layout the build wrote, else (an engine built before
+    it did) read from the graph with ``onnx`` where that build tool is installed, else none."""
+    layout = hp.read_arena_layout(model_path)
+    if layout is not None:
+        return layout
+    try:
+        import onnx
+    except ImportError:
+        return []
+    from .native_linear import weight_arena_layout
+
+    return weight_arena_layout(onnx.load(str(model_path), load_external_data=False))
