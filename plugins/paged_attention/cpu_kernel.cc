@@ -234,19 +234,25 @@ inline v8 hsum8(v8 x0, v8 x1, v8 x2, v8 x3, v8 x4, v8 x5, v8 x6, v8 x7) {
 #endif
 }
 
+// Cephes' expf polynomial: exp(r) for the reduced argument (|r| <= ln 2 / 2), on a float or on eight lanes.
+template <typename T>
+inline T exp_poly(T r) {
+  T y = T{} + 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  return y * r * r + r + 1.0f;
+}
+
 // exp(x) for x <= 0 (a score minus its row's running maximum), Cephes' expf polynomial, within 2 ulp; a plain
 // loop over it vectorises (libm's expf does not), which matters: every score takes one.
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.3f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
+  const float y = exp_poly(r);
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
@@ -263,13 +269,7 @@ inline v8 exp8_nonpositive(v8 x) {
   v8 n = __builtin_convertvector(__builtin_convertvector(t, v8i), v8);
   n = n > t ? n - 1.0f : n;
   const v8 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v8 y = v8{} + 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
+  const v8 y = exp_poly(r);
   const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
   v8 scale;
   std::memcpy(&scale, &bits, sizeof(scale));
