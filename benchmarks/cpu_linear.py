@@ -117,7 +117,7 @@ def shapes_table(args: argparse.Namespace) -> None:
                 name = "float32 MatMul" if block is None else f"MatMulNBits int{args.bits}/{block}"
                 cells.append(f"{name} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
             if args.native:
-                from trtbuild.backends.onnxruntime.native import library_path
+                from trtbuild.backends.onnxruntime.kernel_library import library_path
 
                 opts = _options(args.threads)
                 opts.register_custom_ops_library(str(library_path()))
@@ -133,7 +133,7 @@ def shapes_table(args: argparse.Namespace) -> None:
 
 
 def engine_linears(args: argparse.Namespace) -> None:
-    from trtbuild.backends.onnxruntime.native import library_path
+    from trtbuild.backends.onnxruntime.kernel_library import library_path
     from trtbuild.backends.onnxruntime.session import OrtSession
     from trtbuild.runtime.batch import StepBatch
 

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.backends.onnxruntime.native import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
+from trtbuild.backends.onnxruntime.kernel_library import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
 from trtbuild.backends.onnxruntime.native_linear import (
     LinearSimd,
     cpu_linear_simd,

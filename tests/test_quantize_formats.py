@@ -69,7 +69,7 @@ EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}
 
 def _open_engine(engine, opts: ort.SessionOptions) -> ort.InferenceSession:
     """The engine's graph in a bare onnxruntime session (its native attention kernel registered)."""
-    from trtbuild.backends.onnxruntime.native import library_path
+    from trtbuild.backends.onnxruntime.kernel_library import library_path
 
     opts.register_custom_ops_library(str(library_path()))
     return ort.InferenceSession(

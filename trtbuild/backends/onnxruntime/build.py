@@ -31,9 +31,9 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         raise BuildError("a build request with an accuracy gate needs its check_gate (build_engine passes it)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
     from .huge_pages import ARENA_LAYOUT
-    from .kernel_library import WEIGHT_OPS
+    from .kernel_library import WEIGHT_OPS, library_path
     from .lowering import lower_for_onnxruntime
-    from .native import library_path, lower_to_native, native_supports
+    from .native import lower_to_native, native_supports
     from .native_linear import LinearSimd, cpu_linear_simd, native_linears, weight_arena_layout
     from .weights import (
         hand_activations_to_kernel,

@@ -16,16 +16,7 @@ from onnx import helper
 
 from ...config import ORT_LOWERED_NODE_PREFIX
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
-from .kernel_library import (  # noqa: F401 (CXXFLAGS, SOURCE, library_path: re-exported for tests and benchmarks)
-    CXXFLAGS,
-    MAX_BLOCK_SIZE,
-    MAX_GQA_GROUP,
-    MAX_GROUP_X_HEAD_SIZE,
-    MAX_HEAD_SIZE,
-    NATIVE_DOMAIN,
-    SOURCE,
-    library_path,
-)
+from .kernel_library import MAX_BLOCK_SIZE, MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_HEAD_SIZE, NATIVE_DOMAIN
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .native import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
+from .kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
 
