@@ -1,7 +1,7 @@
 """Engine step times side by side: onnxruntime engines A, B, ... in one process, their steps interleaved.
 
     .venv/bin/python benchmarks/engine_steps.py ENGINE_A ENGINE_B [...] [--rounds 5] [--threads 2] [--batch 64]
-        [--kinds decode-b1,prefill-128,decode-batch] [--small-pages-too]
+        [--kinds decode-b1,prefill-128,decode-batch] [--small-pages-too] [--library OLD.so NEW.so]
     perf record -F 2999 -o /tmp/perf.data -- .venv/bin/python benchmarks/engine_steps.py ENGINE \
         --kinds decode-b1 --rounds 50    # then: perf report -i /tmp/perf.data --sort dso,symbol
 
@@ -11,7 +11,10 @@ directly (no runner, no sampling): the engine's own cost per step kind. Rounds g
 so that a machine whose speed drifts (these 2-core machines move by up to 1.5x within minutes) drifts for all of
 them alike; the table gives the median over rounds and the fastest round. Use it for kernel A/B runs (build the
 same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild bench`` and
-``benchmarks/vs_peers.py`` measure whole generations. Takes about 20 s per engine and round.
+``benchmarks/vs_peers.py`` measure whole generations. ``--library`` opens each engine once per given build of
+the native kernel library (e.g. ``g++ -O3 -march=native ... -shared -fPIC -o OLD.so`` of an earlier
+``cpu_kernel.cc``, flags as in ``trtbuild/backends/onnxruntime/kernel_library.py``): a kernel A/B on whole steps in
+one process. Takes about 20 s per engine and round.
 """
 
 from __future__ import annotations
@@ -69,20 +72,30 @@ def main() -> None:
         help="also time each engine with its weights on 4 KB pages (OrtSession(huge_pages=False)): the A/B of "
         "backends/onnxruntime/huge_pages.py",
     )
+    parser.add_argument(
+        "--library",
+        nargs="+",
+        type=Path,
+        help="kernel library builds to compare: each engine is opened once per build (default: this machine's)",
+    )
     args = parser.parse_args()
     kinds = [k for k in KINDS if k in args.kinds]
     rng = np.random.default_rng(0)
     prompt = rng.integers(100, 20000, 128).tolist()
     tables = [list(range(1 + i * BLOCKS_PER_SEQ, 1 + (i + 1) * BLOCKS_PER_SEQ)) for i in range(args.batch)]
     cached = tables if "decode batch" in kinds else tables[:1]  # the other kinds read sequence 0 only
-    variants = [(e, True) for e in args.engines] + [(e, False) for e in args.engines if args.small_pages_too]
-    labels = [e if huge else f"{e} (4 KB pages)" for e, huge in variants]
+    libraries: list[Path | None] = args.library or [None]
+    variants = [(e, True, lib) for e in args.engines for lib in libraries]
+    variants += [(e, False, lib) for e in args.engines for lib in libraries if args.small_pages_too]
+    labels = [e + ("" if huge else " (4 KB pages)") + (f" [{lib.name}]" if lib else "") for e, huge, lib in variants]
     sessions = []
-    for engine, huge in variants:
+    for engine, huge, lib in variants:
         config = RuntimeConfig.load(Path(engine))
         per_block = bytes_per_block(config.model, config.build.kv_block_size)
         memory = per_block * (args.batch * BLOCKS_PER_SEQ + 2)  # block 0 unused: ids start at 1
-        session = OrtSession(engine, kv_cache_memory=memory, num_threads=args.threads, huge_pages=huge)
+        session = OrtSession(
+            engine, kv_cache_memory=memory, num_threads=args.threads, huge_pages=huge, kernel_library=lib
+        )
         for i in range(0, len(cached), 8):  # the 128-token prompt of every sequence a kind reads in the cache
             rows = cached[i : i + 8]
             session.step(StepBatch.build([prompt] * len(rows), [0] * len(rows), rows))

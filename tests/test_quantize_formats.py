@@ -549,3 +549,25 @@ def test_weight_arena_holds_every_native_weight(quantized, name):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_session_registers_the_kernel_library_it_is_given(quantized, tmp_path):
+    """``OrtSession(kernel_library=...)`` (kernel A/B runs in one process, ``benchmarks/engine_steps.py --library``)
+    runs the engine on that build: a copy of this machine's build gives the default session's logits, and a path that
+    is not a library (missing, or not a shared object) is an ``EngineError``, not onnxruntime's own failure."""
+    import shutil
+
+    from trtbuild.backends.onnxruntime.kernel_library import library_path
+    from trtbuild.errors import EngineError
+
+    _, _, engine = quantized["int4_awq"]
+    copy = tmp_path / "other-build.so"
+    shutil.copyfile(library_path(), copy)
+    batch = StepBatch.build([list(range(1, 20))], [0], [[1, 2, 3, 4, 5]], all_logits=True)
+    default = OrtSession(engine, kv_cache_memory=1 << 20).step(batch)
+    np.testing.assert_array_equal(OrtSession(engine, kv_cache_memory=1 << 20, kernel_library=copy).step(batch), default)
+    with pytest.raises(EngineError, match="no such kernel library"):
+        OrtSession(engine, kv_cache_memory=1 << 20, kernel_library=tmp_path / "missing.so")
+    (tmp_path / "not-a-library.so").write_text("not ELF")
+    with pytest.raises(EngineError, match="cannot load the kernel library"):
+        OrtSession(engine, kv_cache_memory=1 << 20, kernel_library=tmp_path / "not-a-library.so")

@@ -57,6 +57,7 @@ class OrtSession(EngineSession):
         session_config: Mapping[str, str] | None = None,
         profile_kernels: bool = False,
         huge_pages: bool = True,
+        kernel_library: Path | None = None,
     ) -> None:
         """``huge_pages``: put the weights on transparent huge pages where Linux allows it (``huge_pages.py``: the
         native kernels' weights copied into one arena, and what onnxruntime allocates while creating the session,
@@ -64,7 +65,9 @@ class OrtSession(EngineSession):
         ``session_config``: extra onnxruntime session config entries, e.g.
         ``{"session.qdq_matmulnbits_accuracy_level": "0"}`` for float (not int8) activations in ``MatMulNBits``.
         ``profile_kernels``: run onnxruntime's profiler (it times every node: a decode step of a 30-layer model
-        takes up to 2x as long); ``kernel_times()`` reads it."""
+        takes up to 2x as long); ``kernel_times()`` reads it.
+        ``kernel_library``: the native kernels' compiled library to register (default: this machine's build of the
+        source, ``kernel_library.library_path()``); benchmarks pass other builds to compare kernels in one process."""
         engine_dir = Path(engine_dir)
         if not (engine_dir / "runtime_config.json").is_file():
             raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
@@ -89,7 +92,13 @@ class OrtSession(EngineSession):
         if build.uses_native_cpu_library:
             from .kernel_library import library_path  # compiles the kernels on this machine's first use
 
-            opts.register_custom_ops_library(str(library_path()))
+            library = Path(kernel_library) if kernel_library is not None else library_path()
+            if not library.is_file():
+                raise EngineError(f"{library}: no such kernel library")
+            try:
+                opts.register_custom_ops_library(str(library))
+            except Exception as e:
+                raise EngineError(f"{library}: cannot load the kernel library ({str(e).splitlines()[0]})") from None
         path = engine_dir / self.config.engine_file
         huge_pages = huge_pages and hp.supported()
         self._arena: hp.WeightArena | None = None  # holds the native kernels' weights while the session lives
