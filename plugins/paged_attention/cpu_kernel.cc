@@ -237,7 +237,7 @@ inline v8 hsum8(v8 x0, v8 x1, v8 x2, v8 x3, v8 x4, v8 x5, v8 x6, v8 x7) {
 // x, from now on held in a register. GCC folds a vector load into each FMA that uses it as a memory operand, so a
 // key vector shared by the tile's query rows was loaded once per row (and a query vector once per key): 24 loads
 // for 12 FMAs in the score tile, 15 in the value tile. The empty asm makes the loaded value opaque to that folding:
-// one load, then registers (the kernel's calls 10-17% faster on a Zen 4, docs/performance.md, seventh look).
+// one load, then registers (the kernel 10-18% faster on one Zen 4 core, docs/performance.md, seventh look).
 inline v8 in_register(v8 x) {
 #if defined(__AVX__)
   asm("" : "+x"(x));
