@@ -234,17 +234,6 @@ inline v8 hsum8(v8 x0, v8 x1, v8 x2, v8 x3, v8 x4, v8 x5, v8 x6, v8 x7) {
 #endif
 }
 
-// x, from now on held in a register. GCC folds a vector load into each FMA that uses it as a memory operand, so a
-// key vector shared by the tile's query rows was loaded once per row (and a query vector once per key): 24 loads
-// for 12 FMAs in the score tile, 15 in the value tile. The empty asm makes the loaded value opaque to that folding:
-// one load, then registers (the kernel 10-18% faster on one Zen 4 core, docs/performance.md, seventh look).
-inline v8 in_register(v8 x) {
-#if defined(__AVX__)
-  asm("" : "+x"(x));
-#endif
-  return x;
-}
-
 // Cephes' expf polynomial: exp(r) for the reduced argument (|r| <= ln 2 / 2), on a float or on eight lanes.
 template <typename T>
 inline T exp_poly(T r) {
@@ -306,10 +295,10 @@ inline void scores_x4(const float* q, int64_t d, const float* k, int64_t stride,
   for (int64_t c = 0; c < d; c += 8) {
     v8 qv[R];
 #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) qv[r] = in_register(load8(q + r * d + c));
+    for (int r = 0; r < R; ++r) qv[r] = load8(q + r * d + c);
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const v8 kv = in_register(load8(k + j * stride + c));
+      const v8 kv = load8(k + j * stride + c);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][j] += qv[r] * kv;
     }
@@ -347,7 +336,7 @@ inline void values_xc(const float* p, int64_t ps, const float* v, int64_t stride
     for (int r = 0; r < R; ++r) pr[r] = v8{} + p[r * ps + o];
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const v8 vv = in_register(load8(v + o * stride + 8 * c));
+      const v8 vv = load8(v + o * stride + 8 * c);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) a[r][c] += pr[r] * vv;
     }
