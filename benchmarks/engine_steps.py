@@ -87,7 +87,7 @@ def main() -> None:
     libraries: list[Path | None] = args.library or [None]
     variants = [(e, True, lib) for e in args.engines for lib in libraries]
     variants += [(e, False, lib) for e in args.engines for lib in libraries if args.small_pages_too]
-    labels = [e + ("" if huge else " (4 KB pages)") + (f" [{lib.name}]" if lib else "") for e, huge, lib in variants]
+    labels = [e + ("" if huge else " (4 KB pages)") + (f" [{lib}]" if lib else "") for e, huge, lib in variants]
     sessions = []
     for engine, huge, lib in variants:
         config = RuntimeConfig.load(Path(engine))
