@@ -7,6 +7,7 @@ of ``--block-size`` 16) run by onnxruntime with the compiled library, for ``B`` 
 
     .venv/bin/python benchmarks/cpu_kernel.py [--batch 1 64] [--ctx 190] [--threads 2] [--reps 5]
     .venv/bin/python benchmarks/cpu_kernel.py --library OLD.so NEW.so --reps 50   # A/B builds of the kernel
+    .venv/bin/python benchmarks/cpu_kernel.py --batch 16 --ctx 0 --new 128   # a prefill chunk of 16 prompts
 
 Prints one line per (batch, KV type, library): the median and the fastest of ``--reps`` passes over all layers (µs
 per call), and the KV bytes read per second at the median. Several libraries are timed in one process on the same
@@ -41,11 +42,20 @@ def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
 
 
 def measure(
-    batch: int, ctx: int, kv: int, libraries: list[str], threads: int, layers: int, reps: int, bs: int = 16
+    batch: int,
+    ctx: int,
+    kv: int,
+    libraries: list[str],
+    threads: int,
+    layers: int,
+    reps: int,
+    bs: int = 16,
+    new: int = 1,
 ) -> list[tuple[float, float, float]]:
-    """Per library: median and fastest µs per call and KV GB/s read, for ``batch`` decodes at context ``ctx``."""
+    """Per library: median and fastest µs per call and KV GB/s read, for ``batch`` sequences of ``new`` tokens
+    each (1: decodes) after ``ctx`` cached positions."""
     rng = np.random.default_rng(0)
-    blocks_per_seq = (ctx + 1 + bs - 1) // bs
+    blocks_per_seq = (ctx + new + bs - 1) // bs
     num_blocks = batch * blocks_per_seq
     dtype = DTYPES[kv]
     pools = []
@@ -57,11 +67,11 @@ def measure(
         pools.append([ort.OrtValue.ortvalue_from_numpy(a) for a in (k, v)])
     tables = rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int64)
     feeds = {
-        "qkv": rng.standard_normal((batch, (HQ + 2 * HKV) * D)).astype(np.float32),
-        "positions": np.full(batch, ctx, dtype=np.int64),
+        "qkv": rng.standard_normal((batch * new, (HQ + 2 * HKV) * D)).astype(np.float32),
+        "positions": np.tile(np.arange(ctx, ctx + new, dtype=np.int64), batch),
         "block_tables": tables,
-        "query_start_loc": np.arange(batch + 1, dtype=np.int64),
-        "cos_sin": rotary_cos_sin_cache(ctx + 16, D, 10000.0),
+        "query_start_loc": np.arange(0, batch * new + 1, new, dtype=np.int64),
+        "cos_sin": rotary_cos_sin_cache(ctx + new + 16, D, 10000.0),
     }
     if kv != KV_FLOAT:
         feeds["k_scale"] = feeds["v_scale"] = np.array(0.05, dtype=np.float32)
@@ -89,7 +99,7 @@ def measure(
             for b in bindings:
                 sess.run_with_iobinding(b)
             times.append((time.perf_counter() - t0) / layers)
-    kv_bytes = 2 * batch * (ctx + 1) * HKV * D * np.dtype(dtype).itemsize
+    kv_bytes = 2 * batch * (ctx + new) * HKV * D * np.dtype(dtype).itemsize
     results = []
     for times in per_call:
         us = statistics.median(times) * 1e6
@@ -102,6 +112,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--ctx", type=int, default=190, help="cached positions per sequence before the decoded token")
     ap.add_argument("--kv", choices=list(NAMES.values()), nargs="+", default=list(NAMES.values()))
+    ap.add_argument("--new", type=int, default=1, help="new tokens per sequence (1: decodes; e.g. 128: prefills)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--block-size", type=int, default=16, help="KV slots per block (the engines' default: 16)")
     ap.add_argument("--layers", type=int, default=30, help="pools cycled through (30: SmolLM2's layers)")
@@ -111,13 +122,16 @@ def main() -> None:
     )
     args = ap.parse_args()
     libraries = args.library or [str(library_path())]
-    print(f"ctx {args.ctx}, {args.threads} threads, {args.reps} interleaved passes over {args.layers} layers")
+    passes = f"{args.reps} interleaved passes over {args.layers} layers"
+    print(f"ctx {args.ctx} + {args.new} new, {args.threads} threads, {passes}")
     for i, library in enumerate(libraries):
         print(f"  [{i}] {library}")
     for batch in args.batch:
         for kv, name in NAMES.items():
             if name in args.kv:
-                results = measure(batch, args.ctx, kv, libraries, args.threads, args.layers, args.reps, args.block_size)
+                results = measure(
+                    batch, args.ctx, kv, libraries, args.threads, args.layers, args.reps, args.block_size, args.new
+                )
                 for i, (us, fastest, gbs) in enumerate(results):
                     tag = f"  [{i}]" if len(libraries) > 1 else ""
                     print(

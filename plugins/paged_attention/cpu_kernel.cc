@@ -1,6 +1,6 @@
 // trtbuild::PagedAttention as a native onnxruntime CPU custom op (domain "trtbuild.cpu", op "PagedAttention"), and
-// the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end), and the
-// integer linear QLinear (cpu_linear.inc, included at the end).
+// the two row ops of per-token int8 linears (QuantizeRows, RescaleRows: see their section at the end), the
+// integer linear QLinear (cpu_linear.inc, included at the end) and the gated MLP's SwiGLU (cpu_swiglu.inc).
 //
 // One node per layer replaces the ~20-node lowering of backends/onnxruntime/lowering.py: it rotates q and k, writes the
 // step's keys/values into the paged cache *in place* (inputs 1 and 2, which the session binds once to its own
@@ -919,10 +919,15 @@ const OrtCustomOp kRescaleRows = {
 };
 
 #include "cpu_linear.inc"
+#include "cpu_swiglu.inc"
 
 const OrtCustomOp kQLinear = {
     kCustomOpVersion, create_linear, linear_name, op_provider, linear_input, three, output_type, one,
     compute_linear, destroy_linear, required, required, input_memory_type, {nullptr},
+};
+const OrtCustomOp kSwiGLU = {
+    kCustomOpVersion, create_stateless, swiglu_name, op_provider, quantize_rows_input, one, output_type, one,
+    compute_swiglu, destroy_stateless, required, required, input_memory_type, {nullptr},
 };
 
 }  // namespace
@@ -934,7 +939,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
   OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
   if (status) return status;
-  for (const OrtCustomOp* op : {&kOp, &kQuantizeRows, &kRescaleRows, &kQLinear}) {
+  for (const OrtCustomOp* op : {&kOp, &kQuantizeRows, &kRescaleRows, &kQLinear, &kSwiGLU}) {
     status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, op);
     if (status) return status;
   }

@@ -33,7 +33,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     from .huge_pages import ARENA_LAYOUT
     from .kernel_library import WEIGHT_OPS, library_path
     from .lowering import lower_for_onnxruntime
-    from .native import lower_to_native, native_supports
+    from .native import fuse_swiglu, lower_to_native, native_supports
     from .native_linear import LinearSimd, cpu_linear_simd, native_linears, weight_arena_layout
     from .weights import (
         hand_activations_to_kernel,
@@ -62,6 +62,8 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         except EngineError as e:
             raise BuildError(str(e)) from None
     native = build.uses_native_cpu_library  # the engine loads the native library: its row ops too
+    if native:
+        engine = fuse_swiglu(engine)
     engine = reblock_int8_weights(unsigned_static_int8_weights(integer_gemms_per_token(engine, native)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable

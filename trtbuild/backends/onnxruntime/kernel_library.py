@@ -1,12 +1,12 @@
 """The native CPU kernels' library: built for this machine at first use, cached, and found by the runtime.
 
-``plugins/paged_attention/cpu_kernel.cc`` (with ``cpu_linear.inc``) is an onnxruntime custom-op library, domain
-``trtbuild.cpu``: ``PagedAttention``, ``QLinear`` and the per-token row ops. It is compiled at first use with the
-machine's C++ compiler (``$CXX``, else ``g++``) for the machine's own CPU (``-march=native``) and cached under
-``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the source, the compiler and the CPU, so a changed file,
-compiler or machine gets its own build. It links nothing: onnxruntime hands it its API table when the session
-registers the library. This module is the runtime's part and imports no build tool (no ``onnx``); the graph
-rewrites that place the ops are ``native.py`` and ``native_linear.py``.
+``plugins/paged_attention/cpu_kernel.cc`` (with ``cpu_linear.inc`` and ``cpu_swiglu.inc``) is an onnxruntime
+custom-op library, domain ``trtbuild.cpu``: ``PagedAttention``, ``QLinear``, the per-token row ops and ``SwiGLU``.
+It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``) for the machine's own CPU
+(``-march=native``) and cached under ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the source, the compiler
+and the CPU, so a changed file, compiler or machine gets its own build. It links nothing: onnxruntime hands it its
+API table when the session registers the library. This module is the runtime's part and imports no build tool (no
+``onnx``); the graph rewrites that place the ops are ``native.py`` and ``native_linear.py``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from ...plugins import paged_attention
 
 NATIVE_DOMAIN = "trtbuild.cpu"
 QLINEAR_OP = "QLinear"
+SWIGLU_OP = "SwiGLU"
 # The native ops that read their weight inputs in place every step: OrtSession gives those a huge-page arena
 # (huge_pages.WeightArena; the build records its layout, native_linear.weight_arena_layout).
 WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
 SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
-INCLUDES = (SOURCE.with_name("cpu_linear.inc"),)  # textually included by SOURCE: part of the build's digest
+INCLUDES = (SOURCE.with_name("cpu_linear.inc"), SOURCE.with_name("cpu_swiglu.inc"))  # included by SOURCE: digested
 # Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
 # Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
 # flush-to-zero/denormals-are-zero bits for the whole process on load (numpy, torch and every other library then

@@ -7,16 +7,29 @@ The kernel is ``plugins/paged_attention/cpu_kernel.cc``, an onnxruntime custom-o
 cache, as the plugin's ``kv_cache_dtype`` says) with a single output: the cache inputs are written in place, so
 the graph has no ``new_keys`` / ``new_values`` outputs and the session stores nothing after a step
 (``OrtSession``).
+
+``fuse_swiglu`` turns each gated MLP's ``Split -> Sigmoid -> Mul -> Mul`` into one ``trtbuild.cpu::SwiGLU`` node
+(``plugins/paged_attention/cpu_swiglu.inc``): one pass over the gate/up rows instead of four, and none of the three
+intermediate tensors (at a 2048-token prefill chunk of SmolLM2, 3.2 ms a layer for the four nodes).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ...config import ORT_LOWERED_NODE_PREFIX
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
-from .kernel_library import MAX_BLOCK_SIZE, MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_HEAD_SIZE, NATIVE_DOMAIN
+from .kernel_library import (
+    MAX_BLOCK_SIZE,
+    MAX_GQA_GROUP,
+    MAX_GROUP_X_HEAD_SIZE,
+    MAX_HEAD_SIZE,
+    NATIVE_DOMAIN,
+    SWIGLU_OP,
+)
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.
@@ -88,6 +101,62 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
     opsets = [o for o in out.opset_import if o.domain != DOMAIN]
     del out.opset_import[:]
     out.opset_import.extend([*opsets, helper.make_opsetid(NATIVE_DOMAIN, 1)])
+    return out
+
+
+def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every ``y = (g * Sigmoid(g)) * u`` over ``g, u = Split(x)`` (two equal halves of the
+    last axis; the products in either operand order) replaced by ``y = trtbuild.cpu::SwiGLU(x)``.
+
+    A pattern is fused only when its intermediate tensors feed nothing else and are not graph outputs."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    outputs = {o.name for o in graph.output}
+
+    def only(name: str, op_type: str, count: int = 1) -> list[onnx.NodeProto] | None:
+        users = consumers[name]
+        if name in outputs or len(users) != count or any(u.op_type != op_type or u.domain for u in users):
+            return None
+        return users
+
+    def halves(split: onnx.NodeProto) -> bool:
+        if split.domain or len(split.input) != 2 or len(split.output) != 2 or split.input[1] not in inits:
+            return False
+        sizes = numpy_helper.to_array(inits[split.input[1]])
+        return int(_attr(split, "axis", 0)) == -1 and sizes.shape == (2,) and sizes[0] == sizes[1]
+
+    fused: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
+    for split in graph.node:
+        if split.op_type != "Split" or not halves(split):
+            continue
+        gate, up = split.output
+        gate_users = consumers[gate]
+        sigmoid = next((n for n in gate_users if n.op_type == "Sigmoid" and not n.domain), None)
+        silu = next((n for n in gate_users if n.op_type == "Mul" and not n.domain), None)
+        if len(gate_users) != 2 or sigmoid is None or silu is None or gate in outputs:
+            continue
+        if sorted(silu.input) != sorted([gate, sigmoid.output[0]]) or only(sigmoid.output[0], "Mul") != [silu]:
+            continue
+        gated = only(silu.output[0], "Mul")
+        if gated is None or only(up, "Mul") != gated or sorted(gated[0].input) != sorted([silu.output[0], up]):
+            continue
+        node = helper.make_node(SWIGLU_OP, [split.input[0]], [gated[0].output[0]], name=split.name + ".swiglu")
+        node.domain = NATIVE_DOMAIN
+        fused[id(split)] = node
+        fused.update({id(sigmoid): None, id(silu): None, id(gated[0]): None})
+    if not fused:
+        return out
+    nodes = [fused.get(id(n), n) for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(n for n in nodes if n is not None)
+    if not any(o.domain == NATIVE_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
     return out
 
 
