@@ -64,6 +64,10 @@ CASES = {
     # three 4-key score tiles in a block of 12; the values in a 32-wide pass and an 8-wide one (40 = 32 + 8). The other
     # cases cover the 1- and 2-row tiles (mha, gqa2, gqa8: 8 = 3 + 3 + 2 rows), the 16-wide pass and a lone key (gqa2)
     "head_size_40_block_12": (6, 2, 40, 12, True, False, 40, 2),
+    # whole blocks of 16 take the register path (scores and softmax without a trip through memory) for 3-row tiles
+    # (gqa3) and here for 1-row (mha) and 2-row ones (gqa2: a decode's 2 rows, prefill tiles' last 2)
+    "mha_block_16": (4, 4, 32, 16, False, False, 0, 2),
+    "gqa2_block_16": (8, 4, 32, 16, True, False, 32, 1),
 }
 
 

@@ -187,12 +187,14 @@ void store_row(const Attrs& a, void* cache, int64_t offset, const float* x, int6
   }
 }
 
-// Phase 1, per token: rotated, scaled queries into `out` (the tiles read them back), rotated keys and values
-// into their cache slots. Out-of-contract metadata is clamped so that nothing outside the tensors is touched.
-void write_step(const Attrs& a, const Step& s) {
+// Phase 1, per token of [t0, t1): rotated, scaled queries into `out` (the tiles read them back), rotated keys and
+// values into their cache slots. Out-of-contract metadata is clamped so that nothing outside the tensors is touched.
+// Tokens are independent (each writes its own slot), so token ranges run on the pool's threads.
+void write_step(const Attrs& a, const Step& s, int64_t t0, int64_t t1) {
   const int64_t hq = a.num_heads, hkv = a.num_kv_heads, d = a.head_size, width = (hq + 2 * hkv) * d;
-  int64_t b = 0;
-  for (int64_t t = 0; t < s.num_tokens; ++t) {
+  // the sequence of token t0: the first whose end is past it (query_start_loc ascends)
+  int64_t b = std::upper_bound(s.query_start_loc + 1, s.query_start_loc + s.num_seqs, t0) - (s.query_start_loc + 1);
+  for (int64_t t = t0; t < t1; ++t) {
     while (b + 1 < s.num_seqs && t >= s.query_start_loc[b + 1]) ++b;
     const float* row = s.qkv + t * width;
     const int64_t pos = clamp(s.positions[t], 0, s.max_blocks * s.block_size - 1);
@@ -286,12 +288,11 @@ inline void hsum4(v8 x0, v8 x1, v8 x2, v8 x3, float* out) {
 #endif
 }
 
-// Register tiles of one block and KV head (head size a multiple of 8). R query rows (row r at q + r * d) against
-// 4 keys (key j at k + j * stride): each key vector is loaded once for the R rows, 4R independent FMA chains
-// (R = 3: 12 accumulators, 3 query vectors and a key, AVX2's 16 registers). Scores to p + r * ps + 0..3.
+// The accumulators of scores_x4 below: acc[r][j] sums to row r's score of key j.
 template <int R>
-inline void scores_x4(const float* q, int64_t d, const float* k, int64_t stride, float* p, int64_t ps) {
-  v8 acc[R][4] = {};
+inline void scores_acc_x4(const float* q, int64_t d, const float* k, int64_t stride, v8 (&acc)[R][4]) {
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = v8{};
   for (int64_t c = 0; c < d; c += 8) {
     v8 qv[R];
 #pragma GCC unroll 4
@@ -303,6 +304,15 @@ inline void scores_x4(const float* q, int64_t d, const float* k, int64_t stride,
       for (int r = 0; r < R; ++r) acc[r][j] += qv[r] * kv;
     }
   }
+}
+
+// Register tiles of one block and KV head (head size a multiple of 8). R query rows (row r at q + r * d) against
+// 4 keys (key j at k + j * stride): each key vector is loaded once for the R rows, 4R independent FMA chains
+// (R = 3: 12 accumulators, 3 query vectors and a key, AVX2's 16 registers). Scores to p + r * ps + 0..3.
+template <int R>
+inline void scores_x4(const float* q, int64_t d, const float* k, int64_t stride, float* p, int64_t ps) {
+  v8 acc[R][4];
+  scores_acc_x4<R>(q, d, k, stride, acc);
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) hsum4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], p + r * ps);
 }
@@ -484,6 +494,54 @@ inline float softmax_block(float* pr, int64_t visible, int64_t ps, float& m, flo
   return alpha;
 }
 
+#if defined(__AVX__)
+// A whole block of 16 keys (n = ps = 16) for R rows of one head: the scores (scores_x4's tiles, one prefetch step
+// each) stay in registers, two vectors of 8 a row, and go through softmax_block's steps there, the probabilities
+// stored to p + r * ps for the value tiles. The same operations in the same order as scores_x4 -> softmax_block
+// (bit-identical), without the scores' trip through memory (their 16-byte stores read back as 32-byte loads: a
+// store-forwarding stall each). visible[r]: row r's keys that are not masked (a prefill row may see part of it).
+template <int R>
+inline void block_scores_softmax(const float* q, int64_t d, const float* keys, int64_t stride, float* p, int64_t ps,
+                                 BlockPrefetch& pf, const int64_t* visible, float* m, float* l, float* alpha) {
+  __m128 t[4][R];
+#pragma GCC unroll 4
+  for (int tile = 0; tile < 4; ++tile) {
+    pf.step();
+    v8 acc[R][4];
+    scores_acc_x4<R>(q, d, keys + 4 * tile * stride, stride, acc);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(__m256(acc[r][0]), __m256(acc[r][1])),
+                                      _mm256_hadd_ps(__m256(acc[r][2]), __m256(acc[r][3])));
+      t[tile][r] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    }
+  }
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    v8 x0 = v8(_mm256_set_m128(t[1][r], t[0][r])), x1 = v8(_mm256_set_m128(t[3][r], t[2][r]));
+    const int32_t vis = int32_t(visible[r]);
+    x0 = lane < vis ? x0 : v8{} + ninf;
+    x1 = lane + 8 < vis ? x1 : v8{} + ninf;
+    const v8 mx = x1 > x0 ? x1 : x0;
+    float block_max = mx[0];
+    for (int i = 1; i < 8; ++i) block_max = std::max(block_max, mx[i]);
+    const float m_new = std::max(m[r], block_max);
+    alpha[r] = exp_nonpositive(m[r] - m_new);
+    const v8 e0 = x0 == ninf ? v8{} : exp8_nonpositive(x0 - m_new);
+    const v8 e1 = x1 == ninf ? v8{} : exp8_nonpositive(x1 - m_new);
+    store8(p + r * ps, e0);
+    store8(p + r * ps + 8, e1);
+    v8 sum = {};
+    sum += e0;
+    sum += e1;
+    l[r] = l[r] * alpha[r] + hsum(sum);
+    m[r] = m_new;
+  }
+}
+#endif
+
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions 0 ..= its last token's position, block by block (online softmax). A block's rows
 // of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
@@ -558,19 +616,35 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w) {
         keys = kq, values = vq, stride = d;
       }
       const int64_t lo = (h - w.h_lo) * head_rows + first_row, hi = lo + rows_here;
-      if (!tiled) {
-        scores_scalar(q + lo * d, d, keys, stride, n, rows_here, p + lo * ps, ps);
-      } else {
+#if defined(__AVX__)
+      if (tiled && n == 16 && ps == 16) {  // a whole block of 16 (an engine's default): scores kept in registers
+        int64_t vis[3];
         for (int64_t r = lo; r < hi; r += 3) {
           const int64_t nr = std::min<int64_t>(3, hi - r);
+          for (int64_t i = 0; i < nr; ++i) vis[i] = std::min(n, last_pos[r + i] - j * bs + 1);
+          const float* qr = q + r * d;
           float* pr = p + r * ps;
-          if (nr == 3) scores_rows<3>(q + r * d, d, keys, stride, n, pr, ps, pf);
-          else if (nr == 2) scores_rows<2>(q + r * d, d, keys, stride, n, pr, ps, pf);
-          else scores_rows<1>(q + r * d, d, keys, stride, n, pr, ps, pf);
+          if (nr == 3) block_scores_softmax<3>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
+          else if (nr == 2) block_scores_softmax<2>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
+          else block_scores_softmax<1>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
         }
+      } else
+#endif
+      {
+        if (!tiled) {
+          scores_scalar(q + lo * d, d, keys, stride, n, rows_here, p + lo * ps, ps);
+        } else {
+          for (int64_t r = lo; r < hi; r += 3) {
+            const int64_t nr = std::min<int64_t>(3, hi - r);
+            float* pr = p + r * ps;
+            if (nr == 3) scores_rows<3>(q + r * d, d, keys, stride, n, pr, ps, pf);
+            else if (nr == 2) scores_rows<2>(q + r * d, d, keys, stride, n, pr, ps, pf);
+            else scores_rows<1>(q + r * d, d, keys, stride, n, pr, ps, pf);
+          }
+        }
+        for (int64_t r = lo; r < hi; ++r)
+          alpha[r] = softmax_block(p + r * ps, std::min(n, last_pos[r] - j * bs + 1), ps, m[r], l[r]);
       }
-      for (int64_t r = lo; r < hi; ++r)
-        alpha[r] = softmax_block(p + r * ps, std::min(n, last_pos[r] - j * bs + 1), ps, m[r], l[r]);
       if (!tiled) {
         values_scalar(p + lo * ps, ps, values, stride, n, rows_here, acc + lo * d, d, alpha + lo);
       } else {
@@ -653,6 +727,19 @@ struct ParallelWork {
   const WorkItem* items;
 };
 
+constexpr int64_t kWriteTokens = 32;  // tokens per task of phase 1 (a decode of 32 sequences or fewer: one thread)
+
+struct WriteWork {
+  const Attrs* attrs;
+  const Step* step;
+};
+
+void write_tokens(void* data, size_t task) {
+  const auto* w = static_cast<const WriteWork*>(data);
+  const int64_t t0 = int64_t(task) * kWriteTokens;
+  write_step(*w->attrs, *w->step, t0, std::min(t0 + kWriteTokens, w->step->num_tokens));
+}
+
 void run_item(void* data, size_t i) {
   const auto* w = static_cast<const ParallelWork*>(data);
   attend(*w->attrs, *w->step, w->items[i]);
@@ -697,7 +784,12 @@ void compute(void* kernel_ptr, OrtKernelContext* ctx) {
       group * a.head_size > kMaxTileFloats || a.num_kv_heads * a.head_size > kMaxTileFloats ||
       a.head_size > kMaxHeadSize)
     return;  // refused at build time (backends/onnxruntime/native.py): never reached from a trtbuild engine
-  write_step(a, s);
+  WriteWork ww{&a, &s};
+  const int64_t write_tasks = (s.num_tokens + kWriteTokens - 1) / kWriteTokens;
+  if (write_tasks < 2 ||
+      !ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, write_tokens, size_t(write_tasks), size_t(write_tasks),
+                                                         &ww)))
+    write_step(a, s, 0, s.num_tokens);
 
   // Work items: tiles of each sequence's tokens, all KV heads together (contiguous block reads) unless there are
   // too few tiles to keep the threads busy (a decode of one or two sequences), then one item per KV head.
