@@ -9,8 +9,9 @@ the graph has no ``new_keys`` / ``new_values`` outputs and the session stores no
 (``OrtSession``).
 
 ``fuse_swiglu`` turns each gated MLP's ``Split -> Sigmoid -> Mul -> Mul`` into one ``trtbuild.cpu::SwiGLU`` node
-(``plugins/paged_attention/cpu_swiglu.inc``): one pass over the gate/up rows instead of four, and none of the three
-intermediate tensors (at a 2048-token prefill chunk of SmolLM2, 3.2 ms a layer for the four nodes).
+(``plugins/paged_attention/cpu_swiglu.inc``): one pass over the gate/up rows and no intermediate tensor, where
+onnxruntime ran ``Split``, ``QuickGelu`` (its fusion of the sigmoid product) and ``Mul`` (2.6 ms a layer at a
+2048-token prefill chunk of SmolLM2, 1.3 ms fused).
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
         return int(_attr(split, "axis", 0)) == -1 and sizes.shape == (2,) and sizes[0] == sizes[1]
 
     fused: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
+    orphans: set[str] = set()  # the fused splits' size inputs
     for split in graph.node:
         if split.op_type != "Split" or not halves(split):
             continue
@@ -149,12 +151,18 @@ def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
         node = helper.make_node(SWIGLU_OP, [split.input[0]], [gated[0].output[0]], name=split.name + ".swiglu")
         node.domain = NATIVE_DOMAIN
         fused[id(split)] = node
+        orphans.add(split.input[1])
         fused.update({id(sigmoid): None, id(silu): None, id(gated[0]): None})
     if not fused:
         return out
     nodes = [fused.get(id(n), n) for n in graph.node]
     del graph.node[:]
     graph.node.extend(n for n in nodes if n is not None)
+    # the splits' size constants, unless something else reads them (onnxruntime warns of unused initializers)
+    used = {name for node in graph.node for name in node.input} | outputs
+    kept = [t for t in graph.initializer if t.name in used or t.name not in orphans]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
     if not any(o.domain == NATIVE_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
     return out
