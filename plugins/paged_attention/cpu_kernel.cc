@@ -497,9 +497,10 @@ inline float softmax_block(float* pr, int64_t visible, int64_t ps, float& m, flo
 #if defined(__AVX__)
 // A whole block of 16 keys (n = ps = 16) for R rows of one head: the scores (scores_x4's tiles, one prefetch step
 // each) stay in registers, two vectors of 8 a row, and go through softmax_block's steps there, the probabilities
-// stored to p + r * ps for the value tiles. The same operations in the same order as scores_x4 -> softmax_block
-// (bit-identical), without the scores' trip through memory (their 16-byte stores read back as 32-byte loads: a
-// store-forwarding stall each). visible[r]: row r's keys that are not masked (a prefill row may see part of it).
+// stored to p + r * ps for the value tiles. The same operations in the same order as scores_x4 -> softmax_block,
+// without the scores' trip through memory (their 16-byte stores read back as 32-byte loads: a store-forwarding
+// stall each); outputs agree with that path to 1-2 ulp, as GCC contracts and reassociates the two forms apart.
+// visible[r]: row r's keys that are not masked (a prefill row may see part of the block).
 template <int R>
 inline void block_scores_softmax(const float* q, int64_t d, const float* keys, int64_t stride, float* p, int64_t ps,
                                  BlockPrefetch& pf, const int64_t* visible, float* m, float* l, float* alpha) {

@@ -120,9 +120,10 @@ def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
             consumers[name].append(node)
     outputs = {o.name for o in graph.output}
 
-    def only(name: str, op_type: str, count: int = 1) -> list[onnx.NodeProto] | None:
+    def only(name: str, op_type: str) -> list[onnx.NodeProto] | None:
+        """[the one node that reads ``name``] when it is a standard ``op_type`` and ``name`` is no graph output."""
         users = consumers[name]
-        if name in outputs or len(users) != count or any(u.op_type != op_type or u.domain for u in users):
+        if name in outputs or len(users) != 1 or users[0].op_type != op_type or users[0].domain:
             return None
         return users
 
