@@ -13,6 +13,9 @@ Prints one line per (batch, KV type, library): the median and the fastest of ``-
 per call), and the KV bytes read per second at the median. Several libraries are timed in one process on the same
 pools, their passes interleaved (A, B, A, B, ...): these 2-core machines drift by up to 1.5x within seconds, so
 separate runs compare the machine's moods more than the kernels (their outputs are checked to agree on the way).
+With several libraries the sessions' workers do not spin between calls (an idle session spinning took the cores of
+the one timed: 1.6 ms against 0.9 ms alone on a 2-vCPU Xeon, 2026-12-04), so A/B figures sit a few percent above a
+lone build's. The pools are on 4 KB pages as the runtime's KV cache (``--pages huge``: numpy's huge pages).
 """
 
 from __future__ import annotations
@@ -27,18 +30,26 @@ import onnxruntime as ort
 from trtbuild.backends.onnxruntime.kernel_library import library_path
 from trtbuild.backends.onnxruntime.native import single_node_model
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
+from trtbuild.runtime.kv_cache import lazy_zeros
 
 HQ, HKV, D = 9, 3, 64
 DTYPES = {KV_FLOAT: np.float32, KV_INT8: np.int8, KV_FP8: np.uint8}  # an fp8 cache holds E4M3 bit patterns
 NAMES = {KV_FLOAT: "float32", KV_INT8: "int8", KV_FP8: "fp8"}
 
 
-def _session(kv: int, library: str, threads: int) -> ort.InferenceSession:
+def _session(kv: int, library: str, threads: int, spin: bool) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.register_custom_ops_library(library)
     opts.intra_op_num_threads = threads
+    if not spin:  # several sessions in one process: idle workers spinning would take the running one's cores
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     model = single_node_model(PagedAttentionAttrs(HQ, HKV, D, D**-0.5, False, kv), rotary=True)
     return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> np.ndarray:
+    dst[...] = src
+    return dst
 
 
 def measure(
@@ -51,6 +62,7 @@ def measure(
     reps: int,
     bs: int = 16,
     new: int = 1,
+    small_pages: bool = True,
 ) -> list[tuple[float, float, float]]:
     """Per library: median and fastest µs per call and KV GB/s read, for ``batch`` sequences of ``new`` tokens
     each (1: decodes) after ``ctx`` cached positions."""
@@ -64,6 +76,8 @@ def measure(
             k, v = (rng.standard_normal((num_blocks, bs, HKV, D)).astype(np.float32) for _ in range(2))
         else:
             k, v = (rng.integers(0, 100, (num_blocks, bs, HKV, D)).astype(dtype) for _ in range(2))
+        if small_pages:  # as the runtime's PagedKVCache holds them (numpy advises huge pages for large arrays)
+            k, v = (_copy(lazy_zeros(a.shape, a.dtype), a) for a in (k, v))
         pools.append([ort.OrtValue.ortvalue_from_numpy(a) for a in (k, v)])
     tables = rng.permutation(num_blocks).reshape(batch, blocks_per_seq).astype(np.int64)
     feeds = {
@@ -77,7 +91,7 @@ def measure(
         feeds["k_scale"] = feeds["v_scale"] = np.array(0.05, dtype=np.float32)
     runs = []
     for library in libraries:
-        sess = _session(kv, library, threads)
+        sess = _session(kv, library, threads, spin=len(libraries) == 1)
         bindings = []
         for k, v in pools:
             b = sess.io_binding()
@@ -118,6 +132,12 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30, help="pools cycled through (30: SmolLM2's layers)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument(
+        "--pages",
+        choices=["small", "huge"],
+        default="small",
+        help="the pools on 4 KB pages (as the runtime's KV cache) or on transparent huge pages (numpy's default)",
+    )
+    ap.add_argument(
         "--library", nargs="+", help="kernel libraries to time, interleaved (default: this machine's build)"
     )
     args = ap.parse_args()
@@ -130,7 +150,16 @@ def main() -> None:
         for kv, name in NAMES.items():
             if name in args.kv:
                 results = measure(
-                    batch, args.ctx, kv, libraries, args.threads, args.layers, args.reps, args.block_size, args.new
+                    batch,
+                    args.ctx,
+                    kv,
+                    libraries,
+                    args.threads,
+                    args.layers,
+                    args.reps,
+                    args.block_size,
+                    args.new,
+                    small_pages=args.pages == "small",
                 )
                 for i, (us, fastest, gbs) in enumerate(results):
                     tag = f"  [{i}]" if len(libraries) > 1 else ""

@@ -5,14 +5,16 @@
     perf record -F 2999 -o /tmp/perf.data -- .venv/bin/python benchmarks/engine_steps.py ENGINE \
         --kinds decode-b1 --rounds 50    # then: perf report -i /tmp/perf.data --sort dso,symbol
 
-For each engine, one round times (medians of a few calls each) a batch-1 decode step at a context of ~130
-tokens, a 128-token prefill and a decode step of ``--batch`` sequences at that context, all on ``OrtSession``
-directly (no runner, no sampling): the engine's own cost per step kind. Rounds go engine after engine, then again,
-so that a machine whose speed drifts (these 2-core machines move by up to 1.5x within minutes) drifts for all of
-them alike; the table gives the median over rounds and the fastest round. Use it for kernel A/B runs (build the
-same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild bench`` and
-``benchmarks/vs_peers.py`` measure whole generations. ``--library`` opens each engine once per given build of
-the native kernel library (e.g. ``g++ -O3 -march=native ... -shared -fPIC -o OLD.so`` of an earlier
+For each engine, one round times (medians of a few calls each) a batch-1 decode step at a context of ~130 tokens, a
+128-token prefill and a decode step of ``--batch`` sequences at that context, all on ``OrtSession`` directly (no
+runner, no sampling): the engine's own cost per step kind. Rounds go engine after engine, then again, so that a
+machine whose speed drifts (these 2-core machines move by up to 1.5x within minutes) drifts for all of them alike;
+the table gives the median over rounds and the fastest round. With more than one session their onnxruntime workers
+do not spin between runs (``session.intra_op.allow_spinning`` 0), so that a steady difference between sessions is
+the engines' or kernels', not an idle pool's spinning; a lone session runs as the runtime's. Use it for kernel A/B
+runs (build the same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild
+bench`` and ``benchmarks/vs_peers.py`` measure whole generations. ``--library`` opens each engine once per given
+build of the native kernel library (e.g. ``g++ -O3 -march=native ... -shared -fPIC -o OLD.so`` of an earlier
 ``cpu_kernel.cc``, flags as in ``trtbuild/backends/onnxruntime/kernel_library.py``): a kernel A/B on whole steps in
 one process. Takes about 20 s per engine and round.
 """
@@ -88,13 +90,21 @@ def main() -> None:
     variants = [(e, True, lib) for e in args.engines for lib in libraries]
     variants += [(e, False, lib) for e in args.engines for lib in libraries if args.small_pages_too]
     labels = [e + ("" if huge else " (4 KB pages)") + (f" [{lib}]" if lib else "") for e, huge, lib in variants]
+    # Several sessions in one process: an idle session's workers, spinning after its last step, would take the cores
+    # of the one being timed (a kernel A/B then measured 1.6 ms against 0.9 ms alone, 2026-12-04).
+    quiet = {"session.intra_op.allow_spinning": "0"} if len(variants) > 1 else None
     sessions = []
     for engine, huge, lib in variants:
         config = RuntimeConfig.load(Path(engine))
         per_block = bytes_per_block(config.model, config.build.kv_block_size)
         memory = per_block * (args.batch * BLOCKS_PER_SEQ + 2)  # block 0 unused: ids start at 1
         session = OrtSession(
-            engine, kv_cache_memory=memory, num_threads=args.threads, huge_pages=huge, kernel_library=lib
+            engine,
+            kv_cache_memory=memory,
+            num_threads=args.threads,
+            huge_pages=huge,
+            kernel_library=lib,
+            session_config=quiet,
         )
         for i in range(0, len(cached), 8):  # the 128-token prompt of every sequence a kind reads in the cache
             rows = cached[i : i + 8]

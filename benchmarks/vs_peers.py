@@ -105,6 +105,24 @@ def atomic_dir(final: Path, make) -> Path:
 # ---------------------------------------------------------------- the peers' virtualenv
 
 
+# llama.cpp's AMX matmul (ggml-cpu, chosen at run time for Q8_0 / Q4_0 weights when -march=native enables AMX)
+# segfaulted in llama_decode on a 2-vCPU Xeon VM with amx_int8 (2026-12-04, llama-cpp-python 0.3.36): on such CPUs
+# llama.cpp is built for the host's ISA without AMX, its next-best path (AVX-512 VNNI, the Q4_0 repack included).
+LLAMA_NO_AMX_CMAKE = (
+    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON "
+    "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+)
+
+
+def llama_cpp_build_env() -> dict[str, str]:
+    """``CMAKE_ARGS`` for llama-cpp-python's build: none, except on a CPU with AMX (see ``LLAMA_NO_AMX_CMAKE``)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    return {"CMAKE_ARGS": LLAMA_NO_AMX_CMAKE} if " amx_int8" in flags else {}
+
+
 class Peers:
     """The peers' virtualenv: created and filled on first use; runs ``peers_worker.py`` requests."""
 
@@ -123,7 +141,8 @@ class Peers:
         if missing:
             packages = [p for p, m in wanted.items() if m in missing]
             log(f"[peers] pip install {' '.join(packages)} into {self.venv}")
-            run_cmd([str(self.python), "-m", "pip", "install", "-q", *packages], timeout=7200)
+            env = {**os.environ, **llama_cpp_build_env()} if "llama_cpp" in missing else None
+            run_cmd([str(self.python), "-m", "pip", "install", "-q", *packages], env=env, timeout=7200)
 
     def site_packages(self) -> str:
         return run_cmd([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
