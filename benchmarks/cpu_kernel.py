@@ -15,7 +15,8 @@ pools, their passes interleaved (A, B, A, B, ...): these 2-core machines drift b
 separate runs compare the machine's moods more than the kernels (their outputs are checked to agree on the way).
 With several libraries the sessions' workers do not spin between calls (an idle session spinning took the cores of
 the one timed: 1.6 ms against 0.9 ms alone on a 2-vCPU Xeon, 2026-12-04), so A/B figures sit a few percent above a
-lone build's. The pools are on 4 KB pages as the runtime's KV cache (``--pages huge``: numpy's huge pages).
+lone build's, and at batch 1 waking the workers dominates (27 us against 17 alone): A/B batch 1 in separate runs.
+The pools are on 4 KB pages as the runtime's KV cache (``--pages huge``: numpy's huge pages).
 """
 
 from __future__ import annotations
