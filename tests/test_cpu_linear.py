@@ -38,6 +38,12 @@ CASES = [  # rows, in, out, bits, group, block
     (9, 576, 3072, 4, 128, 128),
     (66, 256, 40, 4, 32, 32),  # int4 g32, panel remainder, row chunks
     (4, 44, 17, 4, 16, 16),  # in-features not a whole step of 8
+    # whole 64-in-feature blocks, 8-bit from 16 rows, int4 from 32: AMX tiles where the CPU has them (32 x 32)
+    (40, 576, 100, 8, 576, 576),  # per token, rows padded to 64, 7 panels (a last single one, partial)
+    (16, 576, 48, 8, 576, 576),  # the fewest rows on the tiles
+    (260, 256, 33, 8, 256, 64),  # per channel, four blocks of 64, three row chunks
+    (33, 576, 960, 4, 128, 128),  # int4 g128 with a short last group of 64
+    (40, 256, 48, 4, 64, 64),  # int4 g64, 3 panels
 ]
 
 
@@ -134,8 +140,9 @@ def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
 
 # The library's product loops other than this machine's own (-march=native less an ISA: cpu_linear.inc's #if chain)
 OTHER_LOOPS = {
-    "avx2": ["-mno-avx512f"],  # on an AVX-512 CPU: its AVX2 tiles; elsewhere the same library as the default
-    "plain": ["-mno-avx2"],  # GCC turns AVX-512 off with AVX2: the plain loops
+    "vnni": ["-mno-amx-tile"],  # on an AMX CPU: the VNNI tiles at every row count; elsewhere the default library
+    "avx2": ["-mno-avx512f", "-mno-amx-tile"],  # on an AVX-512 CPU: its AVX2 tiles; elsewhere the default library
+    "plain": ["-mno-avx2", "-mno-amx-tile"],  # GCC turns AVX-512 off with AVX2: the plain loops
 }
 
 
@@ -147,7 +154,8 @@ def test_every_product_loop_gives_the_same_integers(tmp_path, loops):
     cmd = ["g++", *CXXFLAGS, *OTHER_LOOPS[loops], "-o", str(lib), str(SOURCE)]
     subprocess.run(cmd, check=True, capture_output=True)
     dis = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout
-    assert ("vpmaddubsw" in dis) == (loops == "avx2") and "vpdpbusd" not in dis
+    assert "tdpbsud" not in dis and ("vpmaddubsw" in dis) == (loops == "avx2")
+    assert ("vpdpbusd" in dis) == (loops == "vnni" and cpu_linear_simd() in (LinearSimd.AVX512_VNNI, LinearSimd.AMX))
     for rows, k, n, bits, group, block in CASES:
         x, codes, scale = _case(rows, k, n, bits, group)
         model = _model(k, n, bits, group, block, codes, scale)
@@ -162,4 +170,9 @@ def test_this_machine_runs_a_simd_loop():
     if simd is LinearSimd.NONE:
         pytest.skip("neither AVX-512 VNNI nor AVX2 on this CPU: engines record cpu_linear=onnxruntime")
     dis = subprocess.run(["objdump", "-d", str(library_path())], capture_output=True, text=True).stdout
-    assert {LinearSimd.AVX512_VNNI: "vpdpbusd", LinearSimd.AVX2: "vpmaddubsw"}[simd] in dis
+    loops = {
+        LinearSimd.AMX: ["tdpbsud", "vpdpbusd"],
+        LinearSimd.AVX512_VNNI: ["vpdpbusd"],
+        LinearSimd.AVX2: ["vpmaddubsw"],
+    }
+    assert all(instruction in dis for instruction in loops[simd])

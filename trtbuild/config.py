@@ -101,9 +101,9 @@ class CpuLinear(enum.Enum):
     """How the onnxruntime engine runs its quantized linears (docs/performance.md).
 
     ``NATIVE``: int8 per-channel and symmetric int4 weights as the native library's ``QLinear`` (AVX-512 VNNI or
-    AVX2; ``backends/onnxruntime/native_linear.py``), compiled like the native attention kernel; a build on a CPU
-    with neither, or of a model with no such linear, records ``ONNXRUNTIME`` instead. ``ONNXRUNTIME``: onnxruntime's
-    ``MatMulNBits`` / ``MatMulInteger``."""
+    AVX2, AMX tiles for many rows; ``backends/onnxruntime/native_linear.py``), compiled like the native attention
+    kernel; a build on a CPU with neither, or of a model with no such linear, records ``ONNXRUNTIME`` instead.
+    ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``."""
 
     NATIVE = "native"
     ONNXRUNTIME = "onnxruntime"
@@ -297,8 +297,9 @@ class BuildConfig:
     cpu_linear: CpuLinear = field(
         default=CpuLinear.NATIVE,
         metadata={
-            "help": "onnxruntime engines: quantized linears on trtbuild's native AVX-512 VNNI / AVX2 kernel (needs the "
-            "same compiler; CPUs with neither fall back) or on onnxruntime's MatMulNBits / MatMulInteger"
+            "help": "onnxruntime engines: quantized linears on trtbuild's native AVX-512 VNNI / AVX2 kernel, AMX tiles "
+            "for many rows (needs the same compiler; CPUs with neither fall back) or on onnxruntime's MatMulNBits / "
+            "MatMulInteger"
         },
     )
 

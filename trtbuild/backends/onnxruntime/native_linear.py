@@ -1,8 +1,8 @@
 """onnxruntime lowering of quantized linears onto the native library's ``trtbuild.cpu::QLinear``.
 
 ``QLinear`` (``plugins/paged_attention/cpu_linear.inc``) multiplies float rows by packed 8- or 4-bit weights on
-AVX-512 VNNI or AVX2 (``cpu_linear_simd``): the activations are quantized to int8 per block inside the op, the
-products summed exactly in int32.
+AMX tiles (many rows), AVX-512 VNNI or AVX2 (``cpu_linear_simd``): the activations are quantized to int8 per block
+inside the op, the products summed exactly in int32.
 It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three linears trtbuild's formats emit:
 
 - an int8 per-channel weight ``DequantizeLinear`` feeding a ``MatMul`` of float activations (``int8_wo``, the int8
@@ -59,6 +59,7 @@ def weight_arena_layout(model: onnx.ModelProto) -> list[ArenaTensor]:
 class LinearSimd(enum.Enum):
     """Which of ``QLinear``'s product loops this CPU runs (``cpu_linear.inc``: one per ``#if`` branch)."""
 
+    AMX = "amx"  # AMX int8 tiles (tdpbsud: 32 rows x 32 columns x 64 in-features) for many rows, VNNI for few
     AVX512_VNNI = "avx512_vnni"  # vpdpbusd: 4 products summed per int32 lane, 16 columns a register
     AVX2 = "avx2"  # vpmaddubsw + vpmaddwd: the same integers, 8 columns a register
     NONE = "none"  # plain loops: correct, several times slower than onnxruntime's kernels
@@ -74,7 +75,7 @@ def cpu_linear_simd() -> LinearSimd:
     except OSError:
         return LinearSimd.NONE
     if {"avx512f", "avx512bw", "avx512_vnni"} <= flags:
-        return LinearSimd.AVX512_VNNI
+        return LinearSimd.AMX if {"amx_tile", "amx_int8"} <= flags else LinearSimd.AVX512_VNNI
     if {"avx2", "fma"} <= flags:
         return LinearSimd.AVX2
     return LinearSimd.NONE
