@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/cpu_linear.py [--shapes 576x960,576x3072,1536x576,576x49152] [--rows 1,64]
         [--blocks 16,32,64] [--bits 8|4] [--native] [--threads 2]
+    .venv/bin/python benchmarks/cpu_linear.py --library OLD.so NEW.so [--rows 16,64,2048] [--copies 4]  # QLinear A/B
     .venv/bin/python benchmarks/cpu_linear.py --engine ENGINE_DIR   # the engine's matrix products, cut out
 
 The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
@@ -9,15 +10,23 @@ The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLA
 trtbuild's quantized engines ran them before ``QLinear``) and with ``--native`` trtbuild's ``QLinear`` (int8 per
 token and per block; int4 with groups of each block size), each over ``--copies`` copies of the weight (30, as the
 layers of a model) so that it streams from DRAM; it prints the median time per product and the weight bytes read per
-second. The second form takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` /
-``MatMulInteger`` / ``QLinear`` nodes with their real weights (each fed a random input of its width) and times one
-pass over all of them next to one engine step of batch 1: what the step costs beyond its matrix products.
+second. With ``--library`` it times only ``QLinear``, once per given build of the native library (flags as in
+``trtbuild/backends/onnxruntime/kernel_library.py``; e.g. ``-mno-amx-tile`` for the VNNI loop on an AMX CPU), the
+builds' sessions in turn for each shape and row count, their workers not spinning between calls. The second form
+takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger`` /
+``QLinear`` nodes with their real weights (each fed a random input of its width) and times one pass over all of
+them next to one engine step of batch 1: what the step costs beyond its matrix products.
 docs/performance.md ("Where the time goes now") has figures. Takes about a minute.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+
+# numpy's OpenBLAS workers, once woken, spin on the two cores the timed kernels need (seen in perf as
+# blas_thread_server, and as 10-20% swings in single runs)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import statistics
 import tempfile
 import time
@@ -107,7 +116,7 @@ def shapes_table(args: argparse.Namespace) -> None:
         for rows in args.rows:
             x = {"x": np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)}
             cells = []
-            for block in [None, *[b for b in args.blocks if k % b == 0]]:
+            for block in [] if args.library else [None, *[b for b in args.blocks if k % b == 0]]:
                 session = ort.InferenceSession(
                     linear_model(k, n, copies, block, args.bits).SerializeToString(), _options(args.threads),
                     providers=["CPUExecutionProvider"],
@@ -119,16 +128,21 @@ def shapes_table(args: argparse.Namespace) -> None:
             if args.native:
                 from trtbuild.backends.onnxruntime.kernel_library import library_path
 
-                opts = _options(args.threads)
-                opts.register_custom_ops_library(str(library_path()))
+                libraries = args.library or [str(library_path())]
                 per_token = [k] if args.bits == 8 else []  # int8 per token: one block per row
                 for block in [*per_token, *[b for b in args.blocks if b % 8 == 0]]:
-                    model = native_model(k, n, copies, block, args.bits)
-                    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-                    ms = _median_ms(session, x, args.reps) / copies
-                    label = "per token" if block == k else str(block)
-                    gbps = k * n * args.bits / 8 / ms / 1e6
-                    cells.append(f"QLinear int{args.bits}/{label} {ms:.3f} ms ({gbps:.1f} GB/s)")
+                    model = native_model(k, n, copies, block, args.bits).SerializeToString()
+                    for library in libraries:
+                        opts = _options(args.threads)
+                        opts.register_custom_ops_library(library)
+                        if len(libraries) > 1:
+                            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+                        ms = _median_ms(session, x, args.reps) / copies
+                        label = "per token" if block == k else str(block)
+                        gbps = k * n * args.bits / 8 / ms / 1e6
+                        build = f" [{Path(library).name}]" if args.library else ""
+                        cells.append(f"QLinear{build} int{args.bits}/{label} {ms:.3f} ms ({gbps:.1f} GB/s)")
             print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
 
 
@@ -207,7 +221,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--engine", help="time this engine's matrix products alone, next to its decode step")
+    parser.add_argument(
+        "--library", nargs="+", help="time QLinear alone on each of these builds of the native library (an A/B)"
+    )
     args = parser.parse_args()
+    args.native = args.native or bool(args.library)
     if args.engine:
         engine_linears(args)
     else:

@@ -38,12 +38,12 @@ CASES = [  # rows, in, out, bits, group, block
     (9, 576, 3072, 4, 128, 128),
     (66, 256, 40, 4, 32, 32),  # int4 g32, panel remainder, row chunks
     (4, 44, 17, 4, 16, 16),  # in-features not a whole step of 8
-    # whole 64-in-feature blocks, 8-bit from 16 rows, int4 from 32: AMX tiles where the CPU has them (32 x 32)
+    # whole 64-in-feature blocks, 8-bit from 16 rows, int4 at 64-256: AMX tiles where the CPU has them (32 x 32)
     (40, 576, 100, 8, 576, 576),  # per token, rows padded to 64, 7 panels (a last single one, partial)
     (16, 576, 48, 8, 576, 576),  # the fewest rows on the tiles
-    (260, 256, 33, 8, 256, 64),  # per channel, four blocks of 64, three row chunks
-    (33, 576, 960, 4, 128, 128),  # int4 g128 with a short last group of 64
-    (40, 256, 48, 4, 64, 64),  # int4 g64, 3 panels
+    (130, 256, 33, 8, 256, 64),  # per channel, four blocks of 64, three row chunks
+    (97, 576, 960, 4, 128, 128),  # int4 g128 with a short last group of 64, two row chunks
+    (64, 256, 48, 4, 64, 64),  # int4 g64, 3 panels
 ]
 
 
