@@ -139,10 +139,11 @@ def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
 
 
 # The library's product loops other than this machine's own (-march=native less an ISA: cpu_linear.inc's #if chain)
+NO_AMX = ["-mno-amx-tile"] if cpu_linear_simd() is LinearSimd.AMX else []
 OTHER_LOOPS = {
-    "vnni": ["-mno-amx-tile"],  # on an AMX CPU: the VNNI tiles at every row count; elsewhere the default library
-    "avx2": ["-mno-avx512f", "-mno-amx-tile"],  # on an AVX-512 CPU: its AVX2 tiles; elsewhere the default library
-    "plain": ["-mno-avx2", "-mno-amx-tile"],  # GCC turns AVX-512 off with AVX2: the plain loops
+    "vnni": NO_AMX,  # on an AMX CPU: the VNNI tiles at every row count; elsewhere the default library
+    "avx2": ["-mno-avx512f", *NO_AMX],  # on an AVX-512 CPU: its AVX2 tiles; elsewhere the default library
+    "plain": ["-mno-avx2", *NO_AMX],  # GCC turns AVX-512 off with AVX2: the plain loops
 }
 
 
