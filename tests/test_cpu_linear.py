@@ -138,6 +138,30 @@ def test_per_token_qlinear_equals_the_integer_gemm_it_replaces(rows):
     np.testing.assert_array_equal(got, expected)
 
 
+def test_tiles_share_threads_with_onnxruntimes_own_integer_gemm():
+    """On an AMX CPU both ``QLinear``'s tiles and onnxruntime's uint8 x int8 ``MatMulInteger`` (MLAS's AMX GEMM) run
+    on the same threads, each loading its own tile configuration: interleaved calls of the two stay exact.
+    (onnxruntime 1.32's MLAS loads its configuration per call: a library that left its own loaded passed too.
+    Elsewhere: the same check on the VNNI/AVX2 loops.)"""
+    k, n, rows = 576, 960, 64
+    x, codes, scale = _case(rows, k, n, 8, k, seed=5)
+    qlinear = _session(_model(k, n, 8, k, k, codes, scale), 2)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+        "mlas",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, ["M", k])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, ["M", n])],
+        [numpy_helper.from_array(codes, "w")],
+    )
+    mlas = _session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), 2)
+    a = np.random.default_rng(6).integers(0, 256, (rows, k)).astype(np.uint8)
+    exact = a.astype(np.int64) @ codes.astype(np.int64)
+    reference = qlinear_reference(x, codes, scale, bits=8, group=k, block=k)
+    for _ in range(3):
+        np.testing.assert_array_equal(mlas.run(None, {"a": a})[0], exact)
+        np.testing.assert_array_equal(qlinear.run(None, {"x": x})[0], reference)
+
+
 # The library's product loops other than this machine's own (-march=native less an ISA: cpu_linear.inc's #if chain)
 NO_AMX = ["-mno-amx-tile"] if cpu_linear_simd() is LinearSimd.AMX else []
 OTHER_LOOPS = {
