@@ -1,9 +1,12 @@
-"""The torch backend on the CPU: the portable graph imported into torch, exported and compiled by AOTInductor.
+"""The torch backend on the CPU, both runtimes: torch-compile (graph + weights, ``torch.compile`` at open) and
+AOTInductor (``model.pt2``).
 
-One compiled engine per architecture is built per session (``torch_engines``; each compile takes ~30-60 s here)
-and reused. Checked: logits equal transformers' through the paged cache (ragged prefill, chunks, decode), the
-runner on top (continuous batching, chunked prefill, prefix hits), the custom op against the numpy oracle (torch
-implementation, and the CUDA implementation's Triton kernel under ``TRITON_INTERPRET=1``), and the errors.
+One engine per architecture and runtime is built per session (``torch_engines``; an AOTInductor build takes ~20 s
+here, a torch-compile one compiles at open: ~10 s cold, a few warm) and reused. Checked for both: logits equal
+transformers' through the paged cache (ragged prefill, chunks, decode), the runner on top (continuous batching,
+chunked prefill, prefix hits); the custom op against the numpy oracle (torch implementation, and the CUDA
+implementation's Triton kernel under ``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child
+process and the fallback when it fails; and the errors.
 """
 
 from __future__ import annotations
@@ -21,50 +24,71 @@ from trtbuild.backends.torch import ops
 from trtbuild.backends.torch.importer import PortableModule
 from trtbuild.backends.torch.session import TorchSession
 from trtbuild.build import build_engine, portable_graph
-from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice
+from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, TorchRuntime
 from trtbuild.errors import BuildError, EngineError
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
 from trtbuild.plugins.paged_attention.reference import paged_attention as oracle
 from trtbuild.runtime.llm import LLM, SamplingParams
 
 ARCHS = ["llama_gqa", "qwen2_bias", "gpt2"]
+RUNTIMES = [TorchRuntime.TORCH_COMPILE, TorchRuntime.AOT_INDUCTOR]
 TINY_BUILD = BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4)
 
 
 @pytest.fixture(scope="session")
 def torch_engines(tiny_engines, tmp_path_factory):
-    """name -> (hf model, ckpt, torch CPU engine dir): one AOTInductor compile per architecture per session."""
+    """(name, runtime) -> (hf model, ckpt, torch CPU engine dir): one build per architecture and runtime."""
     root = tmp_path_factory.mktemp("torch")
     out = {}
     for name in ARCHS:
         model, ckpt, _ = tiny_engines[name]
-        build_engine(ckpt, root / name, TINY_BUILD, torch=TorchConfig(device=TorchDevice.CPU))
-        out[name] = (model, ckpt, root / name)
+        for runtime in RUNTIMES:
+            engine = root / f"{name}-{runtime.value}"
+            result = build_engine(ckpt, engine, TINY_BUILD, torch=TorchConfig(TorchDevice.CPU, torch_runtime=runtime))
+            assert result.warnings == ()  # the AOTInductor package loaded and ran in its child-process check
+            out[name, runtime] = (model, ckpt, engine)
     return out
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.value)
 @pytest.mark.parametrize("name", ARCHS)
-def test_compiled_engine_matches_transformers(torch_engines, name):
-    model, _, engine = torch_engines[name]
+def test_compiled_engine_matches_transformers(torch_engines, name, runtime):
+    model, _, engine = torch_engines[name, runtime]
     session = TorchSession(engine, kv_cache_memory=1 << 20)
+    assert session.runtime is runtime and session.load_seconds > 0
     check_prefill_and_decode(session, model, name)
     manifest = json.loads((engine / "manifest.json").read_text())
     (entry,) = manifest["engines"]
-    assert entry["backend"] == "torch" and entry["path"].startswith("engines/torch-cpu-")
+    assert entry["backend"] == "torch" and entry["torch_runtime"] == runtime.value
     assert entry["torch_version"] == torch.__version__ and (engine / entry["path"]).stat().st_size > 0
+    if runtime is TorchRuntime.AOT_INDUCTOR:
+        assert entry["path"].startswith("engines/torch-cpu-") and entry["path"].endswith("model.pt2")
+    else:  # the graph's structure and the weights in the engine's dtype: no compiled code
+        assert entry["target"] == "compile-cpu" and entry["path"] == "engines/torch-compile-cpu/graph.onnx"
+        assert (engine / "engines/torch-compile-cpu/weights.safetensors").stat().st_size > 0
 
 
-def test_padded_decode_steps_match_transformers(torch_engines):
+def test_eager_module_matches_transformers(torch_engines):
+    """The torch-compile engine's module run without compiling (``compile=False``) gives the same logits."""
+    model, _, engine = torch_engines["gpt2", TorchRuntime.TORCH_COMPILE]
+    session = TorchSession(engine, kv_cache_memory=1 << 20, compile=False)
+    assert isinstance(session._runner, PortableModule)
+    check_prefill_and_decode(session, model, "gpt2")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.value)
+def test_padded_decode_steps_match_transformers(torch_engines, runtime):
     """Decode steps padded to preset batch sizes (the CUDA-graph path, here without graphs) give the same logits."""
-    model, _, engine = torch_engines["qwen2_bias"]
+    model, _, engine = torch_engines["qwen2_bias", runtime]
     session = TorchSession(engine, kv_cache_memory=1 << 20, decode_batch_sizes=[2, 8])
     check_prefill_and_decode(session, model, "qwen2_bias")
-    assert session._decode.sizes == [2, 8] and set(session._decode._static) == {8}
+    assert session._decode.sizes == [2, 8] and 8 in session._decode._static  # (the warm-up may use size 2)
 
 
-def test_runner_on_the_torch_engine(torch_engines, tiny_engines):
+@pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.value)
+def test_runner_on_the_torch_engine(torch_engines, tiny_engines, runtime):
     """LLM on the torch engine: the same greedy tokens as the onnxruntime engine, batched, chunked, prefix-cached."""
-    model, _, engine = torch_engines["llama_gqa"]
+    model, _, engine = torch_engines["llama_gqa", runtime]
     prompts, params = mixed_requests(model.config.vocab_size, n=8)
     ort_out = LLM(tiny_engines["llama_gqa"][2]).generate(prompts, params)
     llm = LLM(engine)
@@ -87,7 +111,7 @@ def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
     from trtbuild.backends.torch.sampling import DeviceSampler
     from trtbuild.runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 
-    model, _, engine = torch_engines["llama_gqa"]
+    model, _, engine = torch_engines["llama_gqa", TorchRuntime.TORCH_COMPILE]
     prompts, _ = mixed_requests(model.config.vocab_size, n=6)
     params = [
         SamplingParams(temperature=0.8, top_k=20, max_tokens=8, seed=1, ignore_eos=True),
@@ -181,19 +205,64 @@ def test_importer_refuses_an_unknown_op(tiny_engines):
 
 
 def test_cuda_without_gpu_is_one_line(tiny_engines, tmp_path):
+    """An AOTInductor CUDA build needs the GPU; a torch-compile CUDA engine builds anywhere and is refused with one
+    line where there is no GPU to open it on."""
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = tmp_path / "engine"
-    proc = run_cli("build", tiny_engines["gpt2"][1], "-o", out, "--backend", "torch", "--device", "cuda")
+    ckpt = tiny_engines["gpt2"][1]
+    aot = ("--backend", "torch", "--device", "cuda", "--torch-runtime", "aot-inductor")
+    proc = run_cli("build", ckpt, "-o", out, *aot)
     assert_clean_failure(proc, "--device cuda needs an NVIDIA GPU")
     assert not out.exists()
-    proc = run_cli("build", tiny_engines["gpt2"][1], "-o", out, "--device", "cpu")
-    assert_clean_failure(proc, "torch options (--device, --dtype, --max-autotune) need --backend torch")
-    proc = run_cli(
-        "build", tiny_engines["gpt2"][1], "-o", out, "--backend", "torch", "--device", "cpu", "--max-autotune"
-    )
+    proc = run_cli("build", ckpt, "-o", out, "--device", "cpu")
+    assert_clean_failure(proc, "torch options (--device, --dtype, --torch-runtime, --max-autotune) need --backend torch")
+    proc = run_cli("build", ckpt, "-o", out, "--backend", "torch", "--device", "cpu", "--max-autotune")
     assert_clean_failure(proc, "--max-autotune tunes Triton templates for a GPU: it needs --device cuda")
     assert not out.exists()
+    proc = run_cli("build", ckpt, "-o", out, "--backend", "torch", "--device", "cuda", "--dtype", "bfloat16")
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads((out / "manifest.json").read_text())["engines"]
+    assert entry["target"] == "compile-cuda" and entry["torch_runtime"] == "torch-compile"
+    with pytest.raises(EngineError, match="compile-cuda: this machine has no NVIDIA GPU"):
+        LLM(out)
+
+
+def test_isolated_run_reports_a_segfault_and_goes_on():
+    """A child that segfaults is an exit status (-11) and its fault's Python stack, not a dead parent."""
+    from trtbuild.backends.torch.isolate import report, run_isolated
+
+    crash = run_isolated("import ctypes\nprint('before')\nctypes.string_at(0)", timeout=60)
+    assert not crash.ok and crash.rc == -11
+    assert "before" in crash.trace and any("Segmentation fault" in line for line in crash.trace)
+    assert crash.summary().startswith("segmentation fault (exit status -11)")
+    assert report is not None
+    code = "import sys\nfrom trtbuild.backends.torch.isolate import report\nreport({'n': int(sys.argv[1])})"
+    done = run_isolated(code, args=["7"], timeout=60)
+    assert done.ok and done.results == [{"n": 7}]
+    slow = run_isolated("import time\ntime.sleep(30)", timeout=2)
+    assert not slow.ok and slow.rc == 124 and slow.summary().startswith("timed out")
+
+
+def test_aoti_package_that_does_not_run_falls_back_to_torch_compile(tiny_engines, tmp_path, monkeypatch):
+    """Where the package's child-process check fails (here: the child really segfaults), the build writes the
+    torch-compile engine instead and says so in one warning line; the engine it leaves runs."""
+    from trtbuild.backends.torch import isolate, writer
+
+    def crashing_check(*args, **kwargs):
+        return isolate.run_isolated("import ctypes\nctypes.string_at(0)", timeout=60)
+
+    monkeypatch.setattr(writer, "aoti_load_check", crashing_check)
+    model, ckpt, _ = tiny_engines["gpt2"]
+    out = tmp_path / "engine"
+    cfg = TorchConfig(TorchDevice.CPU, torch_runtime=TorchRuntime.AOT_INDUCTOR)
+    result = build_engine(ckpt, out, TINY_BUILD, torch=cfg)
+    (warning,) = result.warnings
+    assert warning.startswith("the AOTInductor package does not run on this machine (segmentation fault")
+    assert warning.endswith("the engine uses the torch-compile runtime instead (docs/gpu.md)")
+    (entry,) = json.loads((out / "manifest.json").read_text())["engines"]
+    assert entry["torch_runtime"] == "torch-compile" and not list(out.rglob("*.pt2"))
+    check_prefill_and_decode(TorchSession(out, kv_cache_memory=1 << 20, compile=False), model, "gpt2")
 
 
 def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, tmp_path):
@@ -201,7 +270,7 @@ def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, t
 
     from trtbuild.artifacts.manifest import manifest_digest
 
-    engine = shutil.copytree(torch_engines["gpt2"][2], tmp_path / "engine")
+    engine = shutil.copytree(torch_engines["gpt2", TorchRuntime.AOT_INDUCTOR][2], tmp_path / "engine")
     manifest = json.loads((engine / "manifest.json").read_text())
     manifest["engines"][0]["target"] = "cpu-sse9"
     manifest["engines"][0]["torch_version"] = "1.0.0"

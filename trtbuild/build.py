@@ -47,7 +47,7 @@ def build_engine(
     if build.backend is not Backend.TENSORRT and tensorrt is not None and tensorrt != TensorRTConfig():
         raise BuildError("TensorRT options (--arch, --hardware-compatibility, ...) need --backend tensorrt")
     if build.backend is not Backend.TORCH and torch is not None and torch != TorchConfig():
-        raise BuildError("torch options (--device, --dtype, --max-autotune) need --backend torch")
+        raise BuildError("torch options (--device, --dtype, --torch-runtime, --max-autotune) need --backend torch")
     if gate is not None and build.backend is not Backend.ONNXRUNTIME:
         raise BuildError("--accuracy-gate evaluates on the CPU engine; gate the onnxruntime build instead")
     request = BuildRequest(

@@ -110,10 +110,26 @@ class CpuLinear(enum.Enum):
 
 
 class TorchDevice(enum.Enum):
-    """Device type a torch engine is compiled for (AOTInductor generates code for exactly one)."""
+    """Device type a torch engine runs on (an AOTInductor package holds code for exactly one)."""
 
     CUDA = "cuda"
     CPU = "cpu"
+
+
+class TorchRuntime(enum.Enum):
+    """How a torch engine runs (docs/gpu.md).
+
+    ``TORCH_COMPILE``: the engine holds the portable graph's structure and the imported module's weights
+    (safetensors, in the engine's dtypes); opening it builds the torch module on the device and ``torch.compile``s
+    it (Inductor, dynamic sizes; compiled code cached under ``~/.cache/trtbuild/inductor`` so a second load is
+    warm), decode steps replayed as CUDA graphs. Needs no GPU to build and runs wherever torch runs the device
+    (TensorRT-LLM's PyTorch flow). ``AOT_INDUCTOR``: the graph compiled ahead of time into one ``model.pt2``
+    package for the build machine's GPU architecture (or CPU ISA): nothing compiles at load, but building for CUDA
+    needs that GPU, and a package that does not load and run in a child process at build time is replaced by the
+    ``TORCH_COMPILE`` form (one warning line)."""
+
+    TORCH_COMPILE = "torch-compile"
+    AOT_INDUCTOR = "aot-inductor"
 
 
 @dataclass(frozen=True)
@@ -369,6 +385,14 @@ class TorchConfig:
 
     device: TorchDevice = field(default=TorchDevice.CUDA, metadata={"help": "torch engine device (--backend torch)"})
     dtype: DType = field(default=DType.FLOAT32, metadata={"help": "torch engine compute dtype (--backend torch)"})
+    torch_runtime: TorchRuntime = field(
+        default=TorchRuntime.TORCH_COMPILE,
+        metadata={
+            "help": "torch-compile: weights + graph, torch.compile at load (any GPU, no GPU needed to build; the "
+            "first load compiles for ~1 min, later ones hit the cache); aot-inductor: an AOTInductor package for "
+            "this machine's GPU / CPU ISA (--backend torch)"
+        },
+    )
     max_autotune: bool = field(
         default=False,
         metadata={

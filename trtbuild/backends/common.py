@@ -31,6 +31,7 @@ class BuildResult:
     engine_op_counts: dict[str, int]
     seconds: float
     accuracy_gate: dict[str, float] | None = None  # perplexities and increase when built with a gate
+    warnings: tuple[str, ...] = ()  # one line each, for the user (e.g. a runtime fallback)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class EngineEntry:
     ptx_version: str | None = None  # PTX ISA of the embedded AOT plugin kernel, e.g. "8.5"; None: JIT plugin
     torch_version: str | None = None  # torch engines: the torch that exported and compiled the package
     triton_version: str | None = None  # torch engines: the Triton that generated its GPU kernels
+    torch_runtime: str | None = None  # torch engines: a ``TorchRuntime`` value ("torch-compile", "aot-inductor")
 
     def __post_init__(self) -> None:
         if self.hardware_compatibility not in HARDWARE_COMPATIBILITY:
@@ -61,7 +62,7 @@ class EngineEntry:
 
     def describe(self) -> str:
         if self.backend == "torch":
-            return f"torch {self.target}, torch {self.torch_version}"
+            return f"torch {self.target} ({self.torch_runtime}), torch {self.torch_version}"
         if self.backend != "tensorrt":
             return f"{self.backend} {self.target}"
         portable = " (ampere+: any GPU >= sm80)" if self.hardware_compatibility == "ampere+" else ""

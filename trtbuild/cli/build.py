@@ -79,6 +79,8 @@ def build(
             f"(max_position_embeddings): the engine takes sequences of up to {built} tokens",
             err=True,
         )
+    for warning in result.warnings:
+        click.echo(f"warning: {warning}", err=True)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
     click.echo(
         f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "

@@ -1,4 +1,5 @@
-"""The torch backend's build: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2``."""
+"""The torch backend's build: the portable graph written as a torch-compile engine (graph + weights) or exported
+and compiled into an AOTInductor ``model.pt2`` (``writer.py``)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 
 from ...artifacts.atomic import atomic_output_dir
 from ...artifacts.manifest import write_manifest
-from ...config import RuntimeConfig, TorchDevice
+from ...config import RuntimeConfig, TorchDevice, TorchRuntime
 from ...configio import to_dict
 from ...convert.convert import copy_tokenizer_files
 from ...errors import BuildError
@@ -14,18 +15,20 @@ from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, p
 
 
 def build_torch(req: BuildRequest) -> BuildResult:
-    """The torch backend: portable graph -> torch module -> torch.export -> AOTInductor ``model.pt2`` (docs/gpu.md)."""
+    """The torch backend (docs/gpu.md): a torch-compile engine, or an AOTInductor package checked in a child."""
     from .target import local_target
 
     if req.torch.max_autotune and req.torch.device is not TorchDevice.CUDA:
         raise BuildError("--max-autotune tunes Triton templates for a GPU: it needs --device cuda")
-    local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
+    if req.torch.torch_runtime is TorchRuntime.AOT_INDUCTOR:
+        local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
     model_cfg, build, io, portable = portable_graph(req.ckpt_dir, req.build)
     from .writer import write_torch_engine
 
     portable_counts = op_counts(portable)
     with atomic_output_dir(req.engine_dir, overwrite=req.overwrite) as tmp:
-        entry = write_torch_engine(portable, model_cfg, build, io, req.torch, tmp)
+        written = write_torch_engine(portable, model_cfg, build, io, req.torch, tmp)
+        entry = written.entry
         del portable
         RuntimeConfig(model=model_cfg, build=build, engine_file=entry.path, io=io).save(tmp)
         copy_tokenizer_files(req.ckpt_dir, tmp)
@@ -38,4 +41,5 @@ def build_torch(req: BuildRequest) -> BuildResult:
             checkpoint=checkpoint_digests(req.ckpt_dir),
             graph={"portable_op_counts": portable_counts},
         )
-    return BuildResult(req.engine_dir, portable_counts, {}, time.perf_counter() - req.start)
+    seconds = time.perf_counter() - req.start
+    return BuildResult(req.engine_dir, portable_counts, {}, seconds, warnings=written.warnings)

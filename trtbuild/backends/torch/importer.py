@@ -1,6 +1,7 @@
-"""Import the portable graph (ONNX, ``trtbuild/graph/emit.py``) into a torch module for ``torch.export``.
+"""Import the portable graph (ONNX, ``trtbuild/graph/emit.py``) into a torch module (for ``torch.export`` or
+``torch.compile``).
 
-The module interprets the graph's nodes in order; tracing it with ``torch.export`` yields one flat graph of aten ops
+The module interprets the graph's nodes in order; tracing it (``torch.export``, Dynamo) yields one flat graph of aten ops
 plus one ``torch.ops.trtbuild.paged_attention`` per layer. It covers exactly the ops the emitter produces (float and
 quantized checkpoints); any other op fails the import with one line naming it.
 
@@ -11,7 +12,7 @@ fuse it into the consumer. The rotary table stays float32. Inputs: the five step
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,12 @@ def _op_name(node: onnx.NodeProto) -> str:
     return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
 
 
+def _attribute(attr: onnx.AttributeProto) -> Any:
+    """An attribute's value, strings as ``str`` (ONNX gives bytes, which torch ops and Dynamo do not take)."""
+    value = helper.get_attribute_value(attr)
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _to_torch(array: np.ndarray) -> Tensor:
     """An initializer as a torch tensor: int4 -> int8 values, uint4 -> uint8, float8_e4m3fn kept as float8."""
     if array.dtype == np.dtype(ml_dtypes.int4):
@@ -55,38 +62,68 @@ def _to_torch(array: np.ndarray) -> Tensor:
     return torch.from_numpy(array if array.flags.writeable else array.copy())
 
 
+def _keep_float32(name: str, tensor: Tensor) -> bool:
+    """Scales, scalar constants and the rotary table stay float32 (quantization math and the kernel read them as
+    float32; a 0-d float32 tensor does not promote a half-precision operand)."""
+    return tensor.dim() == 0 or name.endswith(("_scale", "cos_sin_cache"))
+
+
+def import_weights(model: onnx.ModelProto, dtype: torch.dtype) -> dict[str, Tensor]:
+    """The graph's tensor initializers as the engine holds them, by initializer name: float ones in ``dtype``
+    (scales, scalars and the rotary table in float32), quantized ones in their integer / float8 storage (int4 as
+    int8 values). int64 initializers (shapes, split sizes) are not weights: they stay in the graph."""
+    weights = {}
+    for init in model.graph.initializer:
+        if init.data_type == onnx.TensorProto.INT64:
+            continue
+        tensor = _to_torch(numpy_helper.to_array(init))
+        if tensor.is_floating_point() and tensor.dtype != torch.float8_e4m3fn and not _keep_float32(init.name, tensor):
+            tensor = tensor.to(dtype)
+        weights[init.name] = tensor
+    return weights
+
+
+def graph_structure(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its weights (``import_weights``): nodes, inputs, outputs and the int64 initializers."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(i for i in model.graph.initializer if i.data_type == onnx.TensorProto.INT64)
+    return out
+
+
 class PortableModule(torch.nn.Module):
     """The portable graph as a torch module: ``forward(input_ids, positions, block_tables, query_start_loc,
     logits_indices, caches) -> logits`` where ``caches`` is ``[key_cache.0, value_cache.0, key_cache.1, ...]``,
-    written in place. Logits are float32 ``[N, vocab]``."""
+    written in place. Logits are float32 ``[N, vocab]``.
 
-    def __init__(self, model: onnx.ModelProto, io: EngineIO, dtype: torch.dtype) -> None:
+    ``weights``: the initializers as ``import_weights`` makes them (how the torch-compile runtime opens an engine:
+    ``model`` is then the ``graph_structure``); None imports them from ``model``."""
+
+    def __init__(
+        self, model: onnx.ModelProto, io: EngineIO, dtype: torch.dtype, weights: Mapping[str, Tensor] | None = None
+    ) -> None:
         super().__init__()
         unknown = sorted({_op_name(n) for n in model.graph.node} - set(OPS))
         if unknown:
             raise BuildError(f"the torch backend cannot import op(s) {', '.join(unknown)} of the portable graph")
         self.dtype = dtype
         self.nodes = [
-            Node(_op_name(n), tuple(n.input), tuple(n.output), {a.name: helper.get_attribute_value(a) for a in n.attribute})  # noqa: E501
+            Node(_op_name(n), tuple(n.input), tuple(n.output), {a.name: _attribute(a) for a in n.attribute})
             for n in model.graph.node
-        ]  # fmt: skip
-        self.consts: dict[str, np.ndarray] = {}  # small integer initializers read at import time (split sizes)
+        ]
+        self.consts: dict[str, tuple[int, ...]] = {  # int64 initializers (split sizes, shapes) as Python ints
+            i.name: tuple(int(v) for v in numpy_helper.to_array(i).reshape(-1))
+            for i in model.graph.initializer
+            if i.data_type == onnx.TensorProto.INT64
+        }
+        if weights is None:
+            weights = import_weights(model, dtype)
         self._buffer_names: dict[str, str] = {}
-        for i, init in enumerate(model.graph.initializer):
-            array = numpy_helper.to_array(init)
-            if array.dtype == np.int64:
-                self.consts[init.name] = array
-                continue
-            tensor = _to_torch(array)
-            if (
-                tensor.is_floating_point()
-                and tensor.dtype != torch.float8_e4m3fn
-                and not self._keep_float32(init.name, tensor)
-            ):
-                tensor = tensor.to(dtype)
+        for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
             self.register_buffer(attr, tensor)
-            self._buffer_names[init.name] = attr
+            self._buffer_names[name] = attr
         names = [i.name for i in model.graph.input]
         step = [getattr(io, n) for n in STEP_INPUTS]
         if names[: len(step)] != step:
@@ -94,11 +131,10 @@ class PortableModule(torch.nn.Module):
         self.step_inputs = tuple(step)
         self.cache_inputs = tuple(names[len(step) :])
         self.logits = io.logits
-
-    def _keep_float32(self, name: str, tensor: Tensor) -> bool:
-        """Scales, scalar constants and the rotary table stay float32 (quantization math and the kernel read them as
-        float32; a 0-d float32 tensor does not promote a half-precision operand)."""
-        return tensor.dim() == 0 or name.endswith(("_scale", "cos_sin_cache"))
+        missing = sorted({i for n in self.nodes for i in n.inputs} - set(weights) - set(self.consts) - set(names)
+                         - {o for n in self.nodes for o in n.outputs} - {""})  # fmt: skip
+        if missing:
+            raise BuildError(f"the engine's weights lack {len(missing)} tensor(s) the graph reads, e.g. {missing[0]}")
 
     def forward(
         self,
@@ -163,9 +199,9 @@ def _gelu(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 
 
 def _split(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    if len(x) < 2 or not isinstance(x[1], np.ndarray):
+    if len(x) < 2 or not isinstance(x[1], tuple):
         raise BuildError(f"Split {node.outputs[0]}: the torch backend needs constant split sizes")
-    return torch.split(x[0], [int(s) for s in x[1]], dim=node.attrs.get("axis", 0))
+    return torch.split(x[0], list(x[1]), dim=node.attrs.get("axis", 0))
 
 
 def _quantize(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
@@ -225,10 +261,10 @@ OPS: dict[str, Handler] = {
     "LayerNormalization": _layer_norm,
     "QuantizeLinear": _quantize,
     # dynamic activation scales (quantize.formats.emit_dynamic_quantization), computed in float32
-    "Reshape": lambda m, n, x: (x[0].reshape([int(v) for v in x[1]]),),
+    "Reshape": lambda m, n, x: (x[0].reshape(list(x[1])),),
     "Abs": lambda m, n, x: (torch.abs(x[0].float()),),
     "ReduceMax": lambda m, n, x: (
-        torch.amax(x[0], dim=[int(a) for a in x[1]], keepdim=bool(n.attrs.get("keepdims", 1))),
+        torch.amax(x[0], dim=list(x[1]), keepdim=bool(n.attrs.get("keepdims", 1))),
     ),
     "Div": lambda m, n, x: (x[0] / x[1],),
     "Max": lambda m, n, x: (torch.maximum(x[0], x[1]),),

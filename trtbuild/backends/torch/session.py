@@ -1,4 +1,7 @@
-"""``TorchSession``: runs a torch engine (an AOTInductor ``model.pt2``) one step at a time over a paged KV cache.
+"""``TorchSession``: runs a torch engine one step at a time over a paged KV cache.
+
+The engine runs in the form it was built for (``runners.py``): a torch-compile engine's module is rebuilt on the
+device and compiled by its warm-up steps at open (``load_seconds``, logged); an AOTInductor package is loaded.
 
 The KV pool is one key and one value tensor ``[NB, BS, Hkv, D]`` per layer on the engine's device (compute dtype,
 or int8 / float8 for a quantized cache), sized from ``kv_cache_memory`` or, on a GPU, from the memory left free
@@ -9,7 +12,10 @@ Only the requested logits rows leave the engine (``logits_indices``), and in the
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +23,7 @@ import numpy as np
 import torch
 
 from ...artifacts.manifest import read_manifest
-from ...config import RuntimeConfig, TorchConfig
+from ...config import RuntimeConfig, TorchConfig, TorchRuntime
 from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
@@ -26,11 +32,13 @@ from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
 from .decode_graphs import DecodeGraphs
 from .memory import default_kv_cache_memory
+from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
-from .target import select_torch_engine
+from .target import entry_device, entry_runtime, select_torch_engine
 from .writer import TORCH_DTYPES, cache_dtype
 
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+log = logging.getLogger(__name__)
 
 
 def open_torch(
@@ -48,6 +56,9 @@ class TorchSession(EngineSession):
     CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
     ``max_batch_size`` on CUDA, none on the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
+    ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
+    intra-op threads on the CPU (None: one per physical core, as the onnxruntime session).
+    ``load_seconds``: opening time, weights, compilation and warm-up included.
     """
 
     def __init__(
@@ -57,7 +68,9 @@ class TorchSession(EngineSession):
         kv_cache_memory: int | None = None,
         num_threads: int | None = None,
         decode_batch_sizes: Sequence[int] | None = None,
+        compile: bool = True,
     ) -> None:
+        start = time.perf_counter()
         engine_dir = Path(engine_dir)
         try:
             self.config = RuntimeConfig.load(engine_dir)
@@ -66,18 +79,23 @@ class TorchSession(EngineSession):
         except Exception as e:
             raise EngineError(f"{engine_dir}: not a loadable torch engine directory ({e})") from None
         self.entry = select_torch_engine(manifest, str(engine_dir))
-        self.device = torch.device(torch_cfg.device.value)
-        if num_threads is not None and self.device.type == "cpu":
-            torch.set_num_threads(num_threads)
+        self.runtime = entry_runtime(self.entry)
+        self.device = torch.device(entry_device(self.entry).value)
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or cpu_threads())
         model, build = self.config.model, self.config.build
         dtype = cache_dtype(model, TORCH_DTYPES[torch_cfg.dtype])
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
         per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         path = engine_dir / self.entry.path
-        try:
-            self._runner = torch._inductor.aoti_load_package(str(path))
-        except Exception as e:
-            raise EngineError(f"{path}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+        if self.runtime is TorchRuntime.AOT_INDUCTOR:
+            self._runner = load_aoti(path)
+        else:
+            compute = TORCH_DTYPES[torch_cfg.dtype]
+            max_autotune = torch_cfg.max_autotune and self.device.type == "cuda"
+            self._runner = load_compiled(
+                path, self.config.io, compute, self.device, compile=compile, max_autotune=max_autotune
+            )
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
             kv_cache_memory = self._default_kv_cache_memory(TORCH_DTYPES[torch_cfg.dtype])
         self.kv_cache_memory = kv_cache_memory
@@ -92,6 +110,27 @@ class TorchSession(EngineSession):
             decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
         max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
         self._decode = DecodeGraphs(self._runner, self.caches, decode_batch_sizes, max_blocks)
+        if self.runtime is TorchRuntime.TORCH_COMPILE and compile:
+            self._warm_up()
+        self.load_seconds = time.perf_counter() - start
+        log.info("opened %s (%s, %s) in %.1fs", engine_dir, self.runtime.value, self.device, self.load_seconds)
+
+    def _warm_up(self) -> None:
+        """Compile the shapes steps take (a decode step of 1 and of several sequences, a prefill, a mixed step) now
+        rather than in the first requests; every write goes to the null block 0, which no sequence reads."""
+        block = self.config.build.kv_block_size
+        zeros = [0] * -(-3 // block)  # a table covering positions 0..2, all in the null block
+        steps = [  # one sequence of 3 tokens; 2 sequences (4 tokens); one decode; decodes of 2 (CUDA graphs)
+            StepBatch.build([[0, 0, 0]], [0], [zeros]),
+            StepBatch.build([[0, 0, 0], [0]], [0, 0], [zeros, zeros]),
+            StepBatch.build([[0]], [0], [zeros]),
+            StepBatch.build([[0], [0]], [0, 0], [zeros, zeros]),
+        ]
+        for batch in steps:
+            if batch.num_seqs <= self.config.build.max_batch_size:
+                self.step_logits(batch)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _default_kv_cache_memory(self, compute_dtype: torch.dtype) -> int:
         if self.device.type != "cuda":
@@ -108,9 +147,12 @@ class TorchSession(EngineSession):
         """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``)."""
         if self._decode.fits(batch):
             return self._decode.run(batch)
+        tables = batch.block_tables
+        if tables.shape[1] < 2:  # a null-block column: width 1 would be one more size-1 specialisation to compile
+            tables = np.pad(tables, ((0, 0), (0, 2 - tables.shape[1])))
         tensors = [
             torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True)
-            for a in (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
+            for a in (batch.input_ids, batch.positions, tables, batch.query_start_loc, batch.logits_indices)
         ]
         with torch.inference_mode():
             return self._runner(*tensors, self.caches)
@@ -118,3 +160,10 @@ class TorchSession(EngineSession):
     def new_sampler(self, seed: int | None) -> DeviceSampler:
         """Samples on the engine's device: only the chosen token ids (and host-only rows) cross to the host."""
         return DeviceSampler(seed)
+
+
+
+def cpu_threads() -> int:
+    """torch's intra-op threads on the CPU: as the onnxruntime session's (the CPUs this process may use, at most
+    8), rather than torch's own choice."""
+    return min(len(os.sched_getaffinity(0)), 8)

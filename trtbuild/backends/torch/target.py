@@ -2,7 +2,8 @@
 
 An AOTInductor package holds code generated for one device type and target: on CUDA the GPU architecture of the
 build GPU (``cuda-sm90``), on the CPU the vector ISA Inductor compiled for (``cpu-avx512``). It is loaded by the
-torch version that built it (same major.minor). A mismatch is refused with the command that rebuilds.
+torch version that built it (same major.minor). A torch-compile engine (``compile-cuda``, ``compile-cpu``) is
+compiled when it is opened, so it needs only its device type. A mismatch is refused with the command that rebuilds.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ...config import TorchDevice
+from ...config import TorchDevice, TorchRuntime
 from ...errors import BuildError, EngineError
 from ..engine_select import EngineEntry, arch_name, entries_from_manifest
 
@@ -29,6 +30,21 @@ def local_target(device: TorchDevice) -> str:
     return "cpu-" + torch.backends.cpu.get_cpu_capability().lower()
 
 
+def compile_target(device: TorchDevice) -> str:
+    """The target of a torch-compile engine: ``compile-cuda`` or ``compile-cpu`` (any GPU architecture, any ISA)."""
+    return f"compile-{device.value}"
+
+
+def entry_device(entry: EngineEntry) -> TorchDevice:
+    """The device type of a torch engine entry (``cuda-sm90``, ``cpu-avx512``, ``compile-cuda`` ...)."""
+    return TorchDevice(entry.target.removeprefix("compile-").split("-")[0])
+
+
+def entry_runtime(entry: EngineEntry) -> TorchRuntime:
+    """The runtime of a torch engine entry (entries written before the field existed are AOTInductor packages)."""
+    return TorchRuntime(entry.torch_runtime or TorchRuntime.AOT_INDUCTOR.value)
+
+
 def rebuild_command(device: str, engine_dir: str, checkpoint: str = "CKPT_DIR") -> str:
     return f"trtbuild build {checkpoint} -o {engine_dir} --backend torch --device {device}"
 
@@ -43,12 +59,14 @@ def select_torch_engine(manifest: Mapping[str, Any], engine_dir: str) -> EngineE
     here_torch = _major_minor(torch.__version__)
     reasons = []
     for entry in entries:
-        device = TorchDevice(entry.target.split("-")[0])
+        device = entry_device(entry)
         try:
             here = local_target(device)
         except BuildError:
             reasons.append(f"{entry.target}: this machine has no NVIDIA GPU")
             continue
+        if entry_runtime(entry) is TorchRuntime.TORCH_COMPILE:
+            return entry  # compiled at load for whatever this device is
         why = []
         if entry.target != here:
             why.append(f"built for {entry.target}, this machine is {here}")
@@ -57,10 +75,10 @@ def select_torch_engine(manifest: Mapping[str, Any], engine_dir: str) -> EngineE
         if not why:
             return entry
         reasons.append(f"{entry.target}: {'; '.join(why)}")
-    device = entries[0].target.split("-")[0]
+    device_name = entry_device(entries[0]).value
     raise EngineError(
         f"no torch engine in {engine_dir} runs on this machine ({'; '.join(reasons)}). "
-        f"Rebuild with: {rebuild_command(device, engine_dir)}"
+        f"Rebuild with: {rebuild_command(device_name, engine_dir)}"
     )
 
 

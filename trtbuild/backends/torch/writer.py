@@ -1,15 +1,24 @@
-"""Build a torch engine: portable graph -> torch module -> ``torch.export`` (dynamic sizes) -> AOTInductor package.
+"""Write a torch engine's files, in the form its ``TorchRuntime`` runs.
 
-Written under the engine directory: ``engines/torch-<target>/model.pt2`` (target ``cuda-sm90``, ``cpu-avx512``,
-see ``target.py``), plus ``runtime_config.json`` and the manifest entry recording torch / Triton versions and the
-target. Building for CUDA needs a GPU of the architecture it builds for: the one it runs on.
+- ``torch-compile``: ``engines/torch-compile-<device>/graph.onnx`` + ``weights.safetensors`` (``module_files.py``);
+  target ``compile-cuda`` / ``compile-cpu``. No GPU needed to build.
+- ``aot-inductor``: portable graph -> torch module -> ``torch.export`` (dynamic sizes) -> AOTInductor
+  ``engines/torch-<target>/model.pt2`` (target ``cuda-sm90``, ``cpu-avx512``, see ``target.py``). Building for CUDA
+  needs a GPU of the architecture it builds for. The package is then loaded and run once in a child process
+  (``isolate.py``, a few seconds): a package that crashes or fails there (every CUDA package segfaulted at load on
+  the H200 image of docs/gpu.md) is replaced by the torch-compile form, with one warning line, instead of handed
+  to users.
+
+The manifest entry records the runtime, the target and the torch / Triton versions.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,10 +26,12 @@ from pathlib import Path
 import onnx
 import torch
 
-from ...config import BuildConfig, DType, EngineIO, KVCacheDType, ModelConfig, TorchConfig, TorchDevice
+from ...config import BuildConfig, DType, EngineIO, KVCacheDType, ModelConfig, TorchConfig, TorchDevice, TorchRuntime
 from ..engine_select import EngineEntry
 from .importer import PortableModule
-from .target import local_target
+from .isolate import IsolatedRun, run_isolated
+from .module_files import write_module_files
+from .target import compile_target, local_target
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16}
 MAX_NUM_BLOCKS = 1 << 24
@@ -69,7 +80,47 @@ def dynamic_shapes(model: ModelConfig, build: BuildConfig) -> tuple[object, ...]
     return ({0: tokens}, {0: tokens}, {0: seqs, 1: width}, {0: seqs1}, {0: logits}, caches)
 
 
+@dataclass(frozen=True)
+class WrittenEngine:
+    """The engine written (its manifest entry) and what the user should hear about it (one line each)."""
+
+    entry: EngineEntry
+    warnings: tuple[str, ...] = ()
+
+
 def write_torch_engine(
+    portable: onnx.ModelProto, model: ModelConfig, build: BuildConfig, io: EngineIO, cfg: TorchConfig, out_dir: Path
+) -> WrittenEngine:
+    """Write ``portable`` under ``out_dir/engines/`` in the form ``cfg.torch_runtime`` runs (module docstring)."""
+    if cfg.torch_runtime is TorchRuntime.TORCH_COMPILE:
+        return WrittenEngine(write_compile_engine(portable, cfg, out_dir))
+    entry = write_aoti_package(portable, model, build, io, cfg, out_dir)
+    check = aoti_load_check(out_dir / entry.path, model, build.kv_block_size, cfg)
+    if check.ok:
+        return WrittenEngine(entry)
+    shutil.rmtree(out_dir / "engines")
+    warning = (
+        f"the AOTInductor package does not run on this machine ({check.summary()}): the engine uses the "
+        "torch-compile runtime instead (docs/gpu.md)"
+    )
+    return WrittenEngine(write_compile_engine(portable, cfg, out_dir), (warning,))
+
+
+def write_compile_engine(portable: onnx.ModelProto, cfg: TorchConfig, out_dir: Path) -> EngineEntry:
+    """The torch-compile form: the graph's structure and the module's weights (``module_files.py``)."""
+    target = compile_target(cfg.device)
+    graph = write_module_files(portable, TORCH_DTYPES[cfg.dtype], out_dir / "engines" / f"torch-{target}")
+    return EngineEntry(
+        backend="torch",
+        target=target,
+        path=graph.relative_to(out_dir).as_posix(),
+        torch_version=torch.__version__,
+        triton_version=_version("triton"),
+        torch_runtime=TorchRuntime.TORCH_COMPILE.value,
+    )
+
+
+def write_aoti_package(
     portable: onnx.ModelProto, model: ModelConfig, build: BuildConfig, io: EngineIO, cfg: TorchConfig, out_dir: Path
 ) -> EngineEntry:
     """Export and AOT-compile ``portable`` into ``out_dir/engines/torch-<target>/model.pt2``; returns its entry."""
@@ -100,7 +151,45 @@ def write_torch_engine(
         compute_capability=_compute_capability(cfg.device),
         torch_version=torch.__version__,
         triton_version=_version("triton"),
+        torch_runtime=TorchRuntime.AOT_INDUCTOR.value,
     )
+
+
+# Loads a package and runs the example step on it, in a child process (argv: package, config JSON).
+_LOAD_CHECK = """
+import json, sys
+import torch
+import trtbuild.backends.torch.ops  # the custom op the package calls
+from trtbuild.backends.torch.writer import example_step
+from trtbuild.config import ModelConfig
+from trtbuild.configio import from_dict
+spec = json.loads(sys.argv[2])
+model = from_dict(ModelConfig, spec["model"], "model")
+dtype = getattr(torch, spec["dtype"])
+runner = torch._inductor.aoti_load_package(sys.argv[1])
+example = example_step(model, spec["block_size"], dtype, spec["device"])
+with torch.inference_mode():
+    logits = runner(*example.tensors, example.caches)
+if spec["device"] == "cuda":
+    torch.cuda.synchronize()
+assert logits.shape == (2, model.vocab_size), logits.shape
+assert bool(torch.isfinite(logits).all()), "non-finite logits"
+"""
+
+
+def aoti_load_check(
+    package: Path, model: ModelConfig, block_size: int, cfg: TorchConfig, timeout: float = 300.0
+) -> IsolatedRun:
+    """Load ``package`` and run one example step in a child process (``isolate.run_isolated``): whether it runs."""
+    from ...configio import to_dict
+
+    spec = {
+        "model": to_dict(model),
+        "block_size": block_size,
+        "dtype": str(TORCH_DTYPES[cfg.dtype]).removeprefix("torch."),
+        "device": cfg.device.value,
+    }
+    return run_isolated(_LOAD_CHECK, args=[str(package), json.dumps(spec)], timeout=timeout)
 
 
 def ensure_cuda_home() -> str | None:

@@ -1,0 +1,64 @@
+"""The callable that runs one step of a torch engine, per ``TorchRuntime``.
+
+``runner(input_ids, positions, block_tables, query_start_loc, logits_indices, caches) -> logits`` for both:
+- ``aot-inductor``: ``torch._inductor.aoti_load_package`` of the engine's ``model.pt2``;
+- ``torch-compile``: the ``PortableModule`` rebuilt on the device from the engine's graph and weights
+  (``module_files.py``) and wrapped by ``torch.compile`` (Inductor, ``dynamic=True``: one graph serves every token
+  count >= 2; sizes 1 get their own). Dynamo traces the module once per such specialisation, at the session's
+  warm-up; Inductor's compiled code is cached on disk (``inductor_cache_dir``) so a second load of the same engine
+  skips code generation. ``compile=False`` runs the module eagerly (vLLM's ``enforce_eager``; debugging).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...config import EngineIO
+from ...errors import EngineError
+from .module_files import load_module
+
+Runner = Callable[..., torch.Tensor]
+RECOMPILE_LIMIT = 64  # Dynamo's per-function graph limit (8 by default): 0/1 size specialisations of five inputs
+
+
+def inductor_cache_dir() -> Path:
+    """Where Inductor (and Triton, unless the user set theirs) keep compiled code: ``$TORCHINDUCTOR_CACHE_DIR``,
+    else ``~/.cache/trtbuild/inductor`` (created), which this sets for the process before anything compiles."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtbuild" / "inductor"
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ.setdefault("TRITON_CACHE_DIR", str(path / "triton"))
+    return path
+
+
+def load_aoti(package: Path) -> Runner:
+    """An AOTInductor package's runner (the process must have imported ``ops.py``: the package calls the op)."""
+    try:
+        return torch._inductor.aoti_load_package(str(package))
+    except Exception as e:
+        raise EngineError(f"{package}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+
+
+def load_compiled(
+    graph: Path, io: EngineIO, dtype: torch.dtype, device: torch.device, *, compile: bool, max_autotune: bool
+) -> Runner:
+    """The torch-compile runtime's runner: the module on ``device``, compiled lazily by its first calls."""
+    module = load_module(graph, io, dtype, device)
+    if not compile:
+        return module
+    inductor_cache_dir()
+    dynamo = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.7; both kept for the GPU image's
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), RECOMPILE_LIMIT))
+    mode = "max-autotune-no-cudagraphs" if max_autotune else None  # CUDA graphs are the session's (DecodeGraphs)
+    compiled: Any = torch.compile(module, dynamic=True, fullgraph=True, mode=mode)
+    return compiled
