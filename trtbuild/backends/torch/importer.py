@@ -1,8 +1,8 @@
 """Import the portable graph (ONNX, ``trtbuild/graph/emit.py``) into a torch module (for ``torch.export`` or
 ``torch.compile``).
 
-The module interprets the graph's nodes in order; tracing it (``torch.export``, Dynamo) yields one flat graph of aten ops
-plus one ``torch.ops.trtbuild.paged_attention`` per layer. It covers exactly the ops the emitter produces (float and
+The module interprets the graph's nodes in order; tracing it (``torch.export``, Dynamo) yields one flat graph of aten
+ops plus one ``torch.ops.trtbuild.paged_attention`` per layer. It covers exactly the ops the emitter produces (float and
 quantized checkpoints); any other op fails the import with one line naming it.
 
 Float initializers become buffers in the engine's compute dtype; quantized weights keep their integer / float8
@@ -263,9 +263,7 @@ OPS: dict[str, Handler] = {
     # dynamic activation scales (quantize.formats.emit_dynamic_quantization), computed in float32
     "Reshape": lambda m, n, x: (x[0].reshape(list(x[1])),),
     "Abs": lambda m, n, x: (torch.abs(x[0].float()),),
-    "ReduceMax": lambda m, n, x: (
-        torch.amax(x[0], dim=list(x[1]), keepdim=bool(n.attrs.get("keepdims", 1))),
-    ),
+    "ReduceMax": lambda m, n, x: (torch.amax(x[0], dim=list(x[1]), keepdim=bool(n.attrs.get("keepdims", 1))),),
     "Div": lambda m, n, x: (x[0] / x[1],),
     "Max": lambda m, n, x: (torch.maximum(x[0], x[1]),),
     "DequantizeLinear": _dequantize,

@@ -8,6 +8,7 @@ fault. Used by the AOTInductor load check at build time (``writer.py``), ``bench
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -69,10 +70,8 @@ def run_isolated(
     results = []
     for line in lines:
         if line.startswith(RESULT_PREFIX):
-            try:
+            with contextlib.suppress(json.JSONDecodeError):
                 results.append(json.loads(line[len(RESULT_PREFIX) :]))
-            except json.JSONDecodeError:
-                pass
     trace = [line for line in lines if not line.startswith(RESULT_PREFIX)][-tail:]
     return IsolatedRun(rc == 0, rc, time.perf_counter() - start, trace, results)
 

@@ -162,7 +162,6 @@ class TorchSession(EngineSession):
         return DeviceSampler(seed)
 
 
-
 def cpu_threads() -> int:
     """torch's intra-op threads on the CPU: as the onnxruntime session's (the CPUs this process may use, at most
     8), rather than torch's own choice."""
