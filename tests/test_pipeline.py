@@ -413,8 +413,9 @@ def test_quantize_and_eval_stages(tmp_path):
 def test_torch_targets_carry_their_device_and_cuda_is_not_buildable_without_a_gpu(
     sources, tmp_path, monkeypatch, capsys
 ):
-    """A recipe's torch targets: the device from the target, the dtype from ``torch:``; the CPU engine is built and
-    runs, the CUDA one is reported not buildable on a machine without a GPU."""
+    """A recipe's torch targets: the device from the target, the dtype and runtime from ``torch:``; the CPU engine is
+    built and runs; an AOTInductor CUDA one is reported not buildable on a machine without a GPU, a torch-compile
+    CUDA one (compiled where it is opened) is built."""
     import torch
 
     from trtbuild.runtime.llm import LLM, SamplingParams
@@ -423,14 +424,15 @@ def test_torch_targets_carry_their_device_and_cuda_is_not_buildable_without_a_gp
         tmp_path / "t.yaml",
         "tiny",
         sources["llama_gqa"],
-        torch={"dtype": "float32"},
+        torch={"dtype": "float32", "torch_runtime": "aot-inductor"},
         targets=[{"backend": "torch", "arch": "cpu"}, {"backend": "torch", "arch": "cuda"}],
     )
     plan = make_plan([load_recipe(recipe)])
     options = {s.id: s.options.get("torch") for s in plan.stages if s.kind is StageKind.BUILD}
+    common = {"dtype": "float32", "max_autotune": False, "torch_runtime": "aot-inductor"}
     assert options == {
-        "tiny/fp32/torch/cpu": {"device": "cpu", "dtype": "float32", "max_autotune": False},
-        "tiny/fp32/torch/cuda": {"device": "cuda", "dtype": "float32", "max_autotune": False},
+        "tiny/fp32/torch/cpu": {"device": "cpu", **common},
+        "tiny/fp32/torch/cuda": {"device": "cuda", **common},
     }
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the machine has no GPU, whatever it has
     art = tmp_path / "art"
@@ -446,6 +448,14 @@ def test_torch_targets_carry_their_device_and_cuda_is_not_buildable_without_a_gp
     assert verify_engine_dir(engine).ok
     greedy = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
     assert len(LLM(engine).generate([[5, 6, 7]], greedy)[0].token_ids) == 4
+
+    compile_recipe = write_recipe(
+        tmp_path / "c.yaml", "tiny", sources["llama_gqa"], targets=[{"backend": "torch", "arch": "cuda"}]
+    )
+    code, _, err = cli(monkeypatch, capsys, "pipeline", compile_recipe, "-o", tmp_path / "art2")
+    assert code == 0, err
+    assert statuses_from_index(tmp_path / "art2")["tiny/fp32/torch/cuda"] == "built"
+    assert verify_engine_dir(tmp_path / "art2/tiny/fp32/torch/cuda").ok
 
 
 def test_recipe_torch_targets_are_checked(tmp_path, sources):

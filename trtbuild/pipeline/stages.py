@@ -17,7 +17,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import Backend, BuildConfig, DType, EvalConfig, QuantConfig, TensorRTConfig, TorchConfig, TorchDevice
+from ..config import (
+    Backend,
+    BuildConfig,
+    DType,
+    EvalConfig,
+    QuantConfig,
+    TensorRTConfig,
+    TorchConfig,
+    TorchDevice,
+    TorchRuntime,
+)
 from ..configio import from_dict
 from ..errors import TrtbuildError
 from .plan import Stage, StageKind
@@ -44,7 +54,8 @@ class StageContext:
 
 def missing_toolchain(stage: Stage) -> str | None:
     """Why ``stage`` cannot run on this machine, or None: a TensorRT build without an importable ``tensorrt``, a
-    torch CUDA build without a GPU (a CUDA package is compiled for the GPU that builds it)."""
+    torch AOTInductor CUDA build without a GPU (its package is compiled for the GPU that builds it; a torch-compile
+    engine builds anywhere)."""
     if stage.kind is not StageKind.BUILD:
         return None
     backend = stage.labels.get("backend")
@@ -53,7 +64,9 @@ def missing_toolchain(stage: Stage) -> str | None:
             import tensorrt  # noqa: F401
         except ImportError:
             return "TensorRT is not installed on this machine"
-    if backend == Backend.TORCH.value and stage.labels.get("target") == TorchDevice.CUDA.value:
+    torch_cfg = stage.options.get("torch", {})
+    aot = torch_cfg.get("torch_runtime", TorchRuntime.TORCH_COMPILE.value) == TorchRuntime.AOT_INDUCTOR.value
+    if backend == Backend.TORCH.value and stage.labels.get("target") == TorchDevice.CUDA.value and aot:
         import torch
 
         if not torch.cuda.is_available():
