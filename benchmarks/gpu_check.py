@@ -1,29 +1,33 @@
-"""The torch backend on a CUDA GPU: correctness against transformers and speed, one JSON line per result.
+"""The torch backend on a CUDA GPU, both runtimes: correctness against transformers and speed, one JSON line each.
 
 Run on the GPU machine (docs/gpu.md), from the repository root, with no network and no venv::
 
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site .
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/gpu_check.py
 
-``--device cpu --smoke-speed`` runs the speed cases' code on a tiny model (how the script is checked without a
-GPU; its figures mean nothing). Every case runs in its own try/except and prints one JSON line (``"ok": false``
-with the error when it fails); nothing stops the rest. Cases are skipped (a JSON line says so) once ``--budget``
-seconds (default 420) have passed: the speed cases run right after the float32 correctness ones, then bf16 and
-quantized. With ``$OUT`` set, the lines are also written to ``$OUT/gpu_check.jsonl``.
+Every case runs in a child process of its own (``python -X faulthandler``, ``trtbuild.backends.torch.isolate``):
+loading compiled code, capturing CUDA graphs and launching custom kernels can kill a process, and then the case is
+one JSON line (``"ok": false, "rc": -11, "trace": [...]``) and the run goes on. Cases are skipped (a JSON line says
+so) once ``--budget`` seconds (default 450) have passed; each child has ``--case-timeout`` seconds. The last lines
+are a summary table and a ``summary`` JSON line. With ``$OUT`` set, the lines also go to ``$OUT/gpu_check.jsonl``.
+``--device cpu --smoke-speed`` runs every case's code on the CPU with a tiny model (how the script is checked
+without a GPU; its figures mean nothing); ``--device cpu`` alone runs the correctness cases.
 
-Cases:
-- ``correctness``: tiny random Llama / Qwen2 / GPT-2 models (transformers configs built here), converted and built
-  for CUDA in float32: max abs logits error vs transformers on the GPU over a ragged prefill (with a chunk) plus
-  8 decode steps; limit 1e-3.
-- ``bf16_greedy``: the tiny Llama as a bfloat16 engine: greedy tokens vs transformers bfloat16 (match rate).
-- ``quantized``: int8 / int4 weight-only checkpoints of the tiny Llama (round-to-nearest, made here: no modelopt),
-  built for CUDA: logits vs the same graph run eagerly by the importer on the CPU.
-- ``speed``: a random model of Llama-3.2-1B shape in bfloat16: batch-1 decode tok/s (engine steps with and without
-  CUDA graphs, and through ``LLM`` with device sampling), 64 requests x 512 prompt / 128 new tokens output tok/s,
-  TTFT of a 2,048-token prompt; transformers on the same weights (eager ``generate`` with a padded static batch,
-  and its static-cache ``torch.compile`` path); the weight-read ceiling (weight bytes / measured device-copy
-  bandwidth); build time and package size; the KV pool ``LLM`` sizes by itself; int8 / int4 weight-only engines
-  of the same weights at batch 1 (target: not slower than bf16).
+Cases (``<runtime>`` is ``torch-compile`` or ``aot-inductor``; an AOTInductor build whose package does not run in
+its child-process check falls back to torch-compile, and the line says so in ``runtime`` and ``warnings``):
+- ``correctness/<model>/<runtime>``: tiny random Llama / Qwen2 / GPT-2 (transformers configs built here) as
+  float32 engines: max abs logits error vs transformers on the GPU over a ragged prefill (with a chunk) plus
+  8 decode steps, with and without CUDA graphs; limit 1e-3.
+- ``bf16_greedy/llama``: the tiny Llama as a bfloat16 engine: greedy tokens vs transformers bfloat16 (match rate).
+- ``quantized/<format>``: int8 / int4 weight-only checkpoints of the tiny Llama (round-to-nearest, made here: no
+  modelopt): logits vs the same graph run eagerly by the importer on the CPU.
+- ``speed/...``: a random model of Llama-3.2-1B shape in bfloat16 (saved once by ``speed/model``, read by each
+  later case): the weight-read ceiling (weight bytes / measured device-copy bandwidth); batch-1 decode tok/s of
+  engine steps with and without CUDA graphs per runtime (with the engine's load / compile time); through ``LLM``
+  (device sampling, greedy and top-p); 64 requests x 512 prompt / 128 new tokens output tok/s and the TTFT of a
+  2,048-token prompt; transformers on the same weights (eager ``generate`` at batch 1 and a padded batch of 64,
+  its 2,048-token prefill, and its static-cache ``torch.compile`` path); the KV pool ``LLM`` sizes by itself;
+  int8 / int4 weight-only engines of the same weights at batch 1 (target: not slower than bf16).
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 START = time.perf_counter()
-RESULTS: list[dict[str, Any]] = []
-DEVICE = "cuda"  # --device cpu dry-runs the correctness cases on the CPU (to check this script without a GPU)
+DEVICE = "cuda"  # --device cpu runs the cases on the CPU (to check this script without a GPU)
+RUNTIMES = ("torch-compile", "aot-inductor")
 
 TINY = {
     "llama": dict(
@@ -65,40 +69,7 @@ LLAMA_1B = dict(
     num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=4096, rms_norm_eps=1e-5,
     rope_theta=500000.0, tie_word_embeddings=True, initializer_range=0.02,
 )  # fmt: skip
-
-
-def emit(case: str, **fields: Any) -> dict[str, Any]:
-    line = {"case": case, "t": round(time.perf_counter() - START, 1), **fields}
-    RESULTS.append(line)
-    print(json.dumps(line, default=str), flush=True)
-    out = os.environ.get("OUT")
-    if out:
-        with open(Path(out) / "gpu_check.jsonl", "a") as f:
-            f.write(json.dumps(line, default=str) + "\n")
-    return line
-
-
-def run_case(case: str, budget: float, fn: Callable[[], dict[str, Any] | None]) -> None:
-    """Run ``fn`` (it returns extra fields or emits its own lines); any exception becomes one JSON line."""
-    if time.perf_counter() - START > budget:
-        emit(case, ok=False, skipped=f"time budget of {budget:.0f}s used")
-        return
-    try:
-        fields = fn()
-        if fields is not None:
-            emit(case, ok=fields.pop("ok", True), **fields)
-    except BaseException as e:  # report and go on, whatever it is
-        if isinstance(e, KeyboardInterrupt):
-            raise
-        emit(case, ok=False, error=f"{type(e).__name__}: {e}"[:2000], where=traceback.format_exc()[-1500:])
-    finally:
-        gc.collect()
-        try:
-            import torch
-
-            torch.cuda.empty_cache()
-        except Exception:
-            pass
+SPEED_BUILD = dict(max_batch_size=64, max_seq_len=2560, max_num_tokens=2048)
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -123,20 +94,30 @@ def make_hf(spec: dict[str, Any], folder: Path, dtype: Any, seed: int = 0) -> An
 
 
 def convert_and_build(
-    hf_dir: Path, root: Path, tag: str, dtype_name: str, ckpt_dtype: str = "float32", **build_kw: Any
-) -> tuple[Path, Path, float]:
-    """(checkpoint, engine dir, build seconds) for ``hf_dir`` built as a torch engine in ``dtype_name``."""
+    hf_dir: Path, root: Path, tag: str, dtype_name: str, runtime: str = "torch-compile", ckpt_dtype: str = "float32",
+    ckpt: Path | None = None, **build_kw: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Convert ``hf_dir`` (once) and build it as a torch engine in ``dtype_name`` for ``runtime`` (reused when an
+    earlier case built it): ``{"ckpt", "engine", "build_s", "runtime", "warnings"}`` (``runtime``: the one the
+    engine got, torch-compile after an AOTInductor fallback)."""
     from trtbuild.build import build_engine
-    from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice
+    from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice, TorchRuntime
     from trtbuild.convert.convert import convert
 
-    ckpt, engine = root / f"{tag}-ckpt", root / f"{tag}-engine"
+    ckpt = ckpt or root / f"{tag}-ckpt"
+    engine = root / f"{tag}-{runtime}-engine"
     if not ckpt.exists():
         convert(hf_dir, ckpt, DType(ckpt_dtype))
     t = time.perf_counter()
-    build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, **build_kw)
-    build_engine(ckpt, engine, build, torch=TorchConfig(device=TorchDevice(DEVICE), dtype=DType(dtype_name)))
-    return ckpt, engine, time.perf_counter() - t
+    warnings: tuple[str, ...] = ()
+    if not engine.exists():
+        build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, **build_kw)
+        cfg = TorchConfig(device=TorchDevice(DEVICE), dtype=DType(dtype_name), torch_runtime=TorchRuntime(runtime))
+        warnings = build_engine(ckpt, engine, build, torch=cfg).warnings
+    (entry,) = json.loads((engine / "manifest.json").read_text())["engines"]
+    seconds = round(time.perf_counter() - t, 1)
+    return {"ckpt": ckpt, "engine": engine, "build_s": seconds, "runtime": entry["torch_runtime"],
+            "warnings": list(warnings), "package_mb": package_mb(engine)}  # fmt: skip
 
 
 def package_mb(engine: Path) -> float:
@@ -202,36 +183,35 @@ def paged_run(session: Any, vocab: int, reference: Callable[[list[int]], Any], s
 # --------------------------------------------------------------------------------------------- cases
 
 
-def case_environment() -> dict[str, Any]:
-    import torch
+def case_environment(work: Path) -> dict[str, Any]:
+    import shutil
 
-    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__}
+    import torch
+    import transformers
+
+    info: dict[str, Any] = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda}
     try:
         import triton
 
         info["triton"] = triton.__version__
     except ImportError as e:
         info["triton"] = f"missing ({e})"
-    import transformers
-
     info["transformers"] = transformers.__version__
     info["cuda_available"] = torch.cuda.is_available()
-    import shutil
-
     from torch.utils import cpp_extension
+
+    from trtbuild.backends.torch.runners import inductor_cache_dir
 
     info["nvcc"] = shutil.which("nvcc")
     info["cuda_home_found_by_torch"] = cpp_extension.CUDA_HOME
+    info["inductor_cache"] = str(inductor_cache_dir())
     if torch.cuda.is_available():
-        from trtbuild.backends.torch.writer import ensure_cuda_home
-
-        info["cuda_home_used"] = ensure_cuda_home()
         info["gpu"] = torch.cuda.get_device_name(0)
         info["capability"] = list(torch.cuda.get_device_capability(0))
     return info
 
 
-def case_correctness(name: str, root: Path) -> dict[str, Any]:
+def case_correctness(name: str, runtime: str, work: Path) -> dict[str, Any]:
     import torch
 
     from trtbuild.backends.torch.session import TorchSession
@@ -239,28 +219,29 @@ def case_correctness(name: str, root: Path) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
-    model = make_hf(TINY[name], root / f"{name}-hf", torch.float32)
-    _, engine, seconds = convert_and_build(root / f"{name}-hf", root, name, "float32", max_seq_len=512)
-    session = TorchSession(engine, kv_cache_memory=64 << 20)  # decode steps as CUDA graphs (the default)
+    model = make_hf(TINY[name], work / f"{name}-hf", torch.float32)
+    built = convert_and_build(work / f"{name}-hf", work, name, "float32", runtime, max_seq_len=512)
+    session = TorchSession(built["engine"], kv_cache_memory=64 << 20)  # decode steps as CUDA graphs (the default)
     err = paged_run(session, model.config.vocab_size, lambda ids: hf_logits(model, ids))
-    eager = TorchSession(engine, kv_cache_memory=64 << 20, decode_batch_sizes=[])
+    graphs = bool(session._decode.sizes) and session._decode.use_graphs and not session._decode.failed
+    eager = TorchSession(built["engine"], kv_cache_memory=64 << 20, decode_batch_sizes=[])
     err_eager = paged_run(eager, model.config.vocab_size, lambda ids: hf_logits(model, ids))
-    return {"ok": max(err, err_eager) <= 1e-3, "model": name, "max_abs_err": err, "max_abs_err_no_graphs": err_eager,
-            "cuda_graphs_failed": session._decode.failed, "limit": 1e-3, "build_s": round(seconds, 1),
-            "package_mb": package_mb(engine), "target": session.entry.target}  # fmt: skip
+    return {"ok": max(err, err_eager) <= 1e-3, "max_abs_err": err, "max_abs_err_no_graphs": err_eager,
+            "cuda_graphs": graphs, "limit": 1e-3, "load_s": round(session.load_seconds, 1),
+            **{k: v for k, v in built.items() if k not in ("ckpt", "engine")}}  # fmt: skip
 
 
-def case_bf16_greedy(root: Path) -> dict[str, Any]:
+def case_bf16_greedy(work: Path) -> dict[str, Any]:
     import numpy as np
     import torch
 
     from trtbuild.runtime.llm import LLM, SamplingParams
 
-    model = make_hf(TINY["llama"], root / "llama-bf16-hf", torch.bfloat16, seed=3)
-    _, engine, seconds = convert_and_build(root / "llama-bf16-hf", root, "llama-bf16", "bfloat16", max_seq_len=512)
+    model = make_hf(TINY["llama"], work / "llama-bf16-hf", torch.bfloat16, seed=3)
+    built = convert_and_build(work / "llama-bf16-hf", work, "llama-bf16", "bfloat16", max_seq_len=512)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, 500, int(n)).tolist() for n in (5, 17, 33, 64)]
-    outs = LLM(engine, kv_cache_memory=64 << 20).generate(
+    outs = LLM(built["engine"], kv_cache_memory=64 << 20).generate(
         prompts, SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     )
     same = total = 0
@@ -271,8 +252,7 @@ def case_bf16_greedy(root: Path) -> dict[str, Any]:
             )[0, len(prompt) :].tolist()
         same += sum(a == b for a, b in zip(out.token_ids, ref, strict=False))
         total += len(ref)
-    return {"model": "llama", "match_rate": same / total, "tokens": total, "build_s": round(seconds, 1),
-            "package_mb": package_mb(engine)}  # fmt: skip
+    return {"match_rate": same / total, "tokens": total, "build_s": built["build_s"], "runtime": built["runtime"]}
 
 
 def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) -> Path:
@@ -311,28 +291,26 @@ def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) ->
     return dst
 
 
-def case_quantized(qformat: str, root: Path) -> dict[str, Any]:
+def case_quantized(qformat: str, work: Path) -> dict[str, Any]:
     import torch
 
     from trtbuild.backends.torch.importer import PortableModule
     from trtbuild.backends.torch.session import TorchSession
-    from trtbuild.build import build_engine, portable_graph
-    from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice
+    from trtbuild.build import portable_graph
+    from trtbuild.config import Backend, BuildConfig
 
-    ckpt = root / "llama-ckpt"
+    ckpt = work / "llama-ckpt"
     if not ckpt.exists():  # the correctness case made it; make it here otherwise
-        make_hf(TINY["llama"], root / "llama-hf", torch.float32)
         from trtbuild.config import DType
         from trtbuild.convert.convert import convert
 
-        convert(root / "llama-hf", ckpt, DType.FLOAT32)
-    qckpt = quantize_checkpoint(ckpt, root / f"llama-{qformat}-ckpt", qformat)
-    engine = root / f"llama-{qformat}-engine"
-    t = time.perf_counter()
-    build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, max_seq_len=512)
-    build_engine(qckpt, engine, build, torch=TorchConfig(device=TorchDevice(DEVICE)))
-    seconds = time.perf_counter() - t
-    cfg, build, io, graph = portable_graph(qckpt, build)
+        make_hf(TINY["llama"], work / "llama-hf", torch.float32)
+        convert(work / "llama-hf", ckpt, DType.FLOAT32)
+    qckpt = work / f"llama-{qformat}-ckpt"
+    if not qckpt.exists():
+        quantize_checkpoint(ckpt, qckpt, qformat)
+    built = convert_and_build(work, work, f"llama-{qformat}", "float32", ckpt=qckpt, max_seq_len=512)
+    cfg, build, io, graph = portable_graph(qckpt, BuildConfig(backend=Backend.TORCH, kv_block_size=16, max_seq_len=512))
     module = PortableModule(graph, io, torch.float32)  # the reference: the same graph, eager, on the CPU
 
     def reference(ids: list[int]) -> Any:
@@ -343,17 +321,21 @@ def case_quantized(qformat: str, root: Path) -> dict[str, Any]:
         with torch.no_grad():
             return module(*map(torch.from_numpy, arrays), caches).numpy()
 
-    session = TorchSession(engine, kv_cache_memory=64 << 20)
+    session = TorchSession(built["engine"], kv_cache_memory=64 << 20)
     err = paged_run(session, cfg.vocab_size, reference)
-    return {"ok": err <= 1e-3, "qformat": qformat, "max_abs_err_vs_eager_cpu": err, "build_s": round(seconds, 1),
-            "package_mb": package_mb(engine)}  # fmt: skip
+    return {"ok": err <= 1e-3, "max_abs_err_vs_eager_cpu": err, "build_s": built["build_s"],
+            "package_mb": built["package_mb"], "runtime": built["runtime"]}  # fmt: skip
 
 
-def cuda_time(fn: Callable[[], Any], iters: int = 1) -> float:
-    """Seconds per call of ``fn`` (synchronized wall clock)."""
+def sync() -> None:
     import torch
 
-    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def wall(fn: Callable[[], Any], iters: int = 1) -> float:
+    """Seconds per call of ``fn`` (synchronized wall clock)."""
     sync()
     t = time.perf_counter()
     for _ in range(iters):
@@ -362,190 +344,296 @@ def cuda_time(fn: Callable[[], Any], iters: int = 1) -> float:
     return (time.perf_counter() - t) / iters
 
 
-class Speed:
-    """The Llama-3.2-1B-shaped model: made once, then measured by several cases."""
+def hf_1b(work: Path) -> Any:
+    """The saved Llama-3.2-1B-shaped model, on the device, bfloat16."""
+    import torch
+    from transformers import AutoModelForCausalLM
 
-    def __init__(self, root: Path) -> None:
-        import torch
+    model = AutoModelForCausalLM.from_pretrained(str(work / "1b-hf"), dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.to(DEVICE).eval()
 
-        t = time.perf_counter()
-        self.model = make_hf(LLAMA_1B, root / "1b-hf", torch.bfloat16)
-        self.make_s = time.perf_counter() - t
-        self.root = root
-        self.engine: Path | None = None
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def build(self) -> dict[str, Any]:
-        _, self.engine, seconds = convert_and_build(
-            self.root / "1b-hf", self.root, "1b", "bfloat16", "bfloat16", max_batch_size=64, max_seq_len=2560,
-            max_num_tokens=2048,
-        )  # fmt: skip
-        return {
-            "build_s": round(seconds, 1),
-            "package_mb": package_mb(self.engine),
-            "model_make_s": round(self.make_s, 1),
-        }
+def build_1b(work: Path, runtime: str = "torch-compile", qformat: str | None = None) -> dict[str, Any]:
+    if qformat is None:
+        return convert_and_build(work / "1b-hf", work, "1b", "bfloat16", runtime, "bfloat16", **SPEED_BUILD)
+    qckpt = work / f"1b-{qformat}-ckpt"
+    if not qckpt.exists():
+        build_1b(work)  # the bf16 checkpoint
+        quantize_checkpoint(work / "1b-ckpt", qckpt, qformat)
+    return convert_and_build(work, work, f"1b-{qformat}", "bfloat16", runtime, ckpt=qckpt, **SPEED_BUILD)
 
-    def ceiling(self) -> dict[str, Any]:
-        import torch
 
-        src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        seconds = cuda_time(lambda: dst.copy_(src), iters=20)
-        bandwidth = 2 * src.numel() / seconds  # bytes read + written per second
-        return {"weight_bytes": self.weight_bytes, "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
-                "ceiling_tok_s": round(bandwidth / self.weight_bytes, 1)}  # fmt: skip
+def speed_model(work: Path) -> dict[str, Any]:
+    import torch
 
-    def engine_decode_b1(self, graphs: bool = True, engine: Path | None = None) -> dict[str, Any]:
-        """Batch-1 decode steps at context 128-264, as the runner takes them: logits left on the device, the greedy
-        token read back (one sync a step), the next step's token fed from it."""
-        import torch
+    t = time.perf_counter()
+    model = make_hf(LLAMA_1B, work / "1b-hf", torch.bfloat16)
+    return {"params": sum(p.numel() for p in model.parameters()), "make_s": round(time.perf_counter() - t, 1),
+            "weight_bytes": weight_bytes(work)}  # fmt: skip
 
-        from trtbuild.backends.torch.session import TorchSession
 
-        engine = engine or self.engine
-        assert engine is not None, "the engine build failed"
-        sizes = None if graphs else []
-        session = TorchSession(engine, kv_cache_memory=2 << 30, decode_batch_sizes=sizes)
-        prompt = list(range(1, 129))
-        table = list(range(1, 1 + (128 + 200) // 16 + 1))
-        token = int(session.step_logits(step_batch([prompt], [0], [table])).argmax(-1)[0])
-        pos = 128
-        for _ in range(8):  # warm-up (captures the graph)
-            token = int(session.step_logits(step_batch([[token]], [pos], [table])).argmax(-1)[0])
-            pos += 1
-        n = 128
-        t = time.perf_counter()
-        for _ in range(n):
-            logits = session.step_logits(step_batch([[token]], [pos], [table]))
-            token = int(logits.argmax(-1)[0])
-            pos += 1
-        seconds = time.perf_counter() - t
-        failed = session._decode.failed
-        finite = bool(torch.isfinite(logits).all())
-        del session
-        return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
-                "cuda_graphs": graphs and DEVICE == "cuda", "cuda_graphs_failed": failed, "finite": finite,
-                "engine": engine.name}  # fmt: skip
+def weight_bytes(work: Path) -> int:
+    return sum(p.stat().st_size for p in (work / "1b-hf").glob("*.safetensors"))
 
-    def llm_decode_b1(self) -> dict[str, Any]:
-        """Batch-1 decode through ``LLM`` (scheduler, device sampling, detokenizer-free ids): what a user gets."""
-        import numpy as np
 
-        from trtbuild.runtime.llm import LLM, SamplingParams
+def speed_ceiling(work: Path) -> dict[str, Any]:
+    import torch
 
-        assert self.engine is not None, "the engine build failed"
-        llm = LLM(self.engine, kv_cache_memory=2 << 30)
-        rng = np.random.default_rng(1)
-        params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
-        llm.generate([rng.integers(1, 128000, 128).tolist()], params)  # warm-up (graph capture)
-        out = llm.generate([rng.integers(1, 128000, 128).tolist()], params)[0]
-        sampled = llm.generate([rng.integers(1, 128000, 128).tolist()], SamplingParams(
-            temperature=0.8, top_p=0.9, top_k=50, max_tokens=128, ignore_eos=True, seed=0))[0]  # fmt: skip
-        return {"greedy_decode_b1_tok_s": round(out.metrics.decode_tokens_per_s, 1),
-                "top_p_decode_b1_tok_s": round(sampled.metrics.decode_tokens_per_s, 1),
-                "sampler": type(llm.sampler).__name__}  # fmt: skip
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds = wall(lambda: dst.copy_(src), iters=20)
+    bandwidth = 2 * src.numel() / seconds  # bytes read + written per second
+    return {"weight_bytes": weight_bytes(work), "copy_bandwidth_GBps": round(bandwidth / 1e9, 1),
+            "ceiling_tok_s": round(bandwidth / weight_bytes(work), 1)}  # fmt: skip
 
-    def default_kv_pool(self) -> dict[str, Any]:
-        """The KV pool ``LLM(engine)`` sizes by itself on this GPU (90% of the free memory less one step)."""
-        import torch
 
-        from trtbuild.runtime.llm import LLM
+def speed_engine_decode_b1(work: Path, runtime: str, graphs: bool, qformat: str | None = None) -> dict[str, Any]:
+    """Batch-1 decode steps at context 128-264, as the runner takes them: logits left on the device, the greedy
+    token read back (one sync a step), the next step's token fed from it."""
+    import torch
 
-        assert self.engine is not None, "the engine build failed"
-        llm = LLM(self.engine)
-        free, total = torch.cuda.mem_get_info()
-        fields = {"kv_cache_GiB": round(llm.session.kv_cache_memory / 2**30, 2), "blocks": llm.num_kv_blocks,
-                  "free_after_GiB": round(free / 2**30, 2), "total_GiB": round(total / 2**30, 2)}  # fmt: skip
-        del llm
-        return fields
+    from trtbuild.backends.torch.session import TorchSession
 
-    def quantized_decode_b1(self, qformat: str, max_autotune: bool = False) -> dict[str, Any]:
-        """A round-to-nearest ``qformat`` checkpoint of the same weights, built and timed as the bf16 engine; the
-        issue's target: not slower than bf16 at batch 1 (compare with ``speed/engine_decode_b1``). ``max_autotune``:
-        Inductor's Triton templates with the dequantization as a fused prologue, timed against cuBLAS."""
-        from trtbuild.build import build_engine
-        from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice
+    built = build_1b(work, runtime, qformat)
+    session = TorchSession(built["engine"], kv_cache_memory=2 << 30, decode_batch_sizes=None if graphs else [])
+    prompt = list(range(1, 129))
+    table = list(range(1, 1 + (128 + 200) // 16 + 1))
+    token = int(session.step_logits(step_batch([prompt], [0], [table])).argmax(-1)[0])
+    pos = 128
+    for _ in range(8):  # warm-up (captures the graph)
+        token = int(session.step_logits(step_batch([[token]], [pos], [table])).argmax(-1)[0])
+        pos += 1
+    n = 128
+    t = time.perf_counter()
+    for _ in range(n):
+        logits = session.step_logits(step_batch([[token]], [pos], [table]))
+        token = int(logits.argmax(-1)[0])
+        pos += 1
+    seconds = time.perf_counter() - t
+    return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
+            "cuda_graphs": bool(session._decode.sizes) and session._decode.use_graphs and not session._decode.failed,
+            "finite": bool(torch.isfinite(logits).all()), "load_s": round(session.load_seconds, 1),
+            **{k: v for k, v in built.items() if k not in ("ckpt", "engine")}}  # fmt: skip
 
-        qckpt = self.root / f"1b-{qformat}-ckpt"
-        if not qckpt.exists():
-            quantize_checkpoint(self.root / "1b-ckpt", qckpt, qformat)
-        engine = self.root / f"1b-{qformat}{'-autotune' if max_autotune else ''}-engine"
-        t = time.perf_counter()
-        build = BuildConfig(backend=Backend.TORCH, kv_block_size=16, max_batch_size=64, max_seq_len=2560,
-                            max_num_tokens=2048)  # fmt: skip
-        torch_cfg = TorchConfig(device=TorchDevice(DEVICE), dtype=DType.BFLOAT16, max_autotune=max_autotune)
-        build_engine(qckpt, engine, build, torch=torch_cfg)
-        seconds = time.perf_counter() - t
-        return {"qformat": qformat, "max_autotune": max_autotune, "build_s": round(seconds, 1),
-                "package_mb": package_mb(engine), **self.engine_decode_b1(engine=engine)}  # fmt: skip
 
-    def engine_llm(self) -> dict[str, Any]:
-        import numpy as np
+def speed_llm_decode_b1(work: Path) -> dict[str, Any]:
+    """Batch-1 decode through ``LLM`` (scheduler, device sampling, no detokenizer): what a user gets."""
+    import numpy as np
 
-        from trtbuild.runtime.llm import LLM, SamplingParams
+    from trtbuild.runtime.llm import LLM, SamplingParams
 
-        assert self.engine is not None, "the engine build failed"
-        llm = LLM(self.engine, kv_cache_memory=8 << 30)
-        rng = np.random.default_rng(0)
-        params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
-        llm.generate([rng.integers(1, 128000, 512).tolist() for _ in range(4)], params)  # warm-up
-        prompts = [rng.integers(1, 128000, 512).tolist() for _ in range(64)]
-        t = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        seconds = time.perf_counter() - t
-        tokens = sum(len(o.token_ids) for o in outs)
-        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        llm.generate([rng.integers(1, 128000, 2048).tolist()], one)  # warm-up at that size
-        long_prompt = rng.integers(1, 128000, 2048).tolist()  # other random tokens: no prefix-cache hit
+    llm = LLM(build_1b(work)["engine"], kv_cache_memory=2 << 30)
+    rng = np.random.default_rng(1)
+    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    llm.generate([rng.integers(1, 128000, 128).tolist()], params)  # warm-up
+    out = llm.generate([rng.integers(1, 128000, 128).tolist()], params)[0]
+    sampled = llm.generate([rng.integers(1, 128000, 128).tolist()], SamplingParams(
+        temperature=0.8, top_p=0.9, top_k=50, max_tokens=128, ignore_eos=True, seed=0))[0]  # fmt: skip
+    return {"greedy_decode_b1_tok_s": round(out.metrics.decode_tokens_per_s, 1),
+            "top_p_decode_b1_tok_s": round(sampled.metrics.decode_tokens_per_s, 1),
+            "sampler": type(llm.sampler).__name__}  # fmt: skip
+
+
+def speed_engine_llm(work: Path) -> dict[str, Any]:
+    """64 requests x 512 prompt / 128 new tokens through ``LLM``; then the TTFT of one 2,048-token prompt."""
+    import numpy as np
+
+    from trtbuild.runtime.llm import LLM, SamplingParams
+
+    llm = LLM(build_1b(work)["engine"], kv_cache_memory=8 << 30)
+    rng = np.random.default_rng(0)
+    params = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
+    llm.generate([rng.integers(1, 128000, 512).tolist() for _ in range(4)], params)  # warm-up
+    prompts = [rng.integers(1, 128000, 512).tolist() for _ in range(64)]
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    seconds = time.perf_counter() - t
+    tokens = sum(len(o.token_ids) for o in outs)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    llm.generate([rng.integers(1, 128000, 2048).tolist()], one)  # warm-up at that size
+    ttfts = []
+    for _ in range(3):  # other random tokens each time: no prefix-cache hit
+        long_prompt = rng.integers(1, 128000, 2048).tolist()
         t = time.perf_counter()
         llm.generate([long_prompt], one)
-        ttft = time.perf_counter() - t
-        return {"requests": 64, "output_tok_s": round(tokens / seconds, 1), "wall_s": round(seconds, 2),
-                "ttft_2048_ms": round(1e3 * ttft, 1)}  # fmt: skip
+        ttfts.append(time.perf_counter() - t)
+    return {"requests": 64, "output_tok_s": round(tokens / seconds, 1), "wall_s": round(seconds, 2),
+            "ttft_2048_ms": round(1e3 * sorted(ttfts)[1], 1)}  # fmt: skip
 
-    def _hf_decode(self, batch: int, prompt_len: int, compiled: bool) -> tuple[float, float]:
-        """(decode tok/s per sequence-step, total output tok/s) of transformers' greedy generate on a padded batch."""
-        import torch
 
-        ids = torch.randint(1, 128000, (batch, prompt_len), device=DEVICE)
-        kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": torch.ones_like(ids)}
-        if compiled:
-            kwargs["cache_implementation"] = "static"
-        else:
-            kwargs["disable_compile"] = True
+def _hf_decode(model: Any, batch: int, prompt_len: int, compiled: bool) -> tuple[float, float, float]:
+    """(decode tok/s per sequence-step, total output tok/s, prefill seconds) of transformers' greedy generate."""
+    import torch
 
-        def gen(n: int) -> Any:
-            with torch.no_grad():
-                return self.model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
+    ids = torch.randint(1, 128000, (batch, prompt_len), device=DEVICE)
+    kwargs: dict[str, Any] = {"do_sample": False, "attention_mask": torch.ones_like(ids)}
+    if compiled:
+        kwargs["cache_implementation"] = "static"
+    else:
+        kwargs["disable_compile"] = True
 
-        gen(4)  # warm-up (compiles on the static-cache path)
-        gen(4)
-        full = cuda_time(lambda: gen(65))
-        first = cuda_time(lambda: gen(1))
-        return 64 / (full - first), batch * 65 / full
+    def gen(n: int) -> Any:
+        with torch.no_grad():
+            return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
 
-    def hf_eager(self) -> dict[str, Any]:
-        b1, _ = self._hf_decode(1, 128, compiled=False)
-        _, out64 = self._hf_decode(64, 512, compiled=False)
-        return {"decode_b1_tok_s": round(b1, 1), "batch64_output_tok_s": round(out64, 1)}
+    gen(4)  # warm-up (compiles on the static-cache path)
+    gen(4)
+    full = wall(lambda: gen(65))
+    first = wall(lambda: gen(1))
+    return 64 / (full - first), batch * 65 / full, first
 
-    def hf_static_compiled(self) -> dict[str, Any]:
-        b1, _ = self._hf_decode(1, 128, compiled=True)
-        return {"decode_b1_tok_s": round(b1, 1)}
+
+def speed_hf_eager(work: Path) -> dict[str, Any]:
+    model = hf_1b(work)
+    b1, _, _ = _hf_decode(model, 1, 128, compiled=False)
+    _, _, prefill = _hf_decode(model, 1, 2048, compiled=False)
+    _, out64, _ = _hf_decode(model, 64, 512, compiled=False)
+    return {"decode_b1_tok_s": round(b1, 1), "batch64_output_tok_s": round(out64, 1),
+            "prefill_2048_ms": round(1e3 * prefill, 1)}  # fmt: skip
+
+
+def speed_hf_static_compiled(work: Path) -> dict[str, Any]:
+    b1, _, _ = _hf_decode(hf_1b(work), 1, 128, compiled=True)
+    return {"decode_b1_tok_s": round(b1, 1)}
+
+
+def speed_default_kv_pool(work: Path) -> dict[str, Any]:
+    """The KV pool ``LLM(engine)`` sizes by itself on this GPU (90% of the free memory less one step)."""
+    import torch
+
+    from trtbuild.runtime.llm import LLM
+
+    llm = LLM(build_1b(work)["engine"])
+    free, total = torch.cuda.mem_get_info()
+    return {"kv_cache_GiB": round(llm.session.kv_cache_memory / 2**30, 2), "blocks": llm.num_kv_blocks,
+            "free_after_GiB": round(free / 2**30, 2), "total_GiB": round(total / 2**30, 2)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- the run
+
+
+def cases(smoke_speed: bool, skip_speed: bool) -> dict[str, Callable[[Path], dict[str, Any]]]:
+    """Name -> case, in the order they run: correctness first, the speed cases by importance."""
+    out: dict[str, Callable[[Path], dict[str, Any]]] = {"environment": case_environment}
+    for name in TINY:
+        out[f"correctness/{name}/torch-compile"] = lambda w, n=name: case_correctness(n, "torch-compile", w)
+    out["correctness/llama/aot-inductor"] = lambda w: case_correctness("llama", "aot-inductor", w)
+    if not skip_speed and (DEVICE == "cuda" or smoke_speed):
+        out["speed/model"] = speed_model
+        if DEVICE == "cuda":
+            out["speed/weight_read_ceiling"] = speed_ceiling
+        for runtime in RUNTIMES[:1]:
+            out[f"speed/engine_decode_b1/{runtime}"] = lambda w, r=runtime: speed_engine_decode_b1(w, r, True)
+            out[f"speed/engine_decode_b1_no_graphs/{runtime}"] = lambda w, r=runtime: speed_engine_decode_b1(
+                w, r, False
+            )
+        out["speed/transformers_eager"] = speed_hf_eager
+        out["speed/engine_64x512x128_and_ttft"] = speed_engine_llm
+        out["speed/transformers_static_compiled"] = speed_hf_static_compiled
+        for qformat in ("int8_wo", "int4_wo"):
+            out[f"speed/quantized_decode_b1/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
+                w, RUNTIMES[0], True, q
+            )
+        out["speed/llm_decode_b1"] = speed_llm_decode_b1
+        if DEVICE == "cuda":
+            out["speed/default_kv_pool"] = speed_default_kv_pool
+        out["speed/engine_decode_b1/aot-inductor"] = lambda w: speed_engine_decode_b1(w, "aot-inductor", True)
+    out["bf16_greedy/llama"] = case_bf16_greedy
+    for qformat in ("int8_wo", "int4_wo"):
+        out[f"quantized/{qformat}"] = lambda w, q=qformat: case_quantized(q, w)
+    return out
+
+
+def run_child(args: argparse.Namespace) -> None:
+    """In the child: run ``args.case`` and print its result (``isolate.report``)."""
+    from trtbuild.backends.torch.isolate import report
+
+    fn = cases(args.smoke_speed, False)[args.case]
+    try:
+        fields = fn(Path(args.work))
+    except Exception as e:
+        fields = {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000], "where": traceback.format_exc()[-1500:]}
+    report(fields)
+    sys.stdout.flush()
+    os._exit(0)  # skip interpreter teardown (CUDA graphs, compile workers): the result is out
+
+
+def emit(line: dict[str, Any], results: list[dict[str, Any]]) -> None:
+    line = {"case": line.pop("case"), "t": round(time.perf_counter() - START, 1), **line}
+    results.append(line)
+    text = json.dumps(line, default=str)
+    print(text, flush=True)
+    out = os.environ.get("OUT")
+    if out:
+        with open(Path(out) / "gpu_check.jsonl", "a") as f:
+            f.write(text + "\n")
+
+
+def summary_table(results: list[dict[str, Any]]) -> list[str]:
+    """The figures that answer the targets, with their ratios (docs/gpu.md's "Measured" table)."""
+    by = {r["case"]: r for r in results}
+
+    def get(case: str, key: str) -> Any:
+        return by.get(case, {}).get(key)
+
+    def ratio(a: Any, b: Any) -> str:
+        return f"{a / b:.2f}x" if isinstance(a, int | float) and isinstance(b, int | float) and b else "—"
+
+    rows = ["| figure | trtbuild | reference | ratio |", "|---|---|---|---|"]
+    for name in TINY:
+        case = f"correctness/{name}/torch-compile"
+        rows.append(f"| {case} max abs err (graphs / none) | {get(case, 'max_abs_err')} / "
+                    f"{get(case, 'max_abs_err_no_graphs')} | limit 1e-3 | ok={get(case, 'ok')} |")  # fmt: skip
+    case = "correctness/llama/aot-inductor"
+    rows.append(f"| {case} (runs as {get(case, 'runtime')}) | {get(case, 'max_abs_err')} | limit 1e-3 | "
+                f"ok={get(case, 'ok')} |")  # fmt: skip
+    b1 = get("speed/engine_decode_b1/torch-compile", "decode_b1_tok_s")
+    ceiling = get("speed/weight_read_ceiling", "ceiling_tok_s")
+    static = get("speed/transformers_static_compiled", "decode_b1_tok_s")
+    eager_b1 = get("speed/transformers_eager", "decode_b1_tok_s")
+    rows += [
+        f"| decode b1 tok/s (torch-compile, CUDA graphs) vs ceiling | {b1} | {ceiling} | {ratio(b1, ceiling)} |",
+        f"| decode b1 tok/s vs transformers static+compile | {b1} | {static} | {ratio(b1, static)} |",
+        f"| decode b1 tok/s vs transformers eager | {b1} | {eager_b1} | {ratio(b1, eager_b1)} |",
+    ]
+    nog = get("speed/engine_decode_b1_no_graphs/torch-compile", "decode_b1_tok_s")
+    rows.append(f"| decode b1 tok/s without CUDA graphs | {nog} | {b1} (graphs) | {ratio(nog, b1)} |")
+    aot = get("speed/engine_decode_b1/aot-inductor", "decode_b1_tok_s")
+    runs_as = get("speed/engine_decode_b1/aot-inductor", "runtime")
+    rows.append(f"| decode b1 tok/s, aot-inductor build (runs as {runs_as}) | {aot} | {b1} | {ratio(aot, b1)} |")
+    out64 = get("speed/engine_64x512x128_and_ttft", "output_tok_s")
+    hf64 = get("speed/transformers_eager", "batch64_output_tok_s")
+    rows.append(f"| 64 x 512/128 output tok/s vs transformers eager b64 | {out64} | {hf64} | {ratio(out64, hf64)} |")
+    ttft = get("speed/engine_64x512x128_and_ttft", "ttft_2048_ms")
+    pre = get("speed/transformers_eager", "prefill_2048_ms")
+    rows.append(f"| TTFT 2,048 tokens (ms) vs transformers prefill | {ttft} | {pre} | {ratio(ttft, pre)} |")
+    for q in ("int8_wo", "int4_wo"):
+        v = get(f"speed/quantized_decode_b1/{q}", "decode_b1_tok_s")
+        rows.append(f"| {q} decode b1 tok/s vs bf16 | {v} | {b1} | {ratio(v, b1)} |")
+    llm = get("speed/llm_decode_b1", "greedy_decode_b1_tok_s")
+    top_p = get("speed/llm_decode_b1", "top_p_decode_b1_tok_s")
+    rows.append(f"| LLM decode b1 tok/s (greedy / top-p) | {llm} / {top_p} | {b1} (steps) | {ratio(llm, b1)} |")
+    load = get("speed/engine_decode_b1/torch-compile", "load_s")
+    warm = get("speed/engine_decode_b1_no_graphs/torch-compile", "load_s")
+    rows.append(f"| torch-compile load s (first / cache warm) | {load} / {warm} | | |")
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=420.0, help="start no case after this many seconds")
+    parser.add_argument("--budget", type=float, default=450.0, help="start no case after this many seconds")
+    parser.add_argument("--case-timeout", type=float, default=240.0, help="seconds one case's child may take")
     parser.add_argument("--skip-speed", action="store_true", help="only the correctness cases")
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: dry-run the correctness cases")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: check this script")
     parser.add_argument(
         "--smoke-speed",
         action="store_true",
         help="with --device cpu: run the speed cases' code on a tiny model (checks this script, measures nothing)",
     )
+    parser.add_argument("--only", default=None, help="run the cases whose name starts with this")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # in a child: the case to run
+    parser.add_argument("--work", help=argparse.SUPPRESS)  # in a child: the shared work folder
     args = parser.parse_args()
     global DEVICE, LLAMA_1B
     DEVICE = args.device
@@ -554,50 +642,40 @@ def main() -> None:
             parser.error("--smoke-speed checks the script on the CPU: use it with --device cpu")
         # the speed cases draw token ids up to 128k and build for 2,560 positions
         LLAMA_1B = dict(TINY["llama"], vocab_size=128256, max_position_embeddings=4096)
-    work = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-check-"))
-    run_case("environment", args.budget, case_environment)
-    for name in TINY:
-        run_case(f"correctness/{name}", args.budget, lambda name=name: case_correctness(name, work))
-    if not args.skip_speed and (DEVICE == "cuda" or args.smoke_speed):
-        speed_cases(work, args.budget)
-    run_case("bf16_greedy/llama", args.budget, lambda: case_bf16_greedy(work))
-    for qformat in ("int8_wo", "int4_wo"):
-        run_case(f"quantized/{qformat}", args.budget, lambda q=qformat: case_quantized(q, work))
-    emit("summary", total_s=round(time.perf_counter() - START, 1),
-         failed=[r["case"] for r in RESULTS if r.get("ok") is False and "skipped" not in r],
-         skipped=[r["case"] for r in RESULTS if "skipped" in r])  # fmt: skip
-
-
-def speed_cases(work: Path, budget: float) -> None:
-    """The Llama-3.2-1B-shaped model: ceiling, build, the engine (with and without CUDA graphs), transformers."""
-    holder: dict[str, Speed] = {}
-
-    def setup() -> dict[str, Any]:
-        holder["speed"] = Speed(work)
-        return {"params": sum(p.numel() for p in holder["speed"].model.parameters())}
-
-    run_case("speed/model", budget, setup)
-    if "speed" not in holder:
+    if args.case:
+        run_child(args)
         return
-    speed = holder["speed"]
-    cuda = DEVICE == "cuda"
-    if cuda:  # device-copy bandwidth
-        run_case("speed/weight_read_ceiling", budget, speed.ceiling)
-    run_case("speed/build", budget, speed.build)
-    run_case("speed/engine_decode_b1", budget, speed.engine_decode_b1)
-    run_case("speed/engine_decode_b1_no_graphs", budget, lambda: speed.engine_decode_b1(graphs=False))
-    run_case("speed/llm_decode_b1", budget, speed.llm_decode_b1)
-    run_case("speed/engine_64x512x128_and_ttft", budget, speed.engine_llm)
-    run_case("speed/transformers_eager", budget, speed.hf_eager)
-    run_case("speed/transformers_static_compiled", budget, speed.hf_static_compiled)
-    if cuda:  # the GPU's free memory; --max-autotune builds
-        run_case("speed/default_kv_pool", budget, speed.default_kv_pool)
-    for qformat, tune in (("int8_wo", False), ("int8_wo", True), ("int4_wo", False), ("int4_wo", True)):
-        if tune and not cuda:
+    from trtbuild.backends.torch.isolate import run_isolated
+
+    work = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-check-"))
+    results: list[dict[str, Any]] = []
+    flags = ["--device", DEVICE, *(["--smoke-speed"] if args.smoke_speed else [])]
+    launcher = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    for name in cases(args.smoke_speed, args.skip_speed):
+        if args.only and not name.startswith(args.only):
             continue
-        name = f"speed/quantized_decode_b1/{qformat}{'/max_autotune' if tune else ''}"
-        run_case(name, budget, lambda q=qformat, t=tune: speed.quantized_decode_b1(q, t))
-    del holder["speed"]
+        if time.perf_counter() - START > args.budget:
+            emit({"case": name, "ok": False, "skipped": f"time budget of {args.budget:.0f}s used"}, results)
+            continue
+        child_args = [str(Path(__file__).resolve()), "--case", name, "--work", str(work), *flags]
+        run = run_isolated(launcher, args=child_args, timeout=args.case_timeout)
+        line: dict[str, Any] = {"case": name}
+        if run.results:
+            line.update(run.results[-1])
+            line.setdefault("ok", True)
+        else:
+            line.update(ok=False, summary=run.summary())
+        if not run.ok or line.get("ok") is False:
+            line.update(rc=run.rc, trace=run.trace[-20:])
+        line["case_s"] = round(run.seconds, 1)
+        emit(line, results)
+        gc.collect()
+    for row in summary_table(results):
+        print(row, flush=True)
+    emit({"case": "summary", "total_s": round(time.perf_counter() - START, 1),
+          "failed": [r["case"] for r in results if r.get("ok") is False and "skipped" not in r],
+          "skipped": [r["case"] for r in results if "skipped" in r], "table": summary_table(results)},
+         results)  # fmt: skip
 
 
 if __name__ == "__main__":

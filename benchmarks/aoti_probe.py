@@ -1,0 +1,327 @@
+"""Why does an AOTInductor CUDA package segfault at load on the GPU machine? One child process per hypothesis.
+
+Every probe compiles (where it needs to) and loads a plain ``Linear(64, 64) + ReLU`` package, in its own
+``python -X faulthandler`` child (``trtbuild.backends.torch.isolate``), so a segfault is one JSON line with its
+exit status and the fault's last lines, and the run goes on. Independent probes run in parallel (the machine's
+cores compile at once). Run on the GPU machine, from the repository root, after installing the project there
+(docs/gpu.md)::
+
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/aoti_probe.py          # ~2-3 minutes
+    python3 benchmarks/aoti_probe.py --device cpu                                   # the CPU mode (checks this script)
+
+Probes (each prints ``{"probe": ..., "ok": ..., "rc": ..., "stage": <the last stage reached>, "trace": [...]}``):
+- ``environment``: torch / CUDA / Triton / nvcc / g++ / driver versions, the CUDA home torch finds, the CUDA
+  runtime library the process maps once CUDA is initialised (headers of one version, runtime of another?).
+- ``default``: compile with Inductor's defaults in one child, load it in a fresh one (the failure seen on the H200).
+- ``cuda_gdb_backtrace``: that load under ``cuda-gdb -batch -ex run -ex bt``: the native frames of the fault.
+- ``cuda_home_torch_wheels`` / ``cuda_home_triton``: ``CUDA_HOME`` pointed at the CUDA headers of torch's
+  ``nvidia-*`` wheels / at Triton's bundled headers (+ the driver's libcuda), compiled and loaded in one child.
+- ``no_embedded_kernels``: ``aot_inductor.embed_kernel_binary=False`` (cubins as files beside the library).
+- ``weights_outside_so``: ``package_constants_in_so=False`` (weights in the package, not linked into the .so).
+- ``no_precompiled_headers``: ``precompile_headers=False``.
+- ``multi_arch``: ``emit_multi_arch_kernel=True`` (PTX + fatbinary through nvcc).
+- ``cpu_package``: a CPU package on the same machine: is the loader itself broken, or only the CUDA path?
+- ``in_process``: compile and load in the same child (the building process).
+An option this torch does not have makes its probe ``"skipped"``. With ``$OUT`` set the lines also go to
+``$OUT/aoti_probe.jsonl``; the last line is a summary naming the probes that ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from trtbuild.backends.torch.isolate import IsolatedRun, report, run_isolated
+
+START = time.perf_counter()
+HERE = Path(__file__).resolve().parent
+
+# The child: ``aoti_probe.py``'s ``child`` function, run by path (the benchmarks folder is not a package).
+CHILD = (
+    "import sys, runpy; mod = runpy.run_path(sys.argv[1]); "
+    "mod['child'](sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:])"
+)
+
+
+def stage(name: str) -> None:
+    """In a child: the stage reached (the parent reports the last one printed before a crash)."""
+    print(f"STAGE {name}", flush=True)
+
+
+def _options(names: dict[str, Any]) -> dict[str, Any]:
+    """Inductor options by dotted name; SystemExit(3) (the probe is skipped) when this torch lacks one."""
+    import torch
+
+    for dotted in names:
+        section, _, attr = dotted.rpartition(".")
+        owner = torch._inductor.config if not section else getattr(torch._inductor.config, section)
+        if not hasattr(owner, attr):
+            print(f"SKIP this torch has no inductor option {dotted}", flush=True)
+            raise SystemExit(3)
+    return names
+
+
+def child(action: str, device: str, package: str, options_json: str, extra: list[str]) -> None:
+    """``compile`` / ``load`` / ``both`` the plain package at ``package`` with the Inductor ``options``."""
+    import torch
+
+    options = _options(json.loads(options_json))
+    stage("imported torch")
+    if device == "cuda":
+        torch.cuda.init()
+        stage("cuda initialised")
+    example = (torch.randn(8, 64, device=device),)
+    if action in ("compile", "both"):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).to(device).eval()
+        with torch.no_grad():
+            program = torch.export.export(model, example)
+        stage("exported")
+        torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs=options)
+        stage("compiled")
+        report({"package_bytes": os.path.getsize(package), "files": _package_files(package), "ldd": _ldd(package)})
+    if action in ("load", "both"):
+        stage("loading")
+        runner = torch._inductor.aoti_load_package(package)
+        stage("loaded")
+        with torch.no_grad():
+            out = runner(*example)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        stage("ran")
+        report({"output_shape": list(out.shape), "finite": bool(torch.isfinite(out).all())})
+
+
+def _package_files(package: str) -> list[str]:
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        return sorted(n.rsplit("/", 1)[-1] for n in z.namelist() if not n.endswith("/"))[:40]
+
+
+def _ldd(package: str) -> list[str]:
+    """``ldd`` of the package's wrapper library: which libtorch / libcuda / libstdc++ it resolves to here."""
+    import subprocess
+    import zipfile
+
+    with zipfile.ZipFile(package) as z, tempfile.TemporaryDirectory() as tmp:
+        names = [n for n in z.namelist() if n.endswith(".so")]
+        if not names:
+            return []
+        path = z.extract(names[0], tmp)
+        try:
+            out = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return [f"ldd: {e}"]
+    return [" ".join(line.split()[:3]) for line in out.splitlines()][:30]
+
+
+def environment(device: str) -> dict[str, Any]:
+    """Versions and paths, gathered in a child (importing torch with CUDA can crash too)."""
+    code = r"""
+import json, os, platform, shutil, subprocess, sys
+from trtbuild.backends.torch.isolate import report
+def run(*cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-3:]
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+info = {"python": sys.version.split()[0], "platform": platform.platform(), "glibc": platform.libc_ver()}
+import torch
+info.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cxx11_abi=torch._C._GLIBCXX_USE_CXX11_ABI)
+try:
+    import triton
+    info["triton"] = triton.__version__
+except ImportError:
+    info["triton"] = None
+from torch.utils import cpp_extension
+info["cuda_home_found_by_torch"] = cpp_extension.CUDA_HOME
+info["CUDA_HOME_env"] = os.environ.get("CUDA_HOME")
+info["nvcc"] = shutil.which("nvcc")
+info["nvcc_version"] = run("nvcc", "--version") if info["nvcc"] else None
+home = cpp_extension.CUDA_HOME
+info["cuda_home_nvcc_version"] = run(os.path.join(home, "bin", "nvcc"), "--version") if home else None
+info["cxx"] = run(os.environ.get("CXX", "g++"), "--version")[:1]
+smi = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
+info["nvidia_smi"] = run(*smi) if shutil.which("nvidia-smi") else None
+info["cuda_gdb"] = shutil.which("cuda-gdb")
+if sys.argv[1] == "cuda" and torch.cuda.is_available():
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
+    info["gpu"] = torch.cuda.get_device_name(0)
+    info["capability"] = list(torch.cuda.get_device_capability(0))
+    maps = open("/proc/self/maps").read().split("\n")
+    keys = ("libcudart", "libcuda.so", "libnvrtc", "libcublas.so", "libstdc++")
+    libs = sorted({l.split()[-1] for l in maps if any(k in l for k in keys)})
+    info["mapped_cuda_libraries"] = libs
+report(info)
+"""
+    run = run_isolated(code, args=[device], timeout=90)
+    return {"ok": run.ok, "rc": run.rc, **(run.results[0] if run.results else {}), "trace": run.trace[-8:]}
+
+
+def probe(name: str, device: str, work: Path, action: str, options: dict[str, Any], env: dict[str, str] | None = None,
+          package: Path | None = None, timeout: float = 240.0) -> dict[str, Any]:  # fmt: skip
+    """One child: ``action`` on ``package`` (default ``work/<name>.pt2``) with ``options`` and extra ``env``."""
+    package = package or work / f"{name}.pt2"
+    args = [str(Path(__file__).resolve()), action, device, str(package), json.dumps(options)]
+    run = run_isolated(CHILD, args=args, env=env, timeout=timeout)
+    return line(name, run, options=options, env=env or {})
+
+
+def line(name: str, run: IsolatedRun, **fields: Any) -> dict[str, Any]:
+    stages = [t.removeprefix("STAGE ") for t in run.trace if t.startswith("STAGE ")]
+    skipped = next((t.removeprefix("SKIP ") for t in run.trace if t.startswith("SKIP ")), None)
+    out: dict[str, Any] = {"probe": name, "ok": run.ok, "rc": run.rc, "seconds": round(run.seconds, 1)}
+    if skipped:
+        out.update(ok=None, skipped=skipped)
+    out["stage"] = stages[-1] if stages else None
+    for result in run.results:
+        out.update(result)
+    out.update(fields)
+    if not run.ok:
+        out["summary"] = run.summary()
+        out["trace"] = [t for t in run.trace if not t.startswith("STAGE ")][-14:]
+    return out
+
+
+def cuda_gdb_backtrace(device: str, package: Path) -> dict[str, Any]:
+    """The default package's load under cuda-gdb: the native stack of the fault."""
+    gdb = shutil.which("cuda-gdb")
+    if device != "cuda" or gdb is None:
+        return {"probe": "cuda_gdb_backtrace", "ok": None, "skipped": "no cuda-gdb" if device == "cuda" else "cpu"}
+    if not package.exists():
+        return {"probe": "cuda_gdb_backtrace", "ok": None, "skipped": "the default probe built no package"}
+    load = (
+        "import torch, sys; torch.cuda.init(); r = torch._inductor.aoti_load_package(sys.argv[1]); "
+        "print('loaded', flush=True)"
+    )
+    cmd = [gdb, "-batch", "-ex", "set pagination off", "-ex", "run", "-ex", "bt 40", "-ex", "info sharedlibrary",
+           "--args", sys.executable, "-c", load, str(package)]  # fmt: skip
+    code = "import subprocess, sys; r = subprocess.run(sys.argv[1:]); sys.exit(r.returncode)"
+    run = run_isolated(code, args=cmd, timeout=150, tail=120)
+    frames = [t for t in run.trace if t.startswith("#")]
+    signal = [t for t in run.trace if "signal" in t.lower() or "SIG" in t][-3:]
+    libs = [t for t in run.trace if "aoti" in t.lower() or (".so" in t and "model" in t.lower())][-6:]
+    return {"probe": "cuda_gdb_backtrace", "ok": run.ok, "rc": run.rc, "seconds": round(run.seconds, 1),
+            "signal": signal, "frames": frames[:40], "package_libraries": libs,
+            "trace": [] if frames else run.trace[-30:]}  # fmt: skip
+
+
+def torch_wheel_cuda_home(work: Path) -> tuple[str | None, str]:
+    """A CUDA home made of the ``nvidia-*`` wheels' include folders beside torch (and the driver's libcuda)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return None, "no nvidia-* wheels beside torch"
+    includes = [d for root in spec.submodule_search_locations for d in Path(root).rglob("include") if d.is_dir()]
+    if not any((d / "cuda_runtime_api.h").exists() for d in includes):
+        return None, "the nvidia-* wheels hold no cuda_runtime_api.h"
+    home = work / "cuda-home-wheels"
+    (home / "include").mkdir(parents=True, exist_ok=True)
+    for include in includes:
+        for entry in include.iterdir():
+            target = home / "include" / entry.name
+            if not target.exists():
+                target.symlink_to(entry, target_is_directory=entry.is_dir())
+    _link_libcuda(home)
+    return str(home), ", ".join(str(d) for d in includes[:6])
+
+
+def triton_cuda_home(work: Path) -> tuple[str | None, str]:
+    try:
+        import triton
+        from triton.backends.nvidia.driver import libcuda_dirs
+    except Exception as e:
+        return None, f"no Triton NVIDIA backend ({e})"
+    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
+    if not (include / "cuda.h").is_file():
+        return None, f"no cuda.h in {include}"
+    home = work / "cuda-home-triton"
+    home.mkdir(exist_ok=True)
+    (home / "include").symlink_to(include, target_is_directory=True)
+    _link_libcuda(home, [Path(d) for d in libcuda_dirs()])
+    return str(home), str(include)
+
+
+def _link_libcuda(home: Path, dirs: list[Path] | None = None) -> None:
+    (home / "lib64").mkdir(exist_ok=True)
+    for d in [*(dirs or []), Path("/usr/local/nvidia/lib64"), Path("/usr/lib/x86_64-linux-gnu")]:
+        if (d / "libcuda.so.1").exists() and not (home / "lib64" / "libcuda.so").exists():
+            (home / "lib64" / "libcuda.so").symlink_to(d / "libcuda.so.1")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the probes on CPU packages")
+    parser.add_argument("--jobs", type=int, default=6, help="probes compiling at once")
+    args = parser.parse_args()
+    device = args.device
+    work = Path(tempfile.mkdtemp(prefix="trtbuild-aoti-probe-"))
+    out_file = Path(os.environ["OUT"]) / "aoti_probe.jsonl" if os.environ.get("OUT") else None
+    lines: list[dict[str, Any]] = []
+
+    def emit(entry: dict[str, Any]) -> None:
+        entry = {"t": round(time.perf_counter() - START, 1), **entry}
+        lines.append(entry)
+        text = json.dumps(entry, default=str)
+        print(text, flush=True)
+        if out_file is not None:
+            with out_file.open("a") as f:
+                f.write(text + "\n")
+
+    emit({"probe": "environment", **environment(device)})
+    default = work / "default.pt2"
+    parallel: list[tuple[str, Any]] = [
+        ("default/compile", lambda: probe("default/compile", device, work, "compile", {}, package=default)),
+        ("in_process", lambda: probe("in_process", device, work, "both", {})),
+        ("cpu_package", lambda: probe("cpu_package", "cpu", work, "both", {})),
+    ]
+    if device == "cuda":
+        homes = {"cuda_home_torch_wheels": torch_wheel_cuda_home, "cuda_home_triton": triton_cuda_home}
+        for name, make in homes.items():
+            home, where = make(work)
+            if home is None:
+                emit({"probe": name, "ok": None, "skipped": where})
+            else:
+                parallel.append((name, lambda n=name, h=home: probe(n, device, work, "both", {}, env={"CUDA_HOME": h})))
+        variants = {
+            "no_embedded_kernels": {"aot_inductor.embed_kernel_binary": False},
+            "weights_outside_so": {"aot_inductor.package_constants_in_so": False},
+            "no_precompiled_headers": {"aot_inductor.precompile_headers": False},
+            "multi_arch": {"aot_inductor.emit_multi_arch_kernel": True},
+        }
+        for name, opts in variants.items():
+            parallel.append((name, lambda n=name, o=opts: probe(n, device, work, "both", o)))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [(name, pool.submit(fn)) for name, fn in parallel]
+        for name, future in futures:
+            try:
+                result = future.result()
+            except Exception as e:  # the harness itself: report and go on
+                result = {"probe": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
+            emit(result)
+            if name == "default/compile":  # the load of the same package in a fresh process, then under cuda-gdb
+                if default.exists():
+                    emit(probe("default/load", device, work, "load", {}, package=default, timeout=120))
+                    emit(cuda_gdb_backtrace(device, default))
+                else:
+                    emit({"probe": "default/load", "ok": None, "skipped": "default/compile built no package"})
+    ran = [entry["probe"] for entry in lines]
+    failed = [entry["probe"] for entry in lines if entry.get("ok") is False]
+    working = [entry["probe"] for entry in lines if entry.get("ok") is True and entry.get("stage") == "ran"]
+    emit({"probe": "summary", "total_s": round(time.perf_counter() - START, 1), "ran": ran, "failed": failed,
+          "loaded_and_ran": working})  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
