@@ -46,7 +46,6 @@ from typing import Any
 
 START = time.perf_counter()
 DEVICE = "cuda"  # --device cpu runs the cases on the CPU (to check this script without a GPU)
-RUNTIMES = ("torch-compile", "aot-inductor")
 
 TINY = {
     "llama": dict(
@@ -514,34 +513,36 @@ def speed_default_kv_pool(work: Path) -> dict[str, Any]:
 
 
 def cases(smoke_speed: bool, skip_speed: bool) -> dict[str, Callable[[Path], dict[str, Any]]]:
-    """Name -> case, in the order they run: correctness first, the speed cases by importance."""
+    """Name -> case, in the order they run: one correctness case, the speed cases by importance (the figures no
+    run has produced yet), then the rest of the correctness cases, the AOTInductor 1B build last (minutes)."""
     out: dict[str, Callable[[Path], dict[str, Any]]] = {"environment": case_environment}
-    for name in TINY:
-        out[f"correctness/{name}/torch-compile"] = lambda w, n=name: case_correctness(n, "torch-compile", w)
-    out["correctness/llama/aot-inductor"] = lambda w: case_correctness("llama", "aot-inductor", w)
+    out["correctness/llama/torch-compile"] = lambda w: case_correctness("llama", "torch-compile", w)
     if not skip_speed and (DEVICE == "cuda" or smoke_speed):
         out["speed/model"] = speed_model
         if DEVICE == "cuda":
             out["speed/weight_read_ceiling"] = speed_ceiling
-        for runtime in RUNTIMES[:1]:
-            out[f"speed/engine_decode_b1/{runtime}"] = lambda w, r=runtime: speed_engine_decode_b1(w, r, True)
-            out[f"speed/engine_decode_b1_no_graphs/{runtime}"] = lambda w, r=runtime: speed_engine_decode_b1(
-                w, r, False
-            )
+        out["speed/engine_decode_b1/torch-compile"] = lambda w: speed_engine_decode_b1(w, "torch-compile", True)
+        out["speed/engine_decode_b1_no_graphs/torch-compile"] = lambda w: speed_engine_decode_b1(
+            w, "torch-compile", False
+        )
         out["speed/transformers_eager"] = speed_hf_eager
         out["speed/engine_64x512x128_and_ttft"] = speed_engine_llm
         out["speed/transformers_static_compiled"] = speed_hf_static_compiled
         for qformat in ("int8_wo", "int4_wo"):
             out[f"speed/quantized_decode_b1/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
-                w, RUNTIMES[0], True, q
+                w, "torch-compile", True, q
             )
         out["speed/llm_decode_b1"] = speed_llm_decode_b1
         if DEVICE == "cuda":
             out["speed/default_kv_pool"] = speed_default_kv_pool
-        out["speed/engine_decode_b1/aot-inductor"] = lambda w: speed_engine_decode_b1(w, "aot-inductor", True)
+    for name in ("qwen2", "gpt2"):
+        out[f"correctness/{name}/torch-compile"] = lambda w, n=name: case_correctness(n, "torch-compile", w)
+    out["correctness/llama/aot-inductor"] = lambda w: case_correctness("llama", "aot-inductor", w)
     out["bf16_greedy/llama"] = case_bf16_greedy
     for qformat in ("int8_wo", "int4_wo"):
         out[f"quantized/{qformat}"] = lambda w, q=qformat: case_quantized(q, w)
+    if not skip_speed and (DEVICE == "cuda" or smoke_speed):
+        out["speed/engine_decode_b1/aot-inductor"] = lambda w: speed_engine_decode_b1(w, "aot-inductor", True)
     return out
 
 
