@@ -148,7 +148,15 @@ info["nvcc"] = shutil.which("nvcc")
 info["nvcc_version"] = run("nvcc", "--version") if info["nvcc"] else None
 home = cpp_extension.CUDA_HOME
 info["cuda_home_nvcc_version"] = run(os.path.join(home, "bin", "nvcc"), "--version") if home else None
-info["cxx"] = run(os.environ.get("CXX", "g++"), "--version")[:1]
+cxx = os.environ.get("CXX", "g++")
+info["cxx"] = shutil.which(cxx)
+try:
+    info["cxx_version"] = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    libstdcxx = [cxx, "-print-file-name=libstdc++.so.6"]
+    info["cxx_libstdcxx"] = os.path.realpath(subprocess.run(libstdcxx, capture_output=True, text=True).stdout.strip())
+except OSError as e:
+    info["cxx_version"] = str(e)
+info["system_gxx"] = [p for p in ("/usr/bin/g++", "/usr/bin/g++-14", "/usr/bin/g++-13") if os.path.exists(p)]
 smi = ("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader")
 info["nvidia_smi"] = run(*smi) if shutil.which("nvidia-smi") else None
 info["cuda_gdb"] = shutil.which("cuda-gdb")
@@ -206,12 +214,12 @@ def cuda_gdb_backtrace(device: str, package: Path) -> dict[str, Any]:
     cmd = [gdb, "-batch", "-ex", "set pagination off", "-ex", "run", "-ex", "bt 40", "-ex", "info sharedlibrary",
            "--args", sys.executable, "-c", load, str(package)]  # fmt: skip
     code = "import subprocess, sys; r = subprocess.run(sys.argv[1:]); sys.exit(r.returncode)"
-    run = run_isolated(code, args=cmd, timeout=150, tail=120)
+    run = run_isolated(code, args=cmd, timeout=150, tail=300)
     frames = [t for t in run.trace if t.startswith("#")]
     signal = [t for t in run.trace if "signal" in t.lower() or "SIG" in t][-3:]
     libs = [t for t in run.trace if "aoti" in t.lower() or (".so" in t and "model" in t.lower())][-6:]
     return {"probe": "cuda_gdb_backtrace", "ok": run.ok, "rc": run.rc, "seconds": round(run.seconds, 1),
-            "signal": signal, "frames": frames[:40], "package_libraries": libs,
+            "signal": signal, "frames": [f[:300] for f in frames[:24]], "package_libraries": libs,
             "trace": [] if frames else run.trace[-30:]}  # fmt: skip
 
 
@@ -259,10 +267,34 @@ def _link_libcuda(home: Path, dirs: list[Path] | None = None) -> None:
             (home / "lib64" / "libcuda.so").symlink_to(d / "libcuda.so.1")
 
 
+def libstdcxx_probes() -> dict[str, dict[str, str]]:
+    """The fix candidates for the fault seen on the H200 (2026-12-04): the wrapper library's ``std::regex`` (in
+    ``parse_device_str``), compiled with the headers of the compiler Inductor runs (``/opt/gcc``), crashes on the
+    older ``libstdc++`` the process has loaded. Either compile with the system's g++ (headers that match the loaded
+    library) or load the compiler's own ``libstdc++`` first (``LD_PRELOAD``)."""
+    import subprocess
+
+    probes: dict[str, dict[str, str]] = {}
+    for cxx in ("/usr/bin/g++", "/usr/bin/g++-14", "/usr/bin/g++-13", "/usr/bin/g++-12"):
+        if os.path.exists(cxx):
+            probes["system_gxx"] = {"CXX": cxx}
+            break
+    cxx = os.environ.get("CXX") or shutil.which("g++") or "g++"
+    try:
+        lib = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True, text=True, timeout=30)
+        path = os.path.realpath(lib.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        path = ""
+    if os.path.isabs(path) and os.path.exists(path):
+        probes["preload_compiler_libstdcxx"] = {"LD_PRELOAD": path}
+    return probes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the probes on CPU packages")
     parser.add_argument("--jobs", type=int, default=6, help="probes compiling at once")
+    parser.add_argument("--only", default=None, help="comma-separated probe names to run (default: all)")
     args = parser.parse_args()
     device = args.device
     work = Path(tempfile.mkdtemp(prefix="trtbuild-aoti-probe-"))
@@ -301,6 +333,11 @@ def main() -> None:
         }
         for name, opts in variants.items():
             parallel.append((name, lambda n=name, o=opts: probe(n, device, work, "both", o)))
+    for name, env in libstdcxx_probes().items():
+        parallel.append((name, lambda n=name, e=env: probe(n, device, work, "both", {}, env=e)))
+    if args.only:
+        wanted = set(args.only.split(","))
+        parallel = [(name, fn) for name, fn in parallel if name in wanted]
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [(name, pool.submit(fn)) for name, fn in parallel]
         for name, future in futures:
