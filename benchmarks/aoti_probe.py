@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -312,8 +312,7 @@ def main() -> None:
 
     emit({"probe": "environment", **environment(device)})
     default = work / "default.pt2"
-    parallel: list[tuple[str, Any]] = [
-        ("default/compile", lambda: probe("default/compile", device, work, "compile", {}, package=default)),
+    parallel: list[tuple[str, Any]] = [  # (name, a thunk returning its line); default/compile: default_chain
         ("in_process", lambda: probe("in_process", device, work, "both", {})),
         ("cpu_package", lambda: probe("cpu_package", "cpu", work, "both", {})),
     ]
@@ -335,23 +334,28 @@ def main() -> None:
             parallel.append((name, lambda n=name, o=opts: probe(n, device, work, "both", o)))
     for name, env in libstdcxx_probes().items():
         parallel.append((name, lambda n=name, e=env: probe(n, device, work, "both", {}, env=e)))
+
+    def default_chain() -> list[dict[str, Any]]:
+        """Compile with the defaults, load in a fresh process, then the same load under cuda-gdb."""
+        out = [probe("default/compile", device, work, "compile", {}, package=default)]
+        if not default.exists():
+            return [*out, {"probe": "default/load", "ok": None, "skipped": "default/compile built no package"}]
+        out.append(probe("default/load", device, work, "load", {}, package=default, timeout=120))
+        return [*out, cuda_gdb_backtrace(device, default)]
+
+    chains = [("default/compile", default_chain)] + [(name, lambda f=fn: [f()]) for name, fn in parallel]
     if args.only:
         wanted = set(args.only.split(","))
-        parallel = [(name, fn) for name, fn in parallel if name in wanted]
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [(name, pool.submit(fn)) for name, fn in parallel]
-        for name, future in futures:
+        chains = [(name, fn) for name, fn in chains if name in wanted]
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:  # each line as soon as its probe ends
+        futures = {pool.submit(fn): name for name, fn in chains}
+        for future in as_completed(futures):
             try:
-                result = future.result()
+                results = future.result()
             except Exception as e:  # the harness itself: report and go on
-                result = {"probe": name, "ok": False, "error": f"{type(e).__name__}: {e}"}
-            emit(result)
-            if name == "default/compile":  # the load of the same package in a fresh process, then under cuda-gdb
-                if default.exists():
-                    emit(probe("default/load", device, work, "load", {}, package=default, timeout=120))
-                    emit(cuda_gdb_backtrace(device, default))
-                else:
-                    emit({"probe": "default/load", "ok": None, "skipped": "default/compile built no package"})
+                results = [{"probe": futures[future], "ok": False, "error": f"{type(e).__name__}: {e}"}]
+            for result in results:
+                emit(result)
     ran = [entry["probe"] for entry in lines]
     failed = [entry["probe"] for entry in lines if entry.get("ok") is False]
     working = [entry["probe"] for entry in lines if entry.get("ok") is True and entry.get("stage") == "ran"]
