@@ -1,0 +1,98 @@
+"""The torch engine on the CPU against the onnxruntime engine of the same SmolLM2 checkpoint, in one process.
+
+    .venv/bin/python benchmarks/torch_cpu.py [--work DIR] [--rounds 3] [--tokens 32] [--threads 2]
+
+Builds (once, under ``--work``) SmolLM2-135M-Instruct fp32 as an onnxruntime engine and as torch engines of both
+runtimes (torch-compile; AOTInductor), opens each, and times batch-1 greedy decode through ``LLM`` (a 64-token
+prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so background load hits every engine alike;
+prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
+decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--profile`` adds torch's profiler
+table of one torch-compile decode step (where its time goes). Results: docs/gpu.md, benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+
+def build_engines(work: Path) -> dict[str, Path]:
+    from trtbuild.build import build_engine
+    from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice, TorchRuntime
+    from trtbuild.convert.convert import convert
+    from trtbuild.demo import smollm2_gguf_path
+
+    ckpt = work / "smollm2-ckpt"
+    if not (ckpt / "config.json").is_file():
+        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, overwrite=True)
+    engines = {"onnxruntime": work / "ort"}
+    build = BuildConfig(max_seq_len=512)
+    if not (engines["onnxruntime"] / "manifest.json").is_file():
+        build_engine(ckpt, engines["onnxruntime"], build, overwrite=True)
+    for runtime in TorchRuntime:
+        engine = engines[f"torch/{runtime.value}"] = work / f"torch-{runtime.value}"
+        if not (engine / "manifest.json").is_file():
+            cfg = TorchConfig(device=TorchDevice.CPU, torch_runtime=runtime)
+            build_engine(ckpt, engine, BuildConfig(backend=Backend.TORCH, max_seq_len=512), overwrite=True, torch=cfg)
+    return engines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("artifacts/torch_cpu"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", action="store_true", help="torch's profiler table of one decode step")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+
+    from trtbuild.runtime.llm import LLM, SamplingParams
+
+    engines = build_engines(args.work)
+    llms, opened = {}, {}
+    for name, engine in engines.items():
+        t = time.perf_counter()
+        llms[name] = LLM(engine, num_threads=args.threads)
+        opened[name] = round(time.perf_counter() - t, 1)
+    prompt = list(range(100, 164))
+    params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
+    for llm in llms.values():  # warm-up
+        llm.generate([prompt], params)
+    ms: dict[str, list[float]] = {name: [] for name in llms}
+    tokens: dict[str, list[int]] = {}
+    for _ in range(args.rounds):
+        for name, llm in llms.items():
+            out = llm.generate([prompt], params)[0]
+            ms[name].append(1e3 / out.metrics.decode_tokens_per_s)
+            tokens[name] = out.token_ids
+    medians = {name: statistics.median(v) for name, v in ms.items()}
+    ort = medians["onnxruntime"]
+    print(f"{'engine':28} {'ms/token':>9} {'speed vs onnxruntime':>21} {'open s':>7}  same tokens")
+    for name, value in medians.items():
+        same = tokens[name] == tokens["onnxruntime"]
+        print(f"{name:28} {value:9.2f} {ort / value:20.2f}x {opened[name]:7.1f}  {same}")
+    if args.profile:
+        profile_step(llms["torch/torch-compile"], prompt)
+    if args.json:
+        figures = {"ms_per_token": medians, "rounds": ms, "open_s": opened, "threads": args.threads}
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def profile_step(llm: object, prompt: list[int]) -> None:
+    """torch's profiler over a few decode steps of the torch-compile engine (self CPU time per op)."""
+    import torch
+
+    from trtbuild.runtime.llm import SamplingParams
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))  # type: ignore[attr-defined]
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()

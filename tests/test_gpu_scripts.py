@@ -1,0 +1,52 @@
+"""The GPU machine's scripts, checked on the CPU so that they work the first time someone runs them there.
+
+``benchmarks/gpu_check.py --device cpu --smoke-speed`` runs every case's code (each in its child process) on a
+tiny model, and ``benchmarks/aoti_probe.py --device cpu`` compiles and loads CPU packages in its children: both
+must finish with no failed case. They take minutes, so they run in the slow suite.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str, timeout: float) -> list[dict]:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT.parent,  # not the source tree: children import the installed package
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_gpu_check_smoke_speed_on_the_cpu():
+    lines = run_script("gpu_check.py", "--device", "cpu", "--smoke-speed", "--budget", "1500", timeout=1800)
+    summary = lines[-1]
+    assert summary["case"] == "summary" and summary["failed"] == [] and summary["skipped"] == []
+    cases = {line["case"]: line for line in lines}
+    assert cases["correctness/llama/torch-compile"]["max_abs_err"] <= 1e-3
+    assert cases["correctness/llama/aot-inductor"]["runtime"] == "aot-inductor"
+    assert cases["speed/engine_decode_b1/torch-compile"]["decode_b1_tok_s"] > 0
+    assert any(row.startswith("| decode b1 tok/s") for row in summary["table"])
+
+
+@pytest.mark.slow
+def test_aoti_probe_cpu_mode():
+    lines = run_script("aoti_probe.py", "--device", "cpu", "--jobs", "2", timeout=900)
+    summary = lines[-1]
+    assert summary["probe"] == "summary" and summary["failed"] == []
+    assert {"default/load", "in_process", "cpu_package"} <= set(summary["loaded_and_ran"])
+    environment = lines[0]
+    assert environment["probe"] == "environment" and environment["torch"]
