@@ -220,7 +220,14 @@ class CacheMachine(RuleBasedStateMachine):
         assert len(free) == len(set(free)) == pool.num_free_blocks
         assert set(free) == {b for b in range(1, pool.num_blocks) if owners[b] == 0}
         assert pool.num_free_blocks + pool.num_used_blocks == pool.num_blocks - 1
-        assert 0 <= self.kv.kv_waste_slots() <= pool.num_used_blocks * self.kv.block_size
+        # kv_waste_slots (one pass per sequence) equals its definition block by block: allocated slots minus
+        # each block's fill, as far as its fullest owner
+        bs = self.kv.block_size
+        filled: dict[int, int] = {}
+        for seq in self.running:
+            for i, b in enumerate(seq.block_ids):
+                filled[b] = max(filled.get(b, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
+        assert self.kv.kv_waste_slots() == pool.num_used_blocks * bs - sum(filled.values())
 
     @invariant()
     def cache_holds_what_it_claims(self) -> None:

@@ -128,10 +128,11 @@ def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
     assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in ort.generate(prompts, params)]
 
 
-def random_step(hq: int, hkv: int, d: int, block_size: int = 4, seed: int = 0):
-    """A ragged step (prefill, chunk continuation, decode) over a cache whose earlier positions are filled."""
+def random_step(hq: int, hkv: int, d: int, block_size: int = 4, seed: int = 0, lens=(5, 3, 1)):
+    """A ragged step (prefill, chunk continuation, decode; or ``lens`` tokens each) over a cache whose earlier
+    positions are filled."""
     rng = np.random.default_rng(seed)
-    starts, lens = [0, 6, 9], [5, 3, 1]
+    starts, lens = [0, 6, 9], list(lens)
     tables = np.array([[3, 7, 1, 0], [5, 2, 8, 4], [9, 11, 6, 10]], dtype=np.int64)
     qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lens, strict=True)]).astype(np.int64)
@@ -148,15 +149,16 @@ def quantized_cache(cache: np.ndarray, scale: float, kv: int) -> tuple[np.ndarra
     return q, t.clone()
 
 
+@pytest.mark.parametrize("lens", [(5, 3, 1), (1, 1, 1)], ids=["ragged", "decode"])
 @pytest.mark.parametrize(
     ("heads", "rope", "kv"),
     [((4, 2), "halves", KV_FLOAT), ((6, 6), "interleaved", KV_FLOAT), ((4, 1), None, KV_FLOAT),
      ((4, 2), "halves", KV_INT8), ((4, 2), "partial", KV_FP8)],
 )  # fmt: skip
-def test_custom_op_cpu_matches_oracle(heads, rope, kv):
+def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens):
     hq, hkv = heads
     d = 8
-    qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d)
+    qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d, lens=lens)
     cos_sin = None if rope is None else rotary_cos_sin_cache(64, d if rope != "partial" else 4, 10000.0)
     attrs = PagedAttentionAttrs(hq, hkv, d, 0.3, rope == "interleaved", kv)
     scales = (0.05, 0.04) if kv != KV_FLOAT else (None, None)

@@ -143,9 +143,15 @@ class KVCacheManager:
         Counts internal fragmentation of last blocks plus slots allocated for tokens not yet computed; a block
         shared by several requests counts once, filled as far as its fullest owner.
         """
-        filled: dict[int, int] = {}
-        for seq in self._num_cached_blocks:
-            for i, block_id in enumerate(seq.block_ids):
-                n = min(self.block_size, max(0, seq.num_computed_tokens - i * self.block_size))
-                filled[block_id] = max(filled.get(block_id, 0), n)
-        return self.num_used_blocks * self.block_size - sum(filled.values())
+        bs = self.block_size
+        full: set[int] = set()  # blocks full in some owner (only those can be shared)
+        partial: dict[int, int] = {}  # the one partly filled block of a sequence -> its filled slots
+        for seq in self._num_cached_blocks:  # O(sequences) per step: the runner calls this every step
+            ids, computed = seq.block_ids, seq.num_computed_tokens
+            num_full = min(len(ids), computed // bs)
+            full.update(ids[:num_full])
+            rest = computed - num_full * bs
+            if num_full < len(ids) and rest > 0:
+                partial[ids[num_full]] = max(partial.get(ids[num_full], 0), rest)
+        filled = len(full) * bs + sum(n for block, n in partial.items() if block not in full)
+        return self.num_used_blocks * bs - filled

@@ -49,7 +49,10 @@ def paged_attention_torch(
 ) -> Tensor:  # fmt: skip
     """The op in plain torch (any device): writes the caches in place, returns ``[T, Hq * D]`` in ``qkv``'s dtype.
 
-    Computes in float32, one sequence at a time (each token attends causally over its own sequence's context)."""
+    Computes in float32. A decode step (one token per sequence) is one ``scaled_dot_product_attention`` call over
+    every sequence's context gathered from its blocks (padded to the longest, masked); other steps take one call
+    per sequence with a causal mask. The query heads sharing a KV head ride along the query-length dimension, so
+    the keys and values are never repeated per head. Reads ``positions``' largest value on the host."""
     hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
     t = qkv.shape[0]
     x = qkv.float()
@@ -63,8 +66,9 @@ def paged_attention_torch(
         q = _rotate(q, cos, sin, attrs.rotary_interleaved)
         k = _rotate(k, cos, sin, attrs.rotary_interleaved)
     block_size = key_cache.shape[1]
+    num_seqs = query_start_loc.shape[0] - 1
     lens = query_start_loc[1:] - query_start_loc[:-1]
-    seq = torch.repeat_interleave(torch.arange(lens.shape[0], device=qkv.device), lens)
+    seq = torch.repeat_interleave(torch.arange(num_seqs, device=qkv.device), lens, output_size=t)
     slots = block_tables[seq, positions // block_size] * block_size + positions % block_size
     flat_k, flat_v = key_cache.view(-1, hkv, d), value_cache.view(-1, hkv, d)
     quantized = attrs.kv_cache_dtype != KV_FLOAT
@@ -76,22 +80,37 @@ def paged_attention_torch(
         flat_k[slots] = k.to(key_cache.dtype)
         flat_v[slots] = v.to(value_cache.dtype)
     group = hq // hkv
-    out = torch.empty((t, hq, d), dtype=torch.float32, device=qkv.device)
-    bounds = query_start_loc.tolist()
-    for b in range(len(bounds) - 1):
-        lo, hi = bounds[b], bounds[b + 1]
-        pos = positions[lo:hi]
-        ctx_pos = torch.arange(int(pos[-1]) + 1, device=qkv.device)
-        ctx_slots = block_tables[b, ctx_pos // block_size] * block_size + ctx_pos % block_size
+
+    def context(rows: Tensor, ctx_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[..., Hkv, L, D]`` (float32) at ``ctx_pos`` of the sequences whose tables are ``rows``."""
+        ctx_slots = rows[..., ctx_pos // block_size] * block_size + ctx_pos % block_size
         keys, vals = flat_k[ctx_slots].float(), flat_v[ctx_slots].float()
         if quantized:
             keys, vals = keys * k_scale.float(), vals * v_scale.float()  # type: ignore[union-attr]
-        keys = keys.repeat_interleave(group, dim=1)
-        vals = vals.repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", q[lo:hi], keys) * attrs.scale
-        scores = scores.masked_fill(ctx_pos[None, None, :] > pos[None, :, None], float("-inf"))
-        out[lo:hi] = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vals)
-    return out.reshape(t, hq * d).to(qkv.dtype)
+        return keys.transpose(-3, -2), vals.transpose(-3, -2)
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if t == num_seqs:  # decode: [B, Hkv, G, D] queries over [B, Hkv, L, D] contexts
+        ctx_pos = torch.arange(int(positions.max()) + 1, device=qkv.device)
+        keys, vals = context(block_tables, ctx_pos)
+        mask = (ctx_pos[None, :] <= positions[:, None])[:, None, None, :]
+        out = sdpa(q.view(t, hkv, group, d), keys, vals, attn_mask=mask, scale=attrs.scale)
+        return out.reshape(t, hq * d).to(qkv.dtype)
+    out = torch.empty((t, hq * d), dtype=torch.float32, device=qkv.device)
+    bounds = query_start_loc.tolist()
+    for b in range(num_seqs):
+        lo, hi = bounds[b], bounds[b + 1]
+        if hi == lo:
+            continue
+        pos = positions[lo:hi]
+        ctx_pos = torch.arange(int(pos[-1]) + 1, device=qkv.device)
+        keys, vals = context(block_tables[b], ctx_pos)  # [Hkv, L, D]
+        n = hi - lo
+        queries = q[lo:hi].view(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)
+        mask = (ctx_pos[None, :] <= pos[:, None]).repeat(group, 1)  # row g * n + i: query i of head g
+        o = sdpa(queries, keys, vals, attn_mask=mask, scale=attrs.scale)  # [Hkv, G * n, D]
+        out[lo:hi] = o.view(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)
+    return out.to(qkv.dtype)
 
 
 @torch.library.custom_op("trtbuild::paged_attention", mutates_args=("key_cache", "value_cache"))

@@ -4,7 +4,8 @@
 - ``aot-inductor``: ``torch._inductor.aoti_load_package`` of the engine's ``model.pt2``;
 - ``torch-compile``: the ``PortableModule`` rebuilt on the device from the engine's graph and weights
   (``module_files.py``) and wrapped by ``torch.compile`` (Inductor, ``dynamic=True``: one graph serves every token
-  count >= 2; sizes 1 get their own). Dynamo traces the module once per such specialisation, at the session's
+  count >= 2; sizes 1 get their own; no duck shaping, so equal sizes are not assumed to stay equal). Dynamo
+  traces the module once per such specialisation, at the session's
   warm-up; Inductor's compiled code is cached on disk (``inductor_cache_dir``) so a second load of the same engine
   skips code generation. ``compile=False`` runs the module eagerly (vLLM's ``enforce_eager``; debugging).
 """
@@ -59,6 +60,10 @@ def load_compiled(
     for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.7; both kept for the GPU image's
         if hasattr(dynamo, name):
             setattr(dynamo, name, max(getattr(dynamo, name), RECOMPILE_LIMIT))
+    # No duck shaping: otherwise sizes that happen to be equal when a graph is traced (a warm-up's 2 sequences, 2
+    # logits rows, 2 block-table columns, 2 KV heads) share one symbol, and every later step where they differ
+    # recompiles (on a GPU, seconds of Inductor each). Process-wide, as vLLM sets its Dynamo options.
+    torch.fx.experimental._config.use_duck_shape = False
     mode = "max-autotune-no-cudagraphs" if max_autotune else None  # CUDA graphs are the session's (DecodeGraphs)
     compiled: Any = torch.compile(module, dynamic=True, fullgraph=True, mode=mode)
     return compiled
