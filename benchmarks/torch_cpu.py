@@ -6,8 +6,10 @@ Builds (once, under ``--work``) SmolLM2-135M-Instruct fp32 as an onnxruntime eng
 runtimes (torch-compile; AOTInductor), opens each, and times batch-1 greedy decode through ``LLM`` (a 64-token
 prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so background load hits every engine alike;
 prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
-decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--profile`` adds torch's profiler
-table of one torch-compile decode step (where its time goes). Results: docs/gpu.md, benchmarks/results/.
+decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
+engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
+adds torch's profiler table of one torch-compile decode step (where its time goes). Results: docs/gpu.md,
+benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def build_engines(work: Path) -> dict[str, Path]:
+def build_engines(work: Path, max_autotune: bool) -> dict[str, Path]:
     from trtbuild.build import build_engine
     from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice, TorchRuntime
     from trtbuild.convert.convert import convert
@@ -33,9 +35,10 @@ def build_engines(work: Path) -> dict[str, Path]:
     if not (engines["onnxruntime"] / "manifest.json").is_file():
         build_engine(ckpt, engines["onnxruntime"], build, overwrite=True)
     for runtime in TorchRuntime:
-        engine = engines[f"torch/{runtime.value}"] = work / f"torch-{runtime.value}"
+        tag = f"{runtime.value}{'-max-autotune' if max_autotune else ''}"
+        engine = engines[f"torch/{tag}"] = work / f"torch-{tag}"
         if not (engine / "manifest.json").is_file():
-            cfg = TorchConfig(device=TorchDevice.CPU, torch_runtime=runtime)
+            cfg = TorchConfig(device=TorchDevice.CPU, torch_runtime=runtime, max_autotune=max_autotune)
             build_engine(ckpt, engine, BuildConfig(backend=Backend.TORCH, max_seq_len=512), overwrite=True, torch=cfg)
     return engines
 
@@ -47,13 +50,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="torch's profiler table of one decode step")
+    parser.add_argument(
+        "--max-autotune", action="store_true", help="torch engines built with --max-autotune (minutes to build/open)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
 
     from trtbuild.runtime.llm import LLM, SamplingParams
 
-    engines = build_engines(args.work)
+    engines = build_engines(args.work, args.max_autotune)
     llms, opened = {}, {}
     for name, engine in engines.items():
         t = time.perf_counter()
@@ -77,9 +83,10 @@ def main() -> None:
         same = tokens[name] == tokens["onnxruntime"]
         print(f"{name:28} {value:9.2f} {ort / value:20.2f}x {opened[name]:7.1f}  {same}")
     if args.profile:
-        profile_step(llms["torch/torch-compile"], prompt)
+        profile_step(next(llm for name, llm in llms.items() if "torch-compile" in name), prompt)
     if args.json:
-        figures = {"ms_per_token": medians, "rounds": ms, "open_s": opened, "threads": args.threads}
+        figures = {"ms_per_token": medians, "rounds": ms, "open_s": opened, "threads": args.threads,
+                   "max_autotune": args.max_autotune}  # fmt: skip
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 

@@ -221,8 +221,6 @@ def test_cuda_without_gpu_is_one_line(tiny_engines, tmp_path):
     assert_clean_failure(
         proc, "torch options (--device, --dtype, --torch-runtime, --max-autotune) need --backend torch"
     )
-    proc = run_cli("build", ckpt, "-o", out, "--backend", "torch", "--device", "cpu", "--max-autotune")
-    assert_clean_failure(proc, "--max-autotune tunes Triton templates for a GPU: it needs --device cuda")
     assert not out.exists()
     proc = run_cli("build", ckpt, "-o", out, "--backend", "torch", "--device", "cuda", "--dtype", "bfloat16")
     assert proc.returncode == 0, proc.stderr

@@ -396,8 +396,10 @@ class TorchConfig:
     max_autotune: bool = field(
         default=False,
         metadata={
-            "help": "let Inductor time Triton matmul templates against cuBLAS at build time, with weight-only "
-            "formats' dequantization fused into them (--backend torch --device cuda); builds take minutes longer"
+            "help": "let Inductor time its GEMM templates against cuBLAS / MKL (Triton on a GPU, with weight-only "
+            "formats' dequantization fused in; C++ micro-kernels on prepacked weights on the CPU): at build for "
+            "aot-inductor, at every open for torch-compile. SmolLM2 fp32 on 2 CPU cores: 1.7x faster decode, "
+            "~4 minutes more (--backend torch)"
         },
     )
 

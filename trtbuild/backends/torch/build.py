@@ -7,10 +7,9 @@ import time
 
 from ...artifacts.atomic import atomic_output_dir
 from ...artifacts.manifest import write_manifest
-from ...config import RuntimeConfig, TorchDevice, TorchRuntime
+from ...config import RuntimeConfig, TorchRuntime
 from ...configio import to_dict
 from ...convert.convert import copy_tokenizer_files
-from ...errors import BuildError
 from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 
@@ -18,8 +17,6 @@ def build_torch(req: BuildRequest) -> BuildResult:
     """The torch backend (docs/gpu.md): a torch-compile engine, or an AOTInductor package checked in a child."""
     from .target import local_target
 
-    if req.torch.max_autotune and req.torch.device is not TorchDevice.CUDA:
-        raise BuildError("--max-autotune tunes Triton templates for a GPU: it needs --device cuda")
     if req.torch.torch_runtime is TorchRuntime.AOT_INDUCTOR:
         local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work
     model_cfg, build, io, portable = portable_graph(req.ckpt_dir, req.build)

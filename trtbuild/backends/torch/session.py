@@ -92,9 +92,8 @@ class TorchSession(EngineSession):
             self._runner = load_aoti(path)
         else:
             compute = TORCH_DTYPES[torch_cfg.dtype]
-            max_autotune = torch_cfg.max_autotune and self.device.type == "cuda"
             self._runner = load_compiled(
-                path, self.config.io, compute, self.device, compile=compile, max_autotune=max_autotune
+                path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune
             )
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
             kv_cache_memory = self._default_kv_cache_memory(TORCH_DTYPES[torch_cfg.dtype])

@@ -141,8 +141,10 @@ def write_aoti_package(
     options = {}
     if hasattr(torch._inductor.config.aot_inductor, "emit_multi_arch_kernel"):
         options["aot_inductor.emit_multi_arch_kernel"] = False  # this GPU's cubins only: no nvcc/fatbinary needed
-    if cfg.max_autotune:  # CUDA only (build_torch refuses it for the CPU)
-        options["max_autotune"] = True  # Triton templates may take the dequantization as a fused prologue
+    if cfg.max_autotune:  # Triton templates (may take the dequantization as a fused prologue) / C++ micro-kernels
+        options["max_autotune"] = True
+        if cfg.device is TorchDevice.CPU:
+            options["freezing"] = True  # the CPU templates take prepacked weights
     torch._inductor.aoti_compile_and_package(program, package_path=str(out_dir / rel), inductor_configs=options)
     return EngineEntry(
         backend="torch",
