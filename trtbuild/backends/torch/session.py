@@ -57,7 +57,7 @@ class TorchSession(EngineSession):
     ``max_batch_size`` on CUDA, none on the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
-    intra-op threads on the CPU (None: one per physical core, as the onnxruntime session).
+    intra-op threads on the CPU (None: as the onnxruntime session, the CPUs this process may use, at most 8).
     ``load_seconds``: opening time, weights, compilation and warm-up included.
     """
 
