@@ -104,6 +104,7 @@ def test_bench_json(monkeypatch, capsys, engine):
     assert r["output_tokens"] == 30 and r["prompt_tokens"] == 6 * 26
     assert r["prefix_cache_hit_rate"] > 0 and r["output_tokens_per_s"] > 0 and r["kv_blocks_peak"] > 0
     assert {"ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "kv_waste_pct", "preemptions"} <= r.keys()
+    assert r["open_s"] > 0  # the engine's open time (a torch-compile engine compiles then)
     code, out, _ = cli(monkeypatch, capsys, *args, "--shared-prefix-len", 16, "--no-prefix-caching")
     assert code == 0 and json.loads(out)["prefix_cache_hit_rate"] == 0
     code, out, _ = cli(monkeypatch, capsys, *args, "--concurrency", 2, "--kv-cache-memory", "64KiB")

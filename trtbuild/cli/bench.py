@@ -190,6 +190,7 @@ def bench(
     workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
     if concurrency is not None and max_num_seqs is not None:
         raise RequestError("give --concurrency or --max-num-seqs, not both")
+    opened = time.perf_counter()
     llm = open_llm(
         engine_dir,
         flags={"max_num_seqs": "--concurrency"} if concurrency is not None else None,
@@ -201,15 +202,16 @@ def bench(
         verify=verify_files,
         profile_kernels=profile,
     )
+    open_s = round(time.perf_counter() - opened, 2)  # a torch-compile engine compiles here (docs/gpu.md)
     result = run_bench(llm, workload, show_progress=not as_json, profile=profile)
     if as_json:
-        fields = {**asdict(workload), **asdict(result)}
+        fields = {**asdict(workload), **asdict(result), "open_s": open_s}
         click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()}))
         return
     r = result
     click.echo(
         f"{r.num_requests} requests x ({shared_prefix_len} shared + {input_len} in, {output_len} out) "
-        f"in {r.duration_s:.2f} s"
+        f"in {r.duration_s:.2f} s (engine opened in {open_s:.1f} s)"
     )
     click.echo(
         f"  throughput     {r.output_tokens_per_s:10.1f} output tok/s   {r.total_tokens_per_s:10.1f} total tok/s"
