@@ -13,6 +13,7 @@ Shared by the backends: ``common.py`` (the build request and the steps every bui
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,10 @@ def _build_torch(request: BuildRequest) -> BuildResult:
 def _open_torch(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> EngineSession:
+    # torch's OpenMP threads spin briefly and then sleep, as onnxruntime's do, instead of spinning for long: on a
+    # loaded 2-core machine that took a SmolLM2 CPU engine from 0.15-0.22x to ~0.3x onnxruntime's speed, and cost
+    # nothing quiet (docs/gpu.md). Read when OpenMP starts: a process that imported torch already keeps its own.
+    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     from .torch.session import open_torch
 
     return open_torch(
