@@ -245,19 +245,13 @@ def torch_wheel_cuda_home(work: Path) -> tuple[str | None, str]:
 
 
 def triton_cuda_home(work: Path) -> tuple[str | None, str]:
-    try:
-        import triton
-        from triton.backends.nvidia.driver import libcuda_dirs
-    except Exception as e:
-        return None, f"no Triton NVIDIA backend ({e})"
-    include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
-    if not (include / "cuda.h").is_file():
-        return None, f"no cuda.h in {include}"
-    home = work / "cuda-home-triton"
-    home.mkdir(exist_ok=True)
-    (home / "include").symlink_to(include, target_is_directory=True)
-    _link_libcuda(home, [Path(d) for d in libcuda_dirs()])
-    return str(home), str(include)
+    """The CUDA home the build makes where torch finds none (``writer.triton_cuda_home``), forced here."""
+    from trtbuild.backends.torch.writer import triton_cuda_home as make_home
+
+    home = make_home(work / "cuda-home-triton")
+    if home is None:
+        return None, "no Triton NVIDIA backend with its cuda.h, or no driver libcuda"
+    return str(home), str((home / "include").resolve())
 
 
 def _link_libcuda(home: Path, dirs: list[Path] | None = None) -> None:

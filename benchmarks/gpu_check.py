@@ -222,7 +222,7 @@ def case_correctness(name: str, runtime: str, work: Path) -> dict[str, Any]:
     built = convert_and_build(work / f"{name}-hf", work, name, "float32", runtime, max_seq_len=512)
     session = TorchSession(built["engine"], kv_cache_memory=64 << 20)  # decode steps as CUDA graphs (the default)
     err = paged_run(session, model.config.vocab_size, lambda ids: hf_logits(model, ids))
-    graphs = bool(session._decode.sizes) and session._decode.use_graphs and not session._decode.failed
+    graphs = session._decode.replaying
     eager = TorchSession(built["engine"], kv_cache_memory=64 << 20, decode_batch_sizes=[])
     err_eager = paged_run(eager, model.config.vocab_size, lambda ids: hf_logits(model, ids))
     return {"ok": max(err, err_eager) <= 1e-3, "max_abs_err": err, "max_abs_err_no_graphs": err_eager,
@@ -411,7 +411,7 @@ def speed_engine_decode_b1(work: Path, runtime: str, graphs: bool, qformat: str 
         pos += 1
     seconds = time.perf_counter() - t
     return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
-            "cuda_graphs": bool(session._decode.sizes) and session._decode.use_graphs and not session._decode.failed,
+            "cuda_graphs": session._decode.replaying,
             "finite": bool(torch.isfinite(logits).all()), "load_s": round(session.load_seconds, 1),
             **{k: v for k, v in built.items() if k not in ("ckpt", "engine")}}  # fmt: skip
 

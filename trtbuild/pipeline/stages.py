@@ -64,8 +64,8 @@ def missing_toolchain(stage: Stage) -> str | None:
             import tensorrt  # noqa: F401
         except ImportError:
             return "TensorRT is not installed on this machine"
-    torch_cfg = stage.options.get("torch", {})
-    aot = torch_cfg.get("torch_runtime", TorchRuntime.TORCH_COMPILE.value) == TorchRuntime.AOT_INDUCTOR.value
+    torch_cfg = from_dict(TorchConfig, stage.options["torch"], "torch") if "torch" in stage.options else TorchConfig()
+    aot = torch_cfg.torch_runtime is TorchRuntime.AOT_INDUCTOR
     if backend == Backend.TORCH.value and stage.labels.get("target") == TorchDevice.CUDA.value and aot:
         import torch
 

@@ -38,6 +38,11 @@ class DecodeGraphs:
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # size -> (CUDAGraph, its output)
         self.failed = False  # capture failed once: graphs are off, the padded path stays
 
+    @property
+    def replaying(self) -> bool:
+        """Whether decode steps run as CUDA graphs: sizes configured, on CUDA, and no capture has failed."""
+        return bool(self.sizes) and self.use_graphs and not self.failed
+
     def fits(self, batch: StepBatch) -> bool:
         """A pure decode step no larger than the largest size, whose block tables fit the static width."""
         return (
@@ -59,7 +64,7 @@ class DecodeGraphs:
         width = batch.block_tables.shape[1]
         tables[:b, :width].copy_(torch.from_numpy(np.ascontiguousarray(batch.block_tables, dtype=np.int64)))
         logits_idx[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.logits_indices, dtype=np.int64)))
-        if self.use_graphs and not self.failed:
+        if self.replaying:
             graph = self._graphs.get(size) or self._capture(size, static)
             if graph is not None:
                 graph[0].replay()

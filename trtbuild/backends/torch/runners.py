@@ -5,9 +5,9 @@
 - ``torch-compile``: the ``PortableModule`` rebuilt on the device from the engine's graph and weights
   (``module_files.py``) and wrapped by ``torch.compile`` (Inductor, ``dynamic=True``: one graph serves every token
   count >= 2; sizes 1 get their own; no duck shaping, so equal sizes are not assumed to stay equal). Dynamo
-  traces the module once per such specialisation, at the session's
-  warm-up; Inductor's compiled code is cached on disk (``inductor_cache_dir``) so a second load of the same engine
-  skips code generation. ``compile=False`` runs the module eagerly (vLLM's ``enforce_eager``; debugging).
+  traces the module once per such specialisation, at the session's warm-up; Inductor's compiled code is cached on
+  disk (``inductor_cache_dir``) so a second load of the same engine skips code generation. ``compile=False`` runs
+  the module eagerly (vLLM's ``enforce_eager``; debugging).
   ``max_autotune`` (``--max-autotune``): Inductor times its GEMM templates against the library's at open; on the
   CPU with the weights frozen into prepacked constants. SmolLM2 fp32 on 2 cores: 1.7x faster batch-1 decode, but
   each open takes ~4 minutes (frozen graphs skip the compile cache), so there it suits long-lived servers, and an

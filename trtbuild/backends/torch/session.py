@@ -84,19 +84,19 @@ class TorchSession(EngineSession):
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or cpu_threads())
         model, build = self.config.model, self.config.build
-        dtype = cache_dtype(model, TORCH_DTYPES[torch_cfg.dtype])
+        compute = TORCH_DTYPES[torch_cfg.dtype]
+        dtype = cache_dtype(model, compute)
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
         per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         path = engine_dir / self.entry.path
         if self.runtime is TorchRuntime.AOT_INDUCTOR:
             self._runner = load_aoti(path)
         else:
-            compute = TORCH_DTYPES[torch_cfg.dtype]
             self._runner = load_compiled(
                 path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune
             )
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
-            kv_cache_memory = self._default_kv_cache_memory(TORCH_DTYPES[torch_cfg.dtype])
+            kv_cache_memory = self._default_kv_cache_memory(compute)
         self.kv_cache_memory = kv_cache_memory
         self.num_blocks = kv_cache_memory // per_block
         if self.num_blocks < 2:

@@ -205,25 +205,34 @@ def ensure_cuda_home() -> str | None:
 
     if cpp_extension.CUDA_HOME is not None:
         return cpp_extension.CUDA_HOME
+    home = triton_cuda_home(Path(tempfile.mkdtemp(prefix="trtbuild-cuda-home-")))
+    if home is None:  # no Triton, or no driver library: AOTInductor will say what it misses
+        return None
+    os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = str(home)
+    return str(home)
+
+
+def triton_cuda_home(home: Path) -> Path | None:
+    """``home`` made a CUDA home of links: ``include`` to the headers Triton bundles, ``lib64/libcuda.so`` to the
+    driver's ``libcuda.so.1``; None where Triton's NVIDIA backend or its ``cuda.h`` is missing."""
     try:
         import triton
         from triton.backends.nvidia.driver import libcuda_dirs
 
         include = Path(triton.__file__).parent / "backends" / "nvidia" / "include"
         dirs = [Path(d) for d in libcuda_dirs()]
-    except Exception:  # no Triton, or no driver library: AOTInductor will say what it misses
+    except Exception:
         return None
     if not (include / "cuda.h").is_file():
         return None
-    home = Path(tempfile.mkdtemp(prefix="trtbuild-cuda-home-"))
+    home.mkdir(parents=True, exist_ok=True)
     (home / "include").symlink_to(include, target_is_directory=True)
     (home / "lib64").mkdir()
     for d in dirs:
         if (d / "libcuda.so.1").exists():
             (home / "lib64" / "libcuda.so").symlink_to(d / "libcuda.so.1")
             break
-    os.environ["CUDA_HOME"] = cpp_extension.CUDA_HOME = str(home)
-    return str(home)
+    return home
 
 
 def _compute_capability(device: TorchDevice) -> str | None:
