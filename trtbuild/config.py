@@ -184,18 +184,19 @@ class QuantConfig:
     calib_size: int | None = field(
         default=None,
         metadata={
-            "help": "calibration samples [default: 4 for int4_awq, 16 for int8_sq and fp8, 64 for the others]; more "
-            "samples give steadier "
-            "ranges, and the forward passes grow with calib_size x calib_seq_len (int4_awq's searches do not)"
+            "help": "calibration samples [default: 4 for int4_awq, 16 for int8_sq and fp8, 64 for KV-cache ranges; "
+            "int8_wo and int4_wo read no calibration data]; more samples give steadier ranges, and the forward "
+            "passes grow with calib_size x calib_seq_len (int4_awq's searches do not)"
         },
     )
     calib_seq_len: int | None = field(
         default=None,
         metadata={"help": "tokens per calibration sample [default: 256 for int8_sq and fp8, 512 for the others]"},
     )
-    exclude: list[str] = field(
-        default_factory=lambda: ["lm_head"], metadata={"help": "module name patterns kept in float"}
-    )
+    # Nothing is kept in float by default: the LM head is quantized too (int8 weight-only in every format,
+    # ``formats.HEAD_FORMAT``). On SmolLM2-135M that is 1.5-1.9x faster batch-1 decode for +0.02-0.04 points of
+    # perplexity (benchmarks/results/2026-12-04-lm-head-default.md); ``--exclude lm_head`` keeps it in float.
+    exclude: list[str] = field(default_factory=list, metadata={"help": "module name patterns kept in float"})
     smoothquant_alpha: float | None = field(
         default=None,
         metadata={

@@ -26,9 +26,9 @@ from .options import config_with_defaults, dataclass_options, load_recipe_option
     "exclude",
     multiple=True,
     metavar="PATTERN",
-    help="canonical linear kept in float, fnmatch pattern (e.g. 'layers.0.*', 'layers.*.mlp.down', 'lm_head'); "
-    "repeat for several; given patterns replace the default (lm_head); `--exclude none` quantizes every linear "
-    "(a quantized lm_head is int8 weight-only in every format)",
+    help="canonical linear kept in float, fnmatch pattern (e.g. 'lm_head', 'layers.0.*', 'layers.*.mlp.down'); "
+    "repeat for several [default: none: every linear is quantized, the LM head int8 weight-only in every format; "
+    "`--exclude lm_head` keeps it in float, 1.5-1.9x slower batch-1 decode on SmolLM2]",
 )
 @recipe_option
 @click.option("--format", "format_name", default=None, help="the recipe format whose quantization section to use")
