@@ -15,7 +15,8 @@ from pathlib import Path
 from .configio import from_dict, to_dict
 from .errors import ConfigError
 
-CHECKPOINT_FORMAT_VERSION = 1
+CHECKPOINT_FORMAT_VERSION = 2  # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo)
+READABLE_CHECKPOINT_VERSIONS = (1, 2)  # a version-1 checkpoint is a version-2 one without those
 ENGINE_FORMAT_VERSION = 2  # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph)
 
 
@@ -52,6 +53,9 @@ class QFormat(enum.Enum):
     INT8_WO = "int8_wo"  # int8 weight-only, per-channel scales
     INT4_WO = "int4_wo"  # int4 weight-only round-to-nearest, per-group scales
     INT4_AWQ = "int4_awq"  # int4 weight-only with AWQ activation-aware scaling, per-group scales
+    # The block formats ``trtbuild convert`` keeps from llama.cpp GGUF files (``trtbuild quantize`` does not make them):
+    INT8_GROUP_WO = "int8_group_wo"  # int8 weight-only, per-group scales: w = q * scale (llama.cpp Q8_0)
+    INT4_MIN_WO = "int4_min_wo"  # int4 codes 0..15, per-group float scale and min: w = q * scale + min (Q4_1)
 
 
 class ActivationScales(enum.Enum):
@@ -212,6 +216,12 @@ class QuantConfig:
         },
     )
 
+    # Set by ``trtbuild convert`` of a GGUF file whose tensors keep mixed block formats (llama.cpp mixes them, e.g.
+    # a Q8_0 embedding beside Q4_1 linears): canonical prefix (``embed``, ``lm_head``, ``layers.3.mlp.down``) -> the
+    # format of that tensor where it is not ``qformat``. The embedding is float unless listed; a tied LM head reads
+    # a listed embedding's tensors. Not a CLI flag.
+    tensor_formats: dict[str, QFormat] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
         size, seq_len = CALIBRATION_DEFAULTS.get(self.qformat, DEFAULT_CALIBRATION)
         if self.calib_size is None:  # unset: the format's default (the stored config always holds the number)
@@ -264,8 +274,8 @@ class ModelConfig:
     format_version: int = CHECKPOINT_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != CHECKPOINT_FORMAT_VERSION:
-            raise ValueError(f"checkpoint format {self.format_version} is not {CHECKPOINT_FORMAT_VERSION}")
+        if self.format_version not in READABLE_CHECKPOINT_VERSIONS:
+            raise ValueError(f"checkpoint format {self.format_version} is not one of {READABLE_CHECKPOINT_VERSIONS}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if (self.position is PositionKind.ROPE) != (self.rope is not None):

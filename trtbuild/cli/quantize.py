@@ -20,7 +20,7 @@ from .options import config_with_defaults, dataclass_options, load_recipe_option
     default=None,
     help="quantization format (required unless --recipe gives it)",
 )
-@dataclass_options(QuantConfig, exclude=("qformat", "exclude"))
+@dataclass_options(QuantConfig, exclude=("qformat", "exclude", "tensor_formats"))
 @click.option(
     "--exclude",
     "exclude",

@@ -62,13 +62,14 @@ class FormatSpec:
     weights: Numeric
     activations: Numeric | None  # per-tensor activation quantization, None for weight-only
     blocked: bool  # weight scales per block of ``group_size`` input features (else per channel / per tensor)
-    modelopt_config: str  # attribute of ``modelopt.torch.quantization``
+    modelopt_config: str | None  # attribute of ``modelopt.torch.quantization``; None: kept from GGUF, not made
     smoothing: bool  # calibration sets per-input-channel pre-quant scales (SmoothQuant, AWQ)
     # With ``ActivationScales.DYNAMIC``: in-features per activation scale (None: one per token, the whole row), and
     # modelopt's config when it is not ``modelopt_config`` (int8_sq keeps SmoothQuant's, for the smoothing, and its
     # input quantizers are made dynamic after calibration: ``calibrate.make_inputs_dynamic``).
     dynamic_block: int | None = None
     dynamic_modelopt_config: str | None = None
+    offset: bool = False  # unsigned codes and a float ``weight_offset`` per group: w = q * scale + offset (Q4_1)
 
 
 DYNAMIC_INT8_BLOCK = 16  # what MatMulNBits quantizes its int8 activations by (backends/onnxruntime/weights.py)
@@ -83,6 +84,8 @@ FORMATS: dict[QFormat, FormatSpec] = {
     QFormat.INT8_WO: FormatSpec(QFormat.INT8_WO, Numeric.INT8, None, False, "INT8_WEIGHT_ONLY_CFG", False),
     QFormat.INT4_WO: FormatSpec(QFormat.INT4_WO, Numeric.INT4, None, True, "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", False),
     QFormat.INT4_AWQ: FormatSpec(QFormat.INT4_AWQ, Numeric.INT4, None, True, "INT4_AWQ_CFG", True),
+    QFormat.INT8_GROUP_WO: FormatSpec(QFormat.INT8_GROUP_WO, Numeric.INT8, None, True, None, False),
+    QFormat.INT4_MIN_WO: FormatSpec(QFormat.INT4_MIN_WO, Numeric.INT4, None, True, None, False, offset=True),
 }
 
 # The LM head, when quantized (``--exclude`` without ``lm_head``), is int8 weight-only in every format
@@ -90,9 +93,11 @@ FORMATS: dict[QFormat, FormatSpec] = {
 HEAD_FORMAT = FORMATS[QFormat.INT8_WO]
 
 
-def linear_format(qformat: QFormat, prefix: str) -> FormatSpec:
-    """How the canonical linear ``prefix`` of a ``qformat`` checkpoint is quantized."""
-    return HEAD_FORMAT if prefix == "lm_head" else FORMATS[qformat]
+def linear_format(qcfg: QuantConfig, prefix: str) -> FormatSpec:
+    """How the canonical linear ``prefix`` of a ``qcfg`` checkpoint is quantized (``tensor_formats`` first)."""
+    if prefix in qcfg.tensor_formats:
+        return FORMATS[qcfg.tensor_formats[prefix]]
+    return HEAD_FORMAT if prefix == "lm_head" else FORMATS[qcfg.qformat]
 
 
 def dynamic_activations(qcfg: QuantConfig) -> bool:
@@ -199,7 +204,7 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
     activations without an ``input_scale`` are quantized with dynamic scales when the format quantizes them.
     """
     group_size = qcfg.group_size
-    spec = linear_format(qcfg.qformat, prefix)
+    spec = linear_format(qcfg, prefix)
     w = weights[prefix + ".weight"]
     scale = np.asarray(weights[prefix + ".weight_scale"], dtype=np.float32)
     if prefix + ".pre_quant_scale" in weights:

@@ -39,7 +39,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
     assert q is not None
     out = {name: (shape, "F32") for name, shape in expected_tensors(cfg).items()}
     for prefix in quantized_linears(cfg):
-        spec = linear_format(q.qformat, prefix)
+        spec = linear_format(q, prefix)
         rows, cols = (cfg.vocab_size, cfg.hidden_size) if prefix == "lm_head" else out[prefix + ".weight"][0]
         if spec.weights is Numeric.INT4:
             out[prefix + ".weight"] = ((rows, cols // 2), "U8")

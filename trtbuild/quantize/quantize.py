@@ -131,6 +131,11 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
             f"the checkpoint is already quantized ({cfg.quantization.qformat.value}); "
             "quantize its float checkpoint instead"
         )
+    if FORMATS[qcfg.qformat].modelopt_config is None:
+        raise TrtbuildError(
+            f"{qcfg.qformat.value} is a llama.cpp block format that `trtbuild convert` keeps from GGUF files; "
+            "trtbuild quantize does not make it (int8_wo or int4_wo are the nearest)"
+        )
     check_quantizable(cfg)
     excluded = set(excluded_linears(cfg, qcfg.exclude))
     linears = [n for n in canonical_linears(cfg) if n not in excluded]
@@ -176,7 +181,7 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     tensors: dict[str, Any] = {}
     for prefix in quantized_linears(cfg):
         modules = [model.get_submodule(m) for m in hf_modules(prefix)]
-        tensors.update(export_linear(linear_format(q.qformat, prefix), modules, prefix, static_activations(q)))
+        tensors.update(export_linear(linear_format(q, prefix), modules, prefix, static_activations(q)))
         floats.pop(prefix + ".weight", None)  # a tied lm_head has no tensor of its own: the quantized one is new
     i = cfg.intermediate_size
     for n in range(cfg.num_layers):
