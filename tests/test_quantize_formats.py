@@ -86,7 +86,7 @@ def session_config(case: Case) -> dict[str, str]:
     return {} if dynamic_int8(case) else EXACT
 
 
-QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); lm_head stays float by default
+QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); the cases exclude lm_head unless they say "+head"
 
 
 @pytest.fixture(scope="module")
