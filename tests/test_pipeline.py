@@ -311,6 +311,45 @@ def statuses_from_index(art: Path) -> dict[str, str]:
     return {a["id"]: a["status"] for a in json.loads((art / "index.json").read_text())["artifacts"]}
 
 
+def test_formats_with_targets_are_built_for_those_targets_only(sources, tmp_path):
+    """A recipe's CPU format (dynamic scales) and its TensorRT format (static scales) are planned apart; a
+    format's target that the recipe lacks, or that the gate's baseline is not built for, is one line."""
+    gate = {"baseline": "fp32", "max_ppl_increase": 5.0, "eval": {"dataset": "flask_docs", "windows": 1}}
+    formats = [
+        {"name": "fp32"},
+        {"name": "int8", "targets": ["onnxruntime/cpu"], "quantization": {"qformat": "int8_sq"}},
+        {
+            "name": "int8_static",
+            "targets": ["tensorrt/sm90"],
+            "quantization": {"qformat": "int8_sq", "activation_scales": "static"},
+        },
+    ]
+    targets = [{"backend": "onnxruntime"}, {"backend": "tensorrt", "arch": "sm90"}]
+    recipe = write_recipe(tmp_path / "t.yaml", "tiny", sources["llama_gqa"], formats=formats, targets=targets,
+                          accuracy_gate=gate)  # fmt: skip
+    ids = [s.id for s in make_plan([load_recipe(recipe)]).stages if s.kind is not StageKind.EVAL]
+    assert ids == [
+        "tiny/checkpoint",
+        "tiny/fp32/onnxruntime/cpu",
+        "tiny/fp32/tensorrt/sm90",
+        "tiny/int8/checkpoint",
+        "tiny/int8/onnxruntime/cpu",
+        "tiny/int8_static/checkpoint",
+        "tiny/int8_static/tensorrt/sm90",
+    ]
+    cpu_only = [s.id for s in make_plan([load_recipe(recipe)], ("cpu",)).stages]
+    assert not any("int8_static" in i for i in cpu_only)  # not even its quantize stage
+    formats[2]["targets"] = ["tensorrt/sm80"]
+    write_recipe(tmp_path / "t.yaml", "tiny", sources["llama_gqa"], formats=formats, targets=targets)
+    with pytest.raises(ConfigError, match="format int8_static: target 'tensorrt/sm80' is not one of"):
+        load_recipe(recipe)
+    formats[0]["targets"], formats[2]["targets"] = ["onnxruntime/cpu"], ["tensorrt/sm90"]
+    write_recipe(tmp_path / "t.yaml", "tiny", sources["llama_gqa"], formats=formats, targets=targets,
+                 accuracy_gate=gate)  # fmt: skip
+    with pytest.raises(ConfigError, match="int8_static is built for tensorrt/sm90, which the gate's baseline is not"):
+        load_recipe(recipe)
+
+
 def test_code_digest_covers_stage_code_only(tmp_path):
     from trtbuild.pipeline.cache import FileHashCache, code_digest
 

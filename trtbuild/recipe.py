@@ -61,13 +61,20 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class FormatSpec:
-    """One format to make of the model: the converted checkpoint as is (no ``quantization``) or quantized."""
+    """One format to make of the model: the converted checkpoint as is (no ``quantization``) or quantized.
+
+    ``targets`` (target labels, ``backend/arch``) builds it for those of the recipe's targets only, e.g. int8 with
+    dynamic activation scales for the CPU and a static-scale variant for TensorRT; None: for every target.
+    """
 
     name: str  # the artifact directory: ARTIFACTS_DIR/<model>/<name>/...
     quantization: QuantConfig | None = None
+    targets: list[str] | None = None
 
     def __post_init__(self) -> None:
         _check_name("format name", self.name)
+        if self.targets is not None and not self.targets:
+            raise ValueError(f"format {self.name}: targets: list at least one target (or leave the key out)")
 
 
 @dataclass(frozen=True)
@@ -140,9 +147,19 @@ class Recipe:
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"{what} {dup[0]!r} is listed twice")
+        labels = [t.label for t in self.targets]
+        for fmt in self.formats:
+            unknown = [t for t in fmt.targets or () if t not in labels]
+            if unknown:
+                raise ValueError(f"format {fmt.name}: target {unknown[0]!r} is not one of {', '.join(labels)}")
         gate = self.accuracy_gate
         if gate is not None and gate.baseline not in {f.name for f in self.formats}:
             raise ValueError(f"accuracy_gate.baseline {gate.baseline!r} is not one of the formats")
+        baseline = self.format(gate.baseline) if gate is not None else None
+        for fmt in self.formats if baseline is not None and baseline.targets is not None else ():
+            missing = [t for t in fmt.targets or labels if t not in baseline.targets]
+            if missing:
+                raise ValueError(f"format {fmt.name} is built for {missing[0]}, which the gate's baseline is not")
 
     def format(self, name: str) -> FormatSpec:
         for f in self.formats:
@@ -150,6 +167,10 @@ class Recipe:
                 return f
         names = ", ".join(f.name for f in self.formats)
         raise ConfigError(f"recipe {self.name}: no format {name!r} (formats: {names})")
+
+    def targets_of(self, fmt: FormatSpec) -> list[TargetSpec]:
+        """The targets ``fmt`` is built for: its ``targets``, or every target of the recipe."""
+        return [t for t in self.targets if fmt.targets is None or t.label in fmt.targets]
 
     def build_for(self, target: TargetSpec) -> BuildConfig:
         return replace(self.build, backend=target.backend)

@@ -100,8 +100,11 @@ def make_plan(recipes: list[Recipe], target_filters: tuple[str, ...] = ()) -> Pl
             recipe,
         )
         for fmt in recipe.formats:
+            fmt_targets = [t for t in recipe.targets_of(fmt) if t in targets]
+            if not fmt_targets:
+                continue
             fmt_ckpt = _format_checkpoint(recipe, fmt, ckpt, add)
-            for target in targets:
+            for target in fmt_targets:
                 labels = {"model": model, "format": fmt.name, "backend": target.backend.value, "target": target.arch}
                 build_opts = {"build": to_dict(recipe.build_for(target))}
                 if target.backend is Backend.TENSORRT:
