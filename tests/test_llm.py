@@ -352,7 +352,7 @@ def test_failed_generate_leaves_an_open_stream_running(text_llm):
     [
         (dict(temperature=-1.0), "temperature"),
         (dict(top_p=0.0), "top_p"),
-        (dict(top_k=0), "top_k"),
+        (dict(top_k=-2), "top_k"),
         (dict(max_tokens=0), "max_tokens"),
         (dict(n=0), "n must be"),
         (dict(stop=[""]), "stop"),

@@ -96,6 +96,33 @@ def test_every_sampling_field_has_a_flag(monkeypatch, capsys, engine):
         assert "--" + f.name.replace("_", "-") in out
 
 
+def test_top_k_minus_one_and_zero_mean_all_tokens_everywhere(monkeypatch, capsys, text_engine, tmp_path):
+    """One top_k rule for the Python API, the CLI flag and JSON-lines fields (the server's test: test_serve.py):
+    -1 and 0 mean all tokens (stored as None), as in vLLM; no message or help text shows Python's None."""
+    assert SamplingParams(top_k=-1).top_k is None and SamplingParams(top_k=0) == SamplingParams()
+    args = ["run", text_engine, "--prompt", "the cat", "--seed", 5, "--max-tokens", 8]
+    code, expected, err = cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    for k in (-1, 0):
+        code, out, err = cli(monkeypatch, capsys, *args, "--top-k", k)
+        assert code == 0 and out == expected, err
+    code, out, _ = cli(monkeypatch, capsys, *args, "--top-k", 1)
+    assert code == 0 and out != expected  # a real k still filters
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "the cat", "top_k": -1, "seed": 5, "max_tokens": 8}\n')
+    code, _, err = cli(monkeypatch, capsys, "run", text_engine, "--input", src, "--output", tmp_path / "o.jsonl")
+    assert code == 0, err
+    assert json.loads((tmp_path / "o.jsonl").read_text())["text"] + "\n" == expected
+    code, _, err = cli(monkeypatch, capsys, *args, "--top-k", -2)
+    assert_one_error_line(code, err, "top_k must be >= 1 (or -1 / 0: all tokens)")
+    src.write_text('{"prompt": "x", "logprobs": "2"}\n')
+    code, _, err = cli(monkeypatch, capsys, "run", text_engine, "--input", src, "--output", tmp_path / "p.jsonl")
+    assert_one_error_line(code, err, "logprobs must be an integer, got '2'")
+    code, help_text, _ = cli(monkeypatch, capsys, "run", "--help")
+    for message in (err, help_text):
+        assert "None" not in message and "null" not in message
+
+
 def test_bench_json(monkeypatch, capsys, engine):
     args = ["bench", engine, "--num-requests", 6, "--input-len", 10, "--output-len", 5, "--json"]
     code, out, err = cli(monkeypatch, capsys, *args, "--shared-prefix-len", 16)
@@ -154,7 +181,7 @@ def test_cli_subprocess_end_to_end(engine):
         (["run", "{text}", "--input", "{blank}", "--output", "{out}"], "blank:2: blank line"),
         (
             ["run", "{text}", "--input", "{str_tokens}", "--output", "{out}"],
-            "strtokens:1: max_tokens must be an integer or null, got '5'",
+            "strtokens:1: max_tokens must be an integer, got '5'",
         ),
         (["run", "{text}", "--input", "{negative}", "--output", "{out}"], "negative:2: temperature must be >= 0"),
         (

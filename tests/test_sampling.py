@@ -219,7 +219,7 @@ def test_logprobs_of_the_processed_logits() -> None:
     [
         ({"temperature": -0.1}, "temperature must be >= 0"),
         ({"temperature": math.nan}, "temperature must be >= 0"),
-        ({"top_k": 0}, "top_k must be >= 1"),
+        ({"top_k": -2}, "top_k must be >= 1"),
         ({"top_p": 0.0}, r"top_p must be in \(0, 1\]"),
         ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ({"min_p": -0.1}, r"min_p must be in \[0, 1\]"),

@@ -154,6 +154,18 @@ def test_chat_whole_and_streamed(client, offline):
     assert chunks[-1].usage.completion_tokens == len(expected.token_ids)
 
 
+def test_top_k_minus_one_and_zero_mean_all_tokens_as_in_the_cli(client, offline):
+    expected = offline.generate(PROMPTS[0], SamplingParams(seed=3, max_tokens=8, ignore_eos=True))[0].text
+    for k in (-1, 0):
+        resp = client.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=8, seed=3, extra_body={"top_k": k, "ignore_eos": True}
+        )
+        assert resp.choices[0].text == expected
+    with pytest.raises(openai.BadRequestError, match=r"top_k must be >= 1 \(or -1 / 0: all tokens\)") as e:
+        client.completions.create(model=MODEL, prompt="x", extra_body={"top_k": -5})
+    assert e.value.body["param"] == "top_k" and "None" not in e.value.message
+
+
 def test_n_and_logprobs(client, offline):
     params = SamplingParams(temperature=1.0, max_tokens=8, n=2, seed=7, logprobs=2, ignore_eos=True)
     expected = offline.generate(PROMPTS[1], params)[0]

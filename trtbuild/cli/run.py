@@ -26,18 +26,18 @@ from .jsonl import InputLine, locate_error, make_params, read_jsonl, result_reco
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
-    "top_k": "keep the k most likely tokens",
+    "top_k": "keep the k most likely tokens; -1 or 0 = all [default: all]",
     "top_p": "nucleus sampling mass",
     "min_p": "drop tokens below min_p x the top probability",
     "repetition_penalty": "1 = off",
     "presence_penalty": "0 = off",
     "frequency_penalty": "0 = off",
-    "seed": "per-request seed (reproducible sampling)",
+    "seed": "per-request seed (reproducible sampling) [default: random]",
     "max_tokens": "tokens to generate at most",
     "stop": "stop string (repeatable); the text ends right before it",
     "stop_token_ids": "token id that ends the output (repeatable)",
     "n": "completions per prompt",
-    "logprobs": "also return this many top logprobs per token",
+    "logprobs": "also return this many top logprobs per token [default: none]",
     "ignore_eos": "keep generating past EOS",
 }
 
@@ -49,7 +49,9 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     hints = typing.get_type_hints(SamplingParams)
     for f in reversed(dataclasses.fields(SamplingParams)):
         tp, flag = hints[f.name], "--" + f.name.replace("_", "-")
-        help_text = f"{SAMPLING_HELP.get(f.name, f.name)} [default: {f.default!r}]"
+        help_text = SAMPLING_HELP.get(f.name, f.name)
+        if "[default:" not in help_text and not any(f.default is d for d in (None, (), False)):
+            help_text += f" [default: {f.default}]"  # None, () and False defaults say themselves in the help
         args = [a for a in typing.get_args(tp) if a is not type(None) and a is not Ellipsis]
         if tp is bool:
             option = click.option(flag, f.name, is_flag=True, default=None, help=help_text)

@@ -19,10 +19,13 @@ from ..errors import RequestError
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each new token of one request, and when to stop. Invalid values raise ``RequestError``."""
+    """How to pick each new token of one request, and when to stop. Invalid values raise ``RequestError``.
+
+    The CLI flags, JSON-lines input fields and the server's request fields all build one of these, so a value means
+    the same everywhere (``top_k`` -1 or 0: all tokens, stored as None)."""
 
     temperature: float = 1.0  # 0 = greedy (exact argmax)
-    top_k: int | None = None  # keep the k most likely tokens; None = all
+    top_k: int | None = None  # keep the k most likely tokens; None = all (-1 and 0 are read as None, as in vLLM)
     top_p: float = 1.0  # keep the smallest set of most likely tokens whose mass reaches top_p; 1 = all
     min_p: float = 0.0  # drop tokens less likely than min_p * the most likely token's probability; 0 = off
     repetition_penalty: float = 1.0  # logits of prompt/output tokens: > 0 divided by it, <= 0 multiplied; 1 = off
@@ -45,17 +48,19 @@ class SamplingParams:
             raise RequestError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         _check_types(self)
+        if self.top_k in (-1, 0):  # vLLM's and OpenAI clients' spellings of "all tokens": one value inside
+            object.__setattr__(self, "top_k", None)
         checks = [
             (math.isfinite(self.temperature) and self.temperature >= 0, "temperature must be >= 0 (0 = greedy)"),
-            (self.top_k is None or self.top_k >= 1, "top_k must be >= 1, or None to keep all tokens"),
+            (self.top_k is None or self.top_k >= 1, "top_k must be >= 1 (or -1 / 0: all tokens)"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty must be > 0"),
             (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1, or None"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
             (self.n >= 1, "n must be >= 1"),
-            (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0, or None"),
+            (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids >= 0"),
         ]
@@ -86,8 +91,7 @@ def _check_types(params: SamplingParams) -> None:
     for name in _INTEGERS + _OPTIONAL_INTEGERS:
         value = getattr(params, name)
         if not is_int(value) and not (value is None and name in _OPTIONAL_INTEGERS):
-            raise RequestError(f"{name} must be an integer{' or null' if name in _OPTIONAL_INTEGERS else ''}, "
-                               f"got {value!r}")  # fmt: skip
+            raise RequestError(f"{name} must be an integer, got {value!r}")
     if not isinstance(params.ignore_eos, bool):
         raise RequestError(f"ignore_eos must be true or false, got {params.ignore_eos!r}")
 

@@ -92,8 +92,6 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         value = _typed(body, name, types)
         if value is not None:
             values[field] = value
-    if values.get("top_k") in (-1, 0):  # vLLM's spelling of "all tokens"
-        del values["top_k"]
     if values.get("n", 1) > MAX_N:
         raise bad_request(f"n must be <= {MAX_N}", param="n")
     values["stop"] = _stop(body)
