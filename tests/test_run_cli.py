@@ -89,6 +89,28 @@ def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
     assert not [p for p in dst.parent.iterdir() if p.name != "results.jsonl"]  # no temporary file left
 
 
+def test_blank_lines_are_skipped_and_dash_reads_stdin(text_engine, tmp_path):
+    """JSON lines with blank lines (interior, whitespace-only, trailing) read as JSON-lines readers do; ``--input -``
+    and ``--prompt -`` read standard input (a real pipe into the CLI process)."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = [sys.executable, "-m", "trtbuild.cli", "run", str(text_engine), "--temperature", "0", "--max-tokens", "6"]
+    lines = '{"prompt": "the cat"}\n\n   \n{"prompt": "a dog", "id": "d"}\n\n'
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run([*run, "--input", "-", "--output", out], input=lines, capture_output=True, text=True,
+                          env=env, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    llm = LLM(text_engine)
+    expected = [o.text for o in llm.generate(["the cat", "a dog"], SamplingParams(temperature=0.0, max_tokens=6))]
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["text"]) for r in results] == [(0, expected[0]), ("d", expected[1])]
+    proc = subprocess.run([*run, "--prompt", "-"], input="the cat\n", capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == expected[0] + "\n", proc.stderr
+    proc = subprocess.run([*run, "--input", "-", "--output", tmp_path / "none.jsonl"], input="\n \n",
+                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert_one_error_line(proc.returncode, proc.stderr, "<stdin>: no prompts")
+
+
 def test_every_sampling_field_has_a_flag(monkeypatch, capsys, engine):
     code, out, _ = cli(monkeypatch, capsys, "run", "--help")
     assert code == 0
@@ -178,7 +200,7 @@ def test_cli_subprocess_end_to_end(engine):
             ["run", "{text}", "--input", "{misspelled}", "--output", "{out}"],
             "misspelled:2: unknown key 'temprature' (did you mean 'temperature'?)",
         ),
-        (["run", "{text}", "--input", "{blank}", "--output", "{out}"], "blank:2: blank line"),
+        (["run", "{text}", "--input", "{blank}", "--output", "{out}"], "blank:4: not valid JSON"),
         (
             ["run", "{text}", "--input", "{str_tokens}", "--output", "{out}"],
             "strtokens:1: max_tokens must be an integer, got '5'",
@@ -213,7 +235,7 @@ def test_bad_input_one_error_line(monkeypatch, capsys, engine, text_engine, tmp_
         "bad_token": '{"prompt": "x"}\n{"prompt_token_ids": [1, 500]}\n',
         "bad_type": '{"prompt": "x", "temperature": "hot"}\n',
         "misspelled": '{"prompt": "x"}\n{"prompt": "y", "temprature": 0.5}\n',
-        "blank": '{"prompt": "x"}\n\n{"prompt": "y"}\n',
+        "blank": '{"prompt": "x"}\n\n  \n{"prompt": \n',  # blank lines skipped; errors keep the file's numbers
         "str_tokens": '{"prompt": "x", "max_tokens": "5"}\n',
         "negative": '{"prompt": "x"}\n{"prompt": "y", "temperature": -1}\n',
         "surrogate": '{"prompt": "a\\ud800"}\n',

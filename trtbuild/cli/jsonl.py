@@ -1,8 +1,9 @@
 """The JSON-lines files of ``trtbuild run --input/--output``: strict reading, result records, partial writes.
 
 An input line is a JSON object with exactly one prompt key (``prompt`` text, ``prompt_token_ids`` or ``messages``),
-an optional ``id`` and any ``SamplingParams`` field; anything else (a misspelled field, a blank line, a value of
-the wrong type) is refused with ``FILE:LINE:``. Results are one JSON object per input line, in input order.
+an optional ``id`` and any ``SamplingParams`` field; anything else (a misspelled field, a value of the wrong type)
+is refused with ``FILE:LINE:``. Blank (whitespace-only) lines are skipped, as JSON-lines readers do; ``-`` reads
+standard input. Results are one JSON object per prompt line, in input order.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import difflib
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,18 +54,32 @@ def make_params(*layers: dict[str, Any], where: str | None = None) -> Any:
         raise RequestError(f"{where + ': ' if where else ''}{e}") from None
 
 
-def read_jsonl(path: Path) -> list[InputLine]:
-    """The requests of a JSON-lines prompt file: one object per line, known keys only, exactly one prompt key."""
+STDIN = Path("-")  # ``--input -`` / ``--prompt -``: standard input
+STDIN_NAME = "<stdin>"
+
+
+def read_text(path: Path) -> str:
+    """The UTF-8 text of ``path`` (``-``: all of standard input); a one-line ``TrtbuildError`` when unreadable."""
+    name = STDIN_NAME if path == STDIN else path
     try:
-        text = path.read_text(encoding="utf-8")
+        if path == STDIN:
+            return sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+        return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise TrtbuildError(f"{path}: cannot read ({e.strerror if isinstance(e, OSError) else e})") from None
+        raise TrtbuildError(f"{name}: cannot read ({e.strerror if isinstance(e, OSError) else e})") from None
+
+
+def read_jsonl(path: Path) -> list[InputLine]:
+    """The requests of a JSON-lines prompt file (``-``: standard input): one object per line, known keys only,
+    exactly one prompt key; blank lines are skipped (errors name the line by its number in the file)."""
+    text = read_text(path)
+    name = STDIN_NAME if path == STDIN else str(path)
     known = (*PROMPT_KEYS, "id", *sampling_fields())
     lines = []
     for i, line in enumerate(text.splitlines(), 1):
-        where = f"{path}:{i}"
+        where = f"{name}:{i}"
         if not line.strip():
-            raise RequestError(f"{where}: blank line (one JSON object per line; each line gets one result line)")
+            continue
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
@@ -77,7 +93,7 @@ def read_jsonl(path: Path) -> list[InputLine]:
                 raise RequestError(f"{where}: unknown key {key!r}{hint}")
         lines.append(InputLine(where, rec, rec.get("id", len(lines))))
     if not lines:
-        raise RequestError(f"{path}: no prompts")
+        raise RequestError(f"{name}: no prompts")
     return lines
 
 

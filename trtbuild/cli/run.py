@@ -2,9 +2,10 @@
 
 Sampling flags are generated from the ``SamplingParams`` dataclass (one flag per field, same name and default).
 Input lines are JSON objects with ``prompt`` (text), ``prompt_token_ids`` or ``messages`` (a chat), an optional
-``id``, and any ``SamplingParams`` field overriding the flags for that line (``jsonl.py`` reads them strictly). The
-output file is written atomically, one JSON object per input line, in order; an interrupted run (Ctrl-C, SIGTERM)
-writes the results finished so far and says how many. An existing output file needs ``--overwrite``.
+``id``, and any ``SamplingParams`` field overriding the flags for that line (``jsonl.py`` reads them strictly; blank
+lines are skipped). ``--input -`` reads the lines from standard input, ``--prompt -`` the prompt text. The output
+file is written atomically, one JSON object per prompt line, in order; an interrupted run (Ctrl-C, SIGTERM) writes
+the results finished so far and says how many. An existing output file needs ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import click
 from ..artifacts.atomic import write_file_atomic
 from ..errors import ConfigError, RequestError, TrtbuildError
 from ..progress import Progress
-from .jsonl import InputLine, locate_error, make_params, read_jsonl, result_record, results_text
+from .jsonl import STDIN, InputLine, locate_error, make_params, read_jsonl, read_text, result_record, results_text
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
@@ -137,8 +138,14 @@ def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options
 
 @click.command()
 @click.argument("engine_dir", type=click.Path(path_type=Path))
-@click.option("--prompt", default=None, help="prompt text")
-@click.option("--input", "input_path", type=click.Path(path_type=Path), default=None, help="prompts, JSON lines")
+@click.option("--prompt", default=None, help="prompt text ('-': read it from standard input)")
+@click.option(
+    "--input",
+    "input_path",
+    type=click.Path(path_type=Path, allow_dash=True),
+    default=None,
+    help="prompts, JSON lines ('-': standard input)",
+)
 @click.option(
     "--output",
     "output_path",
@@ -182,6 +189,8 @@ def run(
     if output_path is not None and output_path.exists() and not overwrite:
         raise TrtbuildError(f"{output_path}: already exists (use --overwrite to replace it)")
     params = make_params(sampling)
+    if prompt == "-":
+        prompt = _without_final_newline(read_text(STDIN))
     lines = read_jsonl(input_path) if input_path is not None else [InputLine("--prompt", {"prompt": prompt}, 0)]
     all_params = [make_params(sampling, ln.record, where=ln.where) for ln in lines]
     llm = open_llm(
@@ -248,6 +257,14 @@ def _generate_to_file(llm: Any, lines: list[InputLine], prompts: list[Any], para
     bar.close()
     write_file_atomic(path, results_text(results))
     click.echo(f"wrote {len(results)} results ({num_tokens} tokens) -> {path}", err=True)
+
+
+def _without_final_newline(text: str) -> str:
+    """A prompt piped in (``echo TEXT | trtbuild run --prompt -``) without the one newline that ends the input."""
+    for end in ("\r\n", "\n"):
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text
 
 
 def _prompt(llm: Any, line: InputLine, chat: bool, system: str | None) -> str | list[int]:
