@@ -111,6 +111,63 @@ def test_blank_lines_are_skipped_and_dash_reads_stdin(text_engine, tmp_path):
     assert_one_error_line(proc.returncode, proc.stderr, "<stdin>: no prompts")
 
 
+def test_progress_line_with_tokens_per_second():
+    from trtbuild.progress import Progress
+
+    bar = Progress(10, "generating", "req", enabled=False, work_unit="tok")
+    bar.update(0, work=500, work_left=1000)
+    assert bar.line(2.0) == "generating  0/10 [........................] 250.0 tok/s, 0:04 left"
+    bar.update(5, work=600, work_left=1000)  # the sooner estimate: 5 requests left at 2.5 req/s
+    assert bar.line(2.0) == "generating  5/10 [############............] 300.0 tok/s, 0:02 left"
+
+
+def test_generate_iter_counts_tokens_between_finishes(engine):
+    llm = LLM(engine)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True, seed=1) for m in (20, 30)]
+    finished = llm.generate_iter([[5, 6, 7], [8, 9]], params)
+    assert finished.tokens() == (0, 50)
+    seen = []
+    for done in finished.by_step():
+        seen.append((len(done), *finished.tokens()))
+    assert seen[0] == (0, 2, 48) and (0, 20, 30) in seen  # one token per step each, before anything finished
+    assert [s for s in seen if s[0]] == [(1, 40, 10), (1, 50, 0)]
+
+
+def test_run_input_shows_progress_on_a_terminal_from_the_start(text_engine, tmp_path):
+    """On a real terminal (a pty as stderr) the bar is drawn before any request finishes, with tokens/s; not with
+    --quiet, and not when stderr is a pipe."""
+    import pty
+
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'{{"prompt": "the cat {i}", "max_tokens": 40, "ignore_eos": true}}\n' for i in range(3)))
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = [sys.executable, "-m", "trtbuild.cli", "run", str(text_engine), "--input", str(src), "--overwrite"]
+
+    def on_a_terminal(*extra: str) -> str:
+        leader, follower = pty.openpty()
+        proc = subprocess.Popen([*run, "--output", str(tmp_path / "o.jsonl"), *extra], stderr=follower, env=env)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert proc.wait(120) == 0
+        return b"".join(chunks).decode()
+
+    err = on_a_terminal()
+    assert err.startswith("\rgenerating  0/3 [........................] 0.0 tok/s"), err
+    assert "\rgenerating  3/3 [########################]" in err and "wrote 3 results (120 tokens)" in err
+    assert "wrote 3 results" in on_a_terminal("--quiet") and "generating" not in on_a_terminal("--quiet")
+    proc = subprocess.run([*run, "--output", tmp_path / "p.jsonl"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and proc.stderr.startswith("wrote 3 results"), proc.stderr
+
+
 def test_every_sampling_field_has_a_flag(monkeypatch, capsys, engine):
     code, out, _ = cli(monkeypatch, capsys, "run", "--help")
     assert code == 0

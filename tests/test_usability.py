@@ -71,7 +71,7 @@ def test_progress_on_a_terminal_only_and_never_with_json(monkeypatch, capsys, te
     assert code == 0 and err.count("\n") == 1 and err.startswith("wrote 4 results")  # not a terminal: no bar
     monkeypatch.setattr("trtbuild.progress.interactive", lambda stream=None: True)
     code, _, err = cli(monkeypatch, capsys, *args[:-1], tmp_path / "b.jsonl")
-    assert code == 0 and "\rgenerating  4/4 [" in err and "req/s" in err
+    assert code == 0 and "\rgenerating  4/4 [" in err and "tok/s" in err
     code, out, err = cli(monkeypatch, capsys, "bench", text_engine, "--num-requests", 3, "--input-len", 4,
                          "--output-len", 2)  # fmt: skip
     assert code == 0 and "\rbenchmarking  3/3 [" in err and "output tok/s" in out

@@ -2,6 +2,8 @@
 
 On a terminal it redraws one stderr line, ``desc  12/64 [###.......] 3.1 sample/s, 0:13 left``, at most ten times
 a second and clears it when done; when stderr is not a terminal, or the command prints JSON, it prints nothing.
+A bar can also show the rate of another quantity than the one it counts (``run --input`` counts requests and
+shows tokens/s: ``generating  3/200 [.......] 412.5 tok/s, 0:31 left``).
 Standard library only: the runtime commands use it, and the runtime does not depend on tqdm.
 """
 
@@ -26,19 +28,30 @@ def interactive(stream: TextIO | None = None) -> bool:
 class Progress:
     """A progress bar over ``total`` units; ``update(n)`` as work completes, ``close()`` (or ``with``) at the end.
 
-    ``enabled=None`` shows it when stderr is a terminal; False never shows it (``--json``, ``--quiet``).
+    ``enabled=None`` shows it when stderr is a terminal; False never shows it (``--json``, ``--quiet``). With a
+    ``work_unit`` the rate shown is of that quantity, which ``update(work=..., work_left=...)`` reports (the amount
+    so far, and at most how much is left): the estimate is then the sooner of ``work_left`` at that rate and the
+    counted units left at theirs. ``update(0)`` draws the bar before any unit completes.
     """
 
-    def __init__(self, total: int, desc: str, unit: str = "it", *, enabled: bool | None = None) -> None:
-        self.total, self.desc, self.unit = total, desc, unit
+    def __init__(
+        self, total: int, desc: str, unit: str = "it", *, enabled: bool | None = None, work_unit: str | None = None
+    ) -> None:
+        self.total, self.desc, self.unit, self.work_unit = total, desc, unit, work_unit
         self.enabled = interactive() if enabled is None else enabled
         self.count = 0
+        self.work = 0.0  # of work_unit, so far
+        self.work_left: float | None = None  # of work_unit, at most
         self._start = time.perf_counter()
         self._drawn = 0.0
         self._width = 0
 
-    def update(self, n: int = 1) -> None:
+    def update(self, n: int = 1, *, work: float | None = None, work_left: float | None = None) -> None:
         self.count += n
+        if work is not None:
+            self.work = work
+        if work_left is not None:
+            self.work_left = work_left
         now = time.perf_counter()
         if self.enabled and (now - self._drawn >= REDRAW_S or self.count >= self.total):
             self._drawn = now
@@ -49,10 +62,16 @@ class Progress:
         frac = min(1.0, self.count / self.total) if self.total else 1.0
         filled = int(frac * BAR_WIDTH)
         rate = self.count / elapsed if elapsed > 0 else 0.0
-        left = (self.total - self.count) / rate if rate > 0 else None
-        eta = "" if left is None else f", {_clock(left)} left"
+        estimates = [(self.total - self.count) / rate] if rate > 0 else []
+        shown = f"{rate:.2f} {self.unit}/s"
+        if self.work_unit is not None:
+            work_rate = self.work / elapsed if elapsed > 0 else 0.0
+            shown = f"{work_rate:.1f} {self.work_unit}/s"
+            if self.work_left is not None and work_rate > 0:
+                estimates.append(self.work_left / work_rate)
+        eta = f", {_clock(min(estimates))} left" if estimates else ""
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
-        return f"{self.desc}  {self.count}/{self.total} [{bar}] {rate:.2f} {self.unit}/s{eta}"
+        return f"{self.desc}  {self.count}/{self.total} [{bar}] {shown}{eta}"
 
     def _draw(self, text: str) -> None:
         pad = " " * max(0, self._width - len(text))

@@ -158,6 +158,7 @@ def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options
 @click.option("--system", default=None, help="system message for --chat")
 @click.option("--stream", is_flag=True, help="print the text as it is generated (--prompt, n = 1)")
 @click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
+@click.option("--quiet", is_flag=True, help="no progress bar (--output)")
 @engine_options
 @sampling_options
 def run(
@@ -170,6 +171,7 @@ def run(
     system: str | None,
     stream: bool,
     no_prefix_caching: bool,
+    quiet: bool,
     kv_cache_memory: int | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
@@ -223,24 +225,30 @@ def run(
         _print_logprobs(llm, out)
         _summary(out)
         return
-    _generate_to_file(llm, lines, prompts, all_params, output_path)
+    _generate_to_file(llm, lines, prompts, all_params, output_path, quiet=quiet)
 
 
-def _generate_to_file(llm: Any, lines: list[InputLine], prompts: list[Any], params: list[Any], path: Path) -> None:
-    """Run every request, showing progress on a terminal; write the results in input order, the finished ones when
-    interrupted (then exit 130)."""
+def _generate_to_file(
+    llm: Any, lines: list[InputLine], prompts: list[Any], params: list[Any], path: Path, *, quiet: bool
+) -> None:
+    """Run every request, showing progress on a terminal (requests done, tokens/s, time left; not with ``quiet``);
+    write the results in input order, the finished ones when interrupted (then exit 130)."""
     try:
         finished = llm.generate_iter(prompts, params)
     except RequestError as e:
         raise locate_error(e, lines) from None
     results: dict[int, dict[str, Any]] = {}
     num_tokens = 0
-    bar = Progress(len(lines), "generating", "req", enabled=None if len(lines) > 1 else False)
+    bar = Progress(len(lines), "generating", "req", enabled=False if quiet else None, work_unit="tok")
+    bar.update(0)  # at once: the first request may take many steps to finish
     try:
-        for i, out in finished:
-            results[i] = result_record(lines[i].id, out)
-            num_tokens += sum(len(c.token_ids) for c in out.outputs)
-            bar.update()
+        for done in finished.by_step():
+            for i, out in done:
+                results[i] = result_record(lines[i].id, out)
+                num_tokens += sum(len(c.token_ids) for c in out.outputs)
+            if bar.enabled:
+                generated, left = finished.tokens()
+                bar.update(len(done), work=generated, work_left=left)
     except KeyboardInterrupt:
         finished.close()
         bar.close()

@@ -163,22 +163,37 @@ class LLM:
             for _, states in added:
                 self._cancel(states)
 
-        return FinishedRequests(len(added), self._finished_in_order(requests, added), abort)
+        def tokens() -> tuple[int, int]:
+            """(tokens generated so far, at most how many are still to come) over every completion."""
+            generated = left = 0
+            for (_, prompt_ids, sp), (_, states) in zip(requests, added, strict=True):
+                room = self.config.max_seq_len - len(prompt_ids)
+                limit = room if sp.max_tokens is None else min(sp.max_tokens, room)
+                for state in states:
+                    n = state.seq.num_output_tokens
+                    generated += n
+                    left += 0 if state.finished else max(0, limit - n)
+            return generated, left
 
-    def _finished_in_order(
+        return FinishedRequests(len(added), self._finished_by_step(requests, added), abort, tokens)
+
+    def _finished_by_step(
         self,
         requests: list[tuple[str | None, list[int], SamplingParams]],
         added: list[tuple[str, list[CompletionState]]],
-    ) -> Iterator[tuple[int, RequestOutput]]:
+    ) -> Iterator[list[tuple[int, RequestOutput]]]:
+        """The requests that finished, as lists: one whenever some have, and an empty one after each engine step in
+        which none did (so a caller can show progress between finishes)."""
         pending = dict(enumerate(added))
         try:
             while pending:
                 done = [i for i, (_, states) in pending.items() if all(s.finished for s in states)]
-                for i in done:
-                    rid, states = pending.pop(i)
-                    yield i, self._request_output(rid, requests[i][0], states)
-                if pending and not done:
+                if done:
+                    finished = [(i, pending.pop(i)) for i in done]
+                    yield [(i, self._request_output(rid, requests[i][0], states)) for i, (rid, states) in finished]
+                else:
                     self._step()
+                    yield []
         finally:
             for _, states in pending.values():
                 self._cancel(states)

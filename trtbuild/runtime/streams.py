@@ -50,20 +50,43 @@ class TextStream(Iterator[str]):
 
 
 class FinishedRequests(Iterator[tuple[int, RequestOutput]]):
-    """What ``LLM.generate_iter`` returns: ``(prompt index, RequestOutput)`` pairs in completion order."""
+    """What ``LLM.generate_iter`` returns: ``(prompt index, RequestOutput)`` pairs in completion order.
+
+    ``by_step()`` iterates the same requests a step at a time, and ``tokens()`` counts their tokens, for a caller
+    that shows progress while no request has finished yet (``trtbuild run --input``).
+    """
 
     def __init__(
-        self, num_requests: int, items: Iterator[tuple[int, RequestOutput]], abort: Callable[[], None]
+        self,
+        num_requests: int,
+        steps: Iterator[list[tuple[int, RequestOutput]]],
+        abort: Callable[[], None],
+        tokens: Callable[[], tuple[int, int]],
     ) -> None:
         self.num_requests = num_requests
-        self._items, self._abort = items, abort
+        self._steps, self._abort, self._tokens = steps, abort, tokens
+        self._ready: list[tuple[int, RequestOutput]] = []
 
     def __next__(self) -> tuple[int, RequestOutput]:
-        return next(self._items)
+        while not self._ready:
+            self._ready = next(self._steps)
+        return self._ready.pop(0)
+
+    def by_step(self) -> Iterator[list[tuple[int, RequestOutput]]]:
+        """The requests that finished, as lists: an empty one after each engine step in which none did."""
+        if self._ready:
+            yield self._ready
+            self._ready = []
+        yield from self._steps
+
+    def tokens(self) -> tuple[int, int]:
+        """(tokens generated so far, at most how many are still to come: each unfinished completion's max_tokens,
+        or room to the engine's max_seq_len, less what it has generated)."""
+        return self._tokens()
 
     def close(self) -> None:
         """Abort the requests that have not finished."""
-        close = getattr(self._items, "close", None)
+        close = getattr(self._steps, "close", None)
         if close is not None:
             close()
         self._abort()
