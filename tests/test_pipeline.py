@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,8 +19,10 @@ from tiny_models import make_hf_model
 
 from trtbuild.artifacts.verify import verify_artifacts, verify_engine_dir
 from trtbuild.errors import ConfigError
+from trtbuild.pipeline import heartbeat
+from trtbuild.pipeline.heartbeat import Heartbeat
 from trtbuild.pipeline.index import GateResult, check_gates
-from trtbuild.pipeline.plan import StageKind, make_plan
+from trtbuild.pipeline.plan import Stage, StageKind, make_plan
 from trtbuild.pipeline.runner import Outcome, PipelineError, PipelineRun, Status, run_pipeline
 from trtbuild.recipe import load_recipe
 
@@ -348,6 +352,40 @@ def test_formats_with_targets_are_built_for_those_targets_only(sources, tmp_path
                  accuracy_gate=gate)  # fmt: skip
     with pytest.raises(ConfigError, match="int8_static is built for tensorrt/sm90, which the gate's baseline is not"):
         load_recipe(recipe)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_heartbeat_line_names_running_stages_their_time_and_last_run():
+    stage = Stage(StageKind.QUANTIZE, "m/int4/checkpoint", (), {})
+    term, lock = Terminal(), threading.Lock()
+    beat = Heartbeat(lambda s: 185.0 if s.id == stage.id else None, lock, term)
+    beat.started(stage)
+    assert beat.line(time.perf_counter() + 83) == "running: quantize m/int4/checkpoint 1:23 (last run 3:05)"
+    beat.draw()
+    assert term.getvalue().startswith("\rrunning: quantize m/int4/checkpoint 0:00 (last run 3:05)")
+    beat.finished(stage)
+    assert beat.line() == ""
+    beat.close()
+    assert term.getvalue().endswith("\r")  # the line is cleared
+    quiet = Heartbeat(lambda s: None, lock, io.StringIO())  # not a terminal: nothing, ever
+    quiet.started(stage)
+    quiet.draw()
+    quiet.close()
+    assert quiet.stream.getvalue() == ""
+
+
+def test_pipeline_shows_a_status_line_on_a_terminal(sources, tmp_path, monkeypatch):
+    monkeypatch.setattr(heartbeat, "INTERVAL_S", 0.01)
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    recipe = write_recipe(tmp_path / "t.yaml", "tiny", sources["llama_gqa"])
+    run([recipe], tmp_path / "art")
+    assert "\rrunning: build tiny/fp32/onnxruntime/cpu 0:0" in term.getvalue()  # a second or so: redrawn each 10 ms
+    assert term.getvalue().endswith("\r")  # cleared at the end
 
 
 def test_code_digest_covers_stage_code_only(tmp_path):

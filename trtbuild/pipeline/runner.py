@@ -37,6 +37,7 @@ from .cache import (
     source_files,
     tree_digest,
 )
+from .heartbeat import Heartbeat
 from .index import GateResult, check_gates, write_index
 from .plan import Plan, Stage
 from .stages import StageContext, StageError, missing_toolchain, run_stage
@@ -90,6 +91,12 @@ class _Runner:
         self.total = len(plan.stages)
         self.done = 0
         self._report_lock = threading.Lock()  # progress lines come from worker threads too
+        self.heartbeat = Heartbeat(self._last_seconds, self._report_lock)  # the live status line, on a terminal
+
+    def _last_seconds(self, stage: Stage) -> float | None:
+        """How long ``stage`` took when it was last built (any key), for the status line's estimate."""
+        rec = self.records.load(stage.id)
+        return None if rec is None else rec.get("build_seconds")
 
     def key_inputs(self, stage: Stage) -> dict[str, Any]:
         if stage.source is not None:
@@ -145,7 +152,11 @@ class _Runner:
             return Outcome(stage, Status.CACHED, time.perf_counter() - start, record=rec)
         self._progress(stage, f"running ({why})")
         ctx = StageContext(self.dir, self.dir / STATE_DIR / "logs" / f"{stage.id}.log", self.lock_fd)
-        facts = run_stage(stage, ctx)
+        self.heartbeat.started(stage)
+        try:
+            facts = run_stage(stage, ctx)
+        finally:
+            self.heartbeat.finished(stage)
         seconds = time.perf_counter() - start
         out = self.dir / stage.id
         files = self.hashes.file_table(out)
@@ -254,6 +265,7 @@ class _Runner:
                 self.done += 1
             width = len(str(self.total))
             prefix = f"[{self.done:>{width}}/{self.total}]" if count else " " * (2 * width + 3)
+            self.heartbeat.clear()
             self.report(f"{prefix} {stage.kind.value:<8} {stage.id}: {what}")
 
 
@@ -311,6 +323,7 @@ def run_pipeline(
         try:
             outcomes = runner.run(max(1, jobs))
         finally:
+            runner.heartbeat.close()
             runner.hashes.save()
         result = PipelineRun(plan, artifacts_dir, outcomes, time.perf_counter() - start)
         result.gates = check_gates(outcomes, plan)
