@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 from tiny_models import make_hf_model
 
+ROOT = Path(__file__).resolve().parents[1]
 TRTBUILD = [sys.executable, "-m", "trtbuild.cli"]
 
 
@@ -120,3 +121,31 @@ def test_tensorrt_backend_without_tensorrt_fails_cleanly(hf_llama, tmp_path):
     proc = run_cli("build", ckpt, "-o", tmp_path / "e", "--arch", "sm90")
     assert_clean_failure(proc, "need --backend tensorrt")
     assert not (tmp_path / "e").exists()
+
+
+def test_outputs_under_a_missing_directory_are_refused(hf_llama, tiny_engines, tmp_path):
+    """Every output option (files and checkpoint / engine / artifacts directories) refuses a path whose parent
+    directory does not exist, with one line, and creates nothing; the output itself is created as before."""
+    from test_llm import add_tokenizer
+
+    ckpt, engine = tiny_engines["llama_gqa"][1:]
+    missing = tmp_path / "typo" / "dir"
+    commands = [
+        ["convert", hf_llama, "-o", missing / "ckpt"],
+        ["quantize", ckpt, "--qformat", "int8_wo", "-o", missing / "q"],
+        ["build", ckpt, "-o", missing / "engine"],
+        ["pipeline", ROOT / "recipes" / "smollm2-fp32.yaml", "-o", missing / "artifacts"],
+        ["run", engine, "--prompt", "x", "--output", missing / "out.jsonl"],
+    ]
+    for args in commands:
+        needle = f"--output {args[-1]}: the directory {missing} does not exist (create it first)"
+        assert_clean_failure(run_cli(*args), needle)
+        assert not (tmp_path / "typo").exists(), args[0]
+    (tmp_path / "file").write_text("x")
+    proc = run_cli("run", engine, "--prompt", "x", "--output", tmp_path / "file" / "out.jsonl")
+    assert_clean_failure(proc, f"the directory {tmp_path / 'file'} is not a directory")
+    text = add_tokenizer(engine, tmp_path / "text")
+    proc = run_cli("run", text, "--prompt", "x", "--output", tmp_path, "--overwrite")
+    assert_clean_failure(proc, f"--output {tmp_path}: a directory (expected a file name)")
+    (tmp_path / "typo").mkdir()
+    assert run_cli("build", ckpt, "-o", tmp_path / "typo" / "engine").returncode == 0  # the leaf is created

@@ -74,6 +74,7 @@ def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
         {"prompt": "stop here", "stop": ["e"], "temperature": 0.0},
     ]
     src, dst = tmp_path / "in.jsonl", tmp_path / "out" / "results.jsonl"
+    dst.parent.mkdir()  # its directory must exist (test_cli_errors.py)
     src.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     args = ["run", text_engine, "--input", src, "--output", dst, "--max-tokens", 8, "--temperature", 0]
     code, _, err = cli(monkeypatch, capsys, *args)

@@ -9,12 +9,12 @@ import click
 
 from ..config import Backend, BuildConfig, PerplexityGate, RuntimeConfig, TensorRTConfig, TorchConfig
 from ..configio import from_dict
-from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import OutputPath, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
 @click.argument("ckpt_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="engine directory")
+@click.option("-o", "--output", "output", type=OutputPath(directory=True), required=True, help="engine directory")
 @dataclass_options(BuildConfig)
 @dataclass_options(TensorRTConfig)
 @dataclass_options(TorchConfig)

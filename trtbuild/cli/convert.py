@@ -8,12 +8,12 @@ import click
 
 from ..config import DType
 from ..errors import ConfigError
-from .options import explicit_options, load_recipe_option, recipe_option
+from .options import OutputPath, explicit_options, load_recipe_option, recipe_option
 
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=Path), required=False)
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="checkpoint directory")
+@click.option("-o", "--output", "output", type=OutputPath(directory=True), required=True, help="checkpoint directory")
 @click.option(
     "--dtype",
     type=click.Choice([d.value for d in DType]),

@@ -19,9 +19,35 @@ import click
 from click.core import ParameterSource
 
 from ..configio import from_dict, to_dict
+from ..errors import TrtbuildError
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
+
+
+class OutputPath(click.ParamType):
+    """An output file or directory of a command (``-o``, ``--output``): its parent directory must already exist.
+
+    The command creates the output itself (a file, or a checkpoint / engine / artifacts directory) but never a
+    missing chain of directories above it, as ``cp`` and ``mkdir`` (without ``-p``) do not: a mistyped path is an
+    error, not a new directory tree. A file output must not be an existing directory.
+    """
+
+    name = "path"
+
+    def __init__(self, *, directory: bool) -> None:
+        self.directory = directory
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Path:
+        path = Path(value)
+        flag = max(param.opts, key=len) if param is not None else "output"
+        parent = path.absolute().parent
+        if not parent.is_dir():
+            what = "is not a directory" if parent.exists() else "does not exist"
+            raise TrtbuildError(f"{flag} {path}: the directory {parent} {what} (create it first)")
+        if not self.directory and path.is_dir():
+            raise TrtbuildError(f"{flag} {path}: a directory (expected a file name)")
+        return path
 
 
 def dataclass_options(cls: type, *, exclude: Iterable[str] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

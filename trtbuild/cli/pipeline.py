@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from .options import OutputPath
+
 
 @click.command()
 @click.argument("recipes", nargs=-1, required=True, type=click.Path(path_type=Path))
@@ -14,7 +16,7 @@ import click
     "-o",
     "--output",
     "output",
-    type=click.Path(path_type=Path),
+    type=OutputPath(directory=True),
     required=True,
     help="artifacts directory (reused between runs: unchanged stages are cached)",
 )

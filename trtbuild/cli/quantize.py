@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from ..config import QFormat, QuantConfig
-from .options import config_with_defaults, dataclass_options, load_recipe_option, recipe_option
+from .options import OutputPath, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="checkpoint directory")
+@click.option("-o", "--output", "output", type=OutputPath(directory=True), required=True, help="checkpoint directory")
 @click.option(
     "--qformat",
     "qformat",

@@ -24,6 +24,7 @@ from ..artifacts.atomic import write_file_atomic
 from ..errors import ConfigError, RequestError, TrtbuildError
 from ..progress import Progress
 from .jsonl import STDIN, InputLine, locate_error, make_params, read_jsonl, read_text, result_record, results_text
+from .options import OutputPath
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
@@ -149,9 +150,9 @@ def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options
 @click.option(
     "--output",
     "output_path",
-    type=click.Path(path_type=Path),
+    type=OutputPath(directory=False),
     default=None,
-    help="results, JSON lines (one per prompt)",
+    help="results, JSON lines (one per prompt); its directory must exist",
 )
 @click.option("--overwrite", is_flag=True, help="replace an existing --output file")
 @click.option("--chat", is_flag=True, help="wrap text prompts as a user message and apply the chat template")
