@@ -16,6 +16,7 @@ import click
 from ..errors import TrtbuildError
 from .bench import bench
 from .build import build
+from .chat import chat
 from .convert import convert
 from .eval import eval_command
 from .inspect import inspect
@@ -37,6 +38,7 @@ cli.add_command(quantize)
 cli.add_command(build)
 cli.add_command(eval_command)
 cli.add_command(run)
+cli.add_command(chat)
 cli.add_command(bench)
 cli.add_command(serve)
 cli.add_command(pipeline)
