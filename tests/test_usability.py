@@ -287,3 +287,32 @@ def test_engine_files_are_checked_on_load(monkeypatch, capsys, engine, tmp_path)
         LLM(copy)
     code, _, err = cli(monkeypatch, capsys, *bench)
     assert_one_error_line(code, err, "the engine changed after it was built")
+
+
+# ------------------------------------------------------------------- issue 39, item 8: an engine without a manifest
+
+
+def test_engine_without_manifest_is_refused_everywhere(monkeypatch, capsys, text_engine, tmp_path):
+    """LLM, run, bench, serve and eval refuse an engine directory without manifest.json (a build writes it last:
+    without it the files cannot be trusted) with one line; a build's accuracy gate still evaluates its own engine
+    before the manifest exists (tests/test_eval.py)."""
+    copy = tmp_path / "engine"
+    shutil.copytree(text_engine, copy)
+    (copy / "manifest.json").unlink()
+    needle = f"{copy}: no manifest.json, so not a finished engine (an interrupted build, or a copy without it)"
+    with pytest.raises(EngineError) as e:
+        LLM(copy)
+    assert str(e.value).startswith(needle)
+    commands = [
+        ["run", copy, "--prompt", "x"],
+        ["bench", copy, "--num-requests", 1, "--input-len", 2, "--output-len", 1],
+        ["eval", copy, "--windows", 1, "--seq-len", 8],
+    ]
+    for args in commands:
+        code, _, err = cli(monkeypatch, capsys, *args)
+        assert_one_error_line(code, err, needle)
+    code, _, err = cli(monkeypatch, capsys, "inspect", copy)
+    assert_one_error_line(code, err, f"{copy}: an engine directory without manifest.json, so not a finished engine")
+    proc = subprocess.run([sys.executable, "-m", "trtbuild.cli", "serve", str(copy), "--port", "0"],
+                          capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
+    assert_one_error_line(proc.returncode, proc.stderr, needle)

@@ -48,10 +48,16 @@ def eval_windows(engine_dir: Path, cfg: EvalConfig, cache_dir: Path | None = Non
 
 
 def evaluate_engine(
-    engine_dir: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, progress: bool = False
+    engine_dir: Path,
+    cfg: EvalConfig,
+    *,
+    cache_dir: Path | None = None,
+    progress: bool = False,
+    unfinished: bool = False,
 ) -> EvalResult:
     """Perplexity of a built engine of any backend, opened with ``open_session`` with just the KV cache one window
-    needs (``progress``: a bar of windows on stderr when it is a terminal)."""
+    needs (``progress``: a bar of windows on stderr when it is a terminal; ``unfinished``: the engine a build is
+    still writing, before its manifest, see ``open_session``)."""
     from .progress import progress as progress_bar
     from .runtime.batch import StepBatch
     from .runtime.kv_cache import bytes_per_block
@@ -69,7 +75,8 @@ def evaluate_engine(
     windows = eval_windows(engine_dir, cfg, cache_dir)
     block = rc.build.kv_block_size
     blocks = list(range(1, math.ceil(cfg.seq_len / block) + 1))  # block 0 is the null block
-    session = open_session(engine_dir, kv_cache_memory=(len(blocks) + 1) * bytes_per_block(rc.model, block))
+    memory = (len(blocks) + 1) * bytes_per_block(rc.model, block)
+    session = open_session(engine_dir, kv_cache_memory=memory, unfinished=unfinished)
     total = 0.0
     shown = None if progress else False
     for ids in progress_bar(windows, len(windows), "evaluating", "window", enabled=shown):
@@ -101,9 +108,10 @@ class GateResult:
 
 
 def check_gate(engine_dir: Path, gate: PerplexityGate) -> GateResult:
-    """Evaluate ``engine_dir`` and the reference engine; raise ``BuildError`` when perplexity rose too far."""
+    """Evaluate ``engine_dir`` (a build's, before its manifest is written) and the reference engine; raise
+    ``BuildError`` when perplexity rose too far."""
     ref = evaluate_engine(gate.ref_engine, gate.eval)
-    new = evaluate_engine(engine_dir, gate.eval)
+    new = evaluate_engine(engine_dir, gate.eval, unfinished=True)
     increase = 100.0 * (new.perplexity / ref.perplexity - 1.0)
     result = GateResult(new.perplexity, ref.perplexity, increase, gate.max_ppl_increase)
     if increase > gate.max_ppl_increase:

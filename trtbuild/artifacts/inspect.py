@@ -29,6 +29,9 @@ def inspect_path(path: Path) -> dict[str, Any]:
         return _inspect_engine(path)
     if (path / "config.json").is_file() and (path / WEIGHTS_FILE).is_file():
         return _inspect_checkpoint(path)
+    if (path / "runtime_config.json").is_file():
+        raise TrtbuildError(f"{path}: an engine directory without {MANIFEST}, so not a finished engine (an "
+                            "interrupted build, or a copy without it)")  # fmt: skip
     raise TrtbuildError(f"{path}: neither a checkpoint (config.json + {WEIGHTS_FILE}) nor an engine (manifest.json)")
 
 

@@ -83,18 +83,22 @@ def check_files(
 
 
 def check_engine_files(engine_dir: Path, *, hashes: bool = False) -> None:
-    """What loading an engine checks (``open_session``): every file the manifest lists is there with its recorded
-    size; with ``hashes`` (``--verify``), also its sha256 and the manifest's own digest. Raises ``EngineError``.
+    """What loading an engine checks (``open_session``): ``manifest.json`` is there, and every file it lists with
+    its recorded size; with ``hashes`` (``--verify``), also its sha256 and the manifest's own digest. Raises
+    ``EngineError``.
 
-    An engine directory without ``manifest.json`` (assembled by hand) loads unchecked unless ``hashes`` is asked.
+    A build writes ``manifest.json`` last, inside the temporary directory that becomes the engine, so every finished
+    engine has one: a directory without it is the leftover of an interrupted build, or a copy that lost it, and its
+    files cannot be trusted to be whole. It is refused rather than loaded unchecked.
     """
     from ..errors import EngineError
 
     report = Report(engine_dir)
     if not (engine_dir / MANIFEST).is_file():
-        if hashes:
-            raise EngineError(f"{engine_dir}: no {MANIFEST} to verify the engine's files against")
-        return
+        raise EngineError(
+            f"{engine_dir}: no {MANIFEST}, so not a finished engine (an interrupted build, or a copy without it); "
+            "rebuild it with `trtbuild build`"
+        )
     manifest = _read_manifest(engine_dir, report)
     if manifest is not None:
         for rel, meta in sorted(manifest["files"].items()):

@@ -21,12 +21,15 @@ def open_session(
     num_threads: int | None = None,
     verify: bool = False,
     profile_kernels: bool = False,
+    unfinished: bool = False,
 ) -> EngineSession:
     """The session for the backend ``engine_dir`` was built with (``trtbuild.backends.BACKENDS``; lazy imports).
 
-    Every file the manifest lists must have its recorded size; ``verify`` also checks their sha256 (slower: it
-    reads every byte) so that a file changed in place is refused rather than run. ``profile_kernels``: onnxruntime
-    sessions run its profiler (``OrtSession.kernel_times``); others ignore it.
+    ``manifest.json`` must be there and every file it lists must have its recorded size; ``verify`` also checks
+    their sha256 (slower: it reads every byte) so that a file changed in place is refused rather than run.
+    ``unfinished``: the engine a build is still writing (its accuracy gate runs before the manifest exists), opened
+    without those checks. ``profile_kernels``: onnxruntime sessions run its profiler (``OrtSession.kernel_times``);
+    others ignore it.
     """
     from ..artifacts.verify import check_engine_files
     from ..errors import EngineError
@@ -38,7 +41,8 @@ def open_session(
         config = RuntimeConfig.load(engine_dir)
     except Exception as e:
         raise EngineError(f"{engine_dir}: corrupt runtime_config.json ({e})") from None
-    check_engine_files(engine_dir, hashes=verify)
+    if not unfinished:
+        check_engine_files(engine_dir, hashes=verify)
     from ..backends import backend_entry
 
     entry = backend_entry(config.build.backend)
