@@ -42,7 +42,7 @@ def smollm2(tmp_path_factory):
 
     gguf = smollm2_gguf_path()
     root = tmp_path_factory.mktemp("smollm2")
-    convert(gguf, root / "ckpt", DType.FLOAT32)
+    convert(gguf, root / "ckpt", DType.FLOAT32, dequantize=True)
     build_engine(root / "ckpt", root / "engine", BuildConfig(max_seq_len=2048))
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"

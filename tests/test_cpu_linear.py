@@ -201,3 +201,29 @@ def test_this_machine_runs_a_simd_loop():
         LinearSimd.AVX2: ["vpmaddubsw"],
     }
     assert all(instruction in dis for instruction in loops[simd])
+
+
+OFFSET_CASES = [  # rows, in, out: GGUF Q4_1's form, int4 g32 with unsigned codes and a float offset per group
+    (1, 576, 960),
+    (3, 1536, 33),
+    (70, 576, 100),
+]
+
+
+@pytest.mark.parametrize("rows, k, n", OFFSET_CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qlinear_with_offsets_matches_reference_bit_for_bit(rows, k, n, threads):
+    """Unsigned codes (zero point 0) and offsets (the fourth input): ``w = u * scale + offset`` per group of 32."""
+    x, _, scale = _case(rows, k, n, 4, 32)
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 16, (k, n)).astype(np.int8)
+    offset = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float32)
+    model = _model(k, n, 4, 32, 32, codes - 8, scale)  # packed as c = u - 8: the stored nibbles are u
+    model.graph.node[0].input.append("lin.offsets")
+    model.graph.initializer.append(numpy_helper.from_array(pad_scales(offset), "lin.offsets"))
+    y = _session(model, threads).run(None, {"x": x})[0]
+    ref = qlinear_reference(x, codes, scale, bits=4, group=32, block=32, offset=offset)
+    np.testing.assert_array_equal(y, ref)
+    w = codes.astype(np.float32) * np.repeat(scale, 32, axis=0) + np.repeat(offset, 32, axis=0)
+    exact = x @ w
+    assert np.abs(ref - exact).max() < 0.05 * np.abs(exact).max()

@@ -32,7 +32,7 @@ def smollm2_float(tmp_path_factory):
     from trtbuild.demo import smollm2_gguf_path
 
     root = tmp_path_factory.mktemp("smollm2-quant")
-    convert(smollm2_gguf_path(), root / "ckpt", DType.FLOAT32)
+    convert(smollm2_gguf_path(), root / "ckpt", DType.FLOAT32, dequantize=True)
     build_engine(root / "ckpt", root / "fp32", BUILD)
     return root / "ckpt", root / "fp32", evaluate(root / "fp32", EVAL).perplexity
 

@@ -43,7 +43,7 @@ def main() -> None:
     gguf = smollm2_gguf_path()
     ckpt, engine = args.out / "smollm2-ckpt", args.out / "smollm2-engine"
     t = time.perf_counter()
-    res = convert(gguf, ckpt, DType.FLOAT32, overwrite=True)
+    res = convert(gguf, ckpt, DType.FLOAT32, dequantize=True, overwrite=True)
     print(f"[convert] {gguf.name} -> {ckpt}: {res.num_tensors} tensors in {time.perf_counter() - t:.1f}s")
     t = time.perf_counter()
     built = build_engine(ckpt, engine, BuildConfig(), overwrite=True)

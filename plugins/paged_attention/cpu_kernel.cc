@@ -1059,9 +1059,11 @@ const OrtCustomOp kRescaleRows = {
 #include "cpu_linear.inc"
 #include "cpu_swiglu.inc"
 
+size_t four(const OrtCustomOp*) { return 4; }
+int linear_input_characteristic(const OrtCustomOp*, size_t i) { return i == 3 ? kOptional : kRequired; }
 const OrtCustomOp kQLinear = {
-    kCustomOpVersion, create_linear, linear_name, op_provider, linear_input, three, output_type, one,
-    compute_linear, destroy_linear, required, required, input_memory_type, {nullptr},
+    kCustomOpVersion, create_linear, linear_name, op_provider, linear_input, four, output_type, one,
+    compute_linear, destroy_linear, linear_input_characteristic, required, input_memory_type, {nullptr},
 };
 const OrtCustomOp kSwiGLU = {
     kCustomOpVersion, create_stateless, swiglu_name, op_provider, quantize_rows_input, one, output_type, one,

@@ -17,16 +17,27 @@ from .options import OutputPath, explicit_options, load_recipe_option, recipe_op
 @click.option(
     "--dtype",
     type=click.Choice([d.value for d in DType]),
-    default=DType.FLOAT32.value,
-    show_default=True,
-    help="storage dtype of the weights",
+    default=None,
+    help="storage dtype of the float weights [default: the source's: a Hugging Face config's dtype / torch_dtype, "
+    "float32 for GGUF files]",
+)
+@click.option(
+    "--dequantize",
+    is_flag=True,
+    help="GGUF files: dequantize every tensor to float (by default Q8_0 / Q4_0 / Q4_1 tensors stay quantized: a "
+    "quantized checkpoint, and an engine of the same size class as the file)",
 )
 @recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
-def convert(src: Path | None, output: Path, dtype: str, recipe: Path | None, overwrite: bool) -> None:
+def convert(
+    src: Path | None, output: Path, dtype: str | None, dequantize: bool, recipe: Path | None, overwrite: bool
+) -> None:
     """Convert a Hugging Face folder or a .gguf file into a trtbuild checkpoint.
 
-    With --recipe, SRC and --dtype default to the recipe's model source and dtype.
+    A GGUF file's Q8_0, Q4_0 and Q4_1 tensors are kept as they are (int8 and int4 with scales, and Q4_1's mins,
+    per block of 32): the checkpoint builds into a quantized engine whose weights equal llama.cpp's. Tensors of
+    other quantized types (K-quants, ...) are dequantized, and one line names them. With --recipe, SRC and --dtype
+    default to the recipe's model source and dtype.
     """
     from ..convert.convert import convert as run_convert
 
@@ -37,9 +48,14 @@ def convert(src: Path | None, output: Path, dtype: str, recipe: Path | None, ove
             dtype = spec.model.dtype.value
     if src is None:
         raise ConfigError("missing SRC: give a Hugging Face folder or .gguf file (or --recipe FILE)")
-    result = run_convert(src, output, DType(dtype), overwrite=overwrite)
+    result = run_convert(src, output, DType(dtype) if dtype else None, dequantize=dequantize, overwrite=overwrite)
     cfg = result.config
+    line = result.dequantized_line()
+    if line is not None:
+        click.echo(line)
+    q = cfg.quantization
+    kept = f", {q.qformat.value} g{q.group_size}" if q is not None else ""
     click.echo(
         f"converted {cfg.architecture} ({cfg.num_layers} layers, {result.num_tensors} tensors, "
-        f"{cfg.dtype.value}) -> {output} in {result.seconds:.1f}s"
+        f"{cfg.dtype.value}{kept}) -> {output} in {result.seconds:.1f}s"
     )

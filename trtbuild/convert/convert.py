@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from ..artifacts.atomic import atomic_output_dir
-from ..config import DType, ModelConfig
+from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import model_config_from_hf
 from .layout import expected_tensors
-from .readers import GGUFReader, HFReader, open_source
+from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16}
@@ -40,6 +42,20 @@ class ConvertResult:
     config: ModelConfig
     num_tensors: int
     seconds: float
+    # GGUF tensors of a quantized type that no trtbuild format holds, dequantized to float: GGUF type -> names
+    dequantized: dict[str, list[str]] = field(default_factory=dict)
+
+    def dequantized_line(self) -> str | None:
+        """One line naming the dequantized tensors by type (None when there are none)."""
+        if not self.dequantized:
+            return None
+        parts = [f"{len(names)} {kind} ({_names(names)})" for kind, names in sorted(self.dequantized.items())]
+        return f"dequantized to {self.config.dtype.value} (no trtbuild format keeps them): " + "; ".join(parts)
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    more = f", ... {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
@@ -57,13 +73,30 @@ def _fusion_of(part: str) -> tuple[str, tuple[str, ...]] | None:
     return None
 
 
-def convert(src: Path, out: Path, dtype: DType = DType.FLOAT32, *, overwrite: bool = False) -> ConvertResult:
-    """Convert ``src`` into a checkpoint at ``out`` (written atomically)."""
+def source_dtype(reader: HFReader | GGUFReader) -> DType:
+    """The dtype a checkpoint of ``reader`` keeps by default: a Hugging Face config's ``dtype`` (``torch_dtype``
+    before transformers 5) when it is one of ``DType``, else float32 (GGUF files: their float tensors are mostly
+    F32, and dequantized ones are float32)."""
+    if isinstance(reader, GGUFReader):
+        return DType.FLOAT32
+    value = reader.hf_config.get("dtype", reader.hf_config.get("torch_dtype"))
+    return DType(value) if value in {d.value for d in DType} else DType.FLOAT32
+
+
+def convert(
+    src: Path, out: Path, dtype: DType | None = None, *, dequantize: bool = False, overwrite: bool = False
+) -> ConvertResult:
+    """Convert ``src`` into a checkpoint at ``out`` (written atomically), float tensors in ``dtype`` (default: the
+    source's, ``source_dtype``). A GGUF file's Q8_0 / Q4_0 / Q4_1 tensors stay quantized (a quantized checkpoint,
+    ``quantize.layout``) unless ``dequantize``; other quantized types are dequantized
+    (``ConvertResult.dequantized``)."""
     start = time.perf_counter()
     reader = open_source(src)
     try:
-        cfg = model_config_from_hf(reader.hf_config, dtype)
-        tensors = _convert_tensors(reader, cfg)
+        cfg = model_config_from_hf(reader.hf_config, dtype or source_dtype(reader))
+        dequantized: dict[str, list[str]] = {}
+        tensors = _convert_tensors(reader, cfg, keep_blocks=not dequantize, dequantized=dequantized)
+        cfg, tensors = _blocks_as_checkpoint(cfg, tensors, dequantized)
         with atomic_output_dir(out, overwrite=overwrite) as tmp:
             from safetensors.torch import save_file
 
@@ -73,14 +106,30 @@ def convert(src: Path, out: Path, dtype: DType = DType.FLOAT32, *, overwrite: bo
             _write_tokenizer(reader, tmp)
     finally:
         reader.close()
-    return ConvertResult(cfg, len(tensors), time.perf_counter() - start)
+    return ConvertResult(cfg, len(tensors), time.perf_counter() - start, dequantized)
 
 
-def _convert_tensors(reader: HFReader | GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+Tensor = torch.Tensor | BlockTensor
+
+
+def _convert_tensors(
+    reader: HFReader | GGUFReader, cfg: ModelConfig, *, keep_blocks: bool, dequantized: dict[str, list[str]]
+) -> dict[str, Tensor]:
+    """Canonical name -> tensor (float in ``cfg.dtype``, or a GGUF ``BlockTensor`` where ``keep_blocks``); GGUF
+    tensors of a quantized type not kept are recorded in ``dequantized`` (type -> source names)."""
     expected = expected_tensors(cfg)
     target_dtype = TORCH_DTYPES[cfg.dtype]
-    out: dict[str, torch.Tensor] = {}
-    pending: dict[str, torch.Tensor] = {}
+    out: dict[str, Tensor] = {}
+    pending: dict[str, Tensor] = {}
+    source_of: dict[str, str] = {}  # canonical part -> source name (for the dequantized line)
+
+    def to_float(part: str, t: Tensor) -> torch.Tensor:
+        if isinstance(t, BlockTensor):  # kept from the file, but its partners were not: dequantized after all
+            assert isinstance(reader, GGUFReader)
+            dequantized.setdefault(reader.type_name(source_of[part]), []).append(source_of[part])
+            t = t.dequantize()
+        return t.to(target_dtype).contiguous()
+
     for name in reader.names():
         match = match_source_name(name, reader.format)
         if match is None:
@@ -89,14 +138,17 @@ def _convert_tensors(reader: HFReader | GGUFReader, cfg: ModelConfig) -> dict[st
             raise ConvertError(f"source tensor {name} is not consumed by any rule for {cfg.architecture}")
         if match.part == "lm_head.weight" and cfg.tie_word_embeddings:
             continue  # a tied head stored anyway: the embedding is the head
-        t = reader.get(name)
+        source_of[match.part] = name
+        t = _read(reader, name, match.part, keep_blocks, dequantized)
         if match.transform is Transform.TRANSPOSE:
+            assert isinstance(t, torch.Tensor)  # GPT-2's Conv1D: Hugging Face only
             t = t.t()
         elif match.transform is Transform.UNPERMUTE_Q:
-            t = _unpermute(t, cfg.num_heads)
+            t = _rows(t, lambda r: _unpermute(r, cfg.num_heads))
         elif match.transform is Transform.UNPERMUTE_K:
-            t = _unpermute(t, cfg.num_kv_heads)
-        t = t.to(target_dtype).contiguous()
+            t = _rows(t, lambda r: _unpermute(r, cfg.num_kv_heads))
+        if isinstance(t, torch.Tensor):
+            t = t.to(target_dtype).contiguous()
         fusion = _fusion_of(match.part)
         if fusion is None or fusion[0] not in expected:  # e.g. GPT-2's un-gated "up" is not fused
             if match.part in out:
@@ -106,7 +158,12 @@ def _convert_tensors(reader: HFReader | GGUFReader, cfg: ModelConfig) -> dict[st
         target, pieces = fusion
         pending[match.part] = t
         if all(p in pending for p in pieces):
-            out[target] = torch.cat([pending.pop(p) for p in pieces], dim=0)
+            parts = {p: pending.pop(p) for p in pieces}
+            blocks = [t for t in parts.values() if isinstance(t, BlockTensor)]
+            if len(blocks) == len(pieces) and len({b.qformat for b in blocks}) == 1:
+                out[target] = BlockTensor.cat(blocks)
+            else:  # a fused tensor has one format: parts of several become float
+                out[target] = torch.cat([to_float(p, t) for p, t in parts.items()], dim=0)
     if pending:
         raise ConvertError(f"incomplete fused tensor: {sorted(pending)[0]} has no partner parts in the source")
     unknown = sorted(set(out) - set(expected))
@@ -116,9 +173,75 @@ def _convert_tensors(reader: HFReader | GGUFReader, cfg: ModelConfig) -> dict[st
     if missing:
         raise ConvertError(f"missing tensor {missing[0]} for {cfg.architecture}")
     for name, shape in expected.items():
-        if tuple(out[name].shape) != shape:
-            raise ConvertError(f"tensor {name} has shape {tuple(out[name].shape)}, config implies {shape}")
+        got = out[name].codes.shape if isinstance(out[name], BlockTensor) else out[name].shape
+        if tuple(got) != shape:
+            raise ConvertError(f"tensor {name} has shape {tuple(got)}, config implies {shape}")
+    if isinstance(out.get("embed.weight"), BlockTensor) and out["embed.weight"].qformat is not QFormat.INT8_GROUP_WO:
+        out["embed.weight"] = to_float("embed.weight", out["embed.weight"])  # only int8 rows are gathered quantized
     return out
+
+
+def _read(
+    reader: HFReader | GGUFReader, name: str, part: str, keep_blocks: bool, dequantized: dict[str, list[str]]
+) -> Tensor:
+    if not isinstance(reader, GGUFReader):
+        return reader.get(name)
+    block = reader.get_block(name) if keep_blocks and part.endswith(".weight") else None
+    if block is not None:
+        return block
+    kind = reader.type_name(name)
+    if keep_blocks and kind not in FLOAT_GGUF_TYPES:
+        dequantized.setdefault(kind, []).append(name)
+    return reader.get(name)
+
+
+FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
+
+
+def _rows(t: Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> Tensor:  # fn: a permutation of rows
+    return t.map_rows(fn) if isinstance(t, BlockTensor) else fn(t)
+
+
+def _blocks_as_checkpoint(
+    cfg: ModelConfig, tensors: dict[str, Tensor], dequantized: dict[str, list[str]]
+) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The checkpoint config and tensors of ``tensors``: a float checkpoint when no ``BlockTensor`` is among them,
+    else a quantized one whose ``QuantConfig`` says which linear has which block format (``quantize.layout``)."""
+    from ..quantize.formats import FORMATS, Numeric
+    from ..quantize.hf_model import canonical_linears
+    from ..quantize.int4 import pack_int4
+    from ..quantize.layout import expected_quantized_tensors
+
+    formats = {n.removesuffix(".weight"): t.qformat for n, t in tensors.items() if isinstance(t, BlockTensor)}
+    if not formats:
+        return cfg, tensors  # type: ignore[return-value]  (all float)
+    linears = [n for n in canonical_linears(cfg) if n != "lm_head"]
+    counts = Counter(formats[n] for n in linears if n in formats)
+    qformat = counts.most_common(1)[0][0] if counts else next(iter(formats.values()))
+    tied_to_embed = cfg.tie_word_embeddings and "embed" in formats
+    kept_in_float = [n for n in canonical_linears(cfg) if n not in formats and not (n == "lm_head" and tied_to_embed)]
+    qcfg = QuantConfig(
+        qformat,
+        group_size=GGUF_BLOCK,
+        exclude=kept_in_float,
+        tensor_formats={n: f for n, f in formats.items() if n in ("embed", "lm_head") or f is not qformat},
+    )
+    cfg = replace(cfg, quantization=qcfg)
+    out: dict[str, torch.Tensor] = {}
+    for name, t in tensors.items():
+        if not isinstance(t, BlockTensor):
+            out[name] = t
+            continue
+        prefix = name.removesuffix(".weight")
+        int4 = FORMATS[t.qformat].weights is Numeric.INT4
+        out[name] = pack_int4(t.codes).contiguous() if int4 else t.codes.contiguous()
+        out[prefix + ".weight_scale"] = t.scale.contiguous()
+        if t.offset is not None:
+            out[prefix + ".weight_offset"] = t.offset.contiguous()
+    expected = expected_quantized_tensors(cfg)
+    if set(expected) != set(out):  # the layout module and this function disagree: a bug, not a user error
+        raise AssertionError(sorted(set(expected) ^ set(out)))
+    return cfg, out
 
 
 def _with_generation_eos(cfg: ModelConfig, reader: HFReader | GGUFReader) -> ModelConfig:
@@ -128,8 +251,6 @@ def _with_generation_eos(cfg: ModelConfig, reader: HFReader | GGUFReader) -> Mod
     eos = json.loads((reader.folder / "generation_config.json").read_text()).get("eos_token_id")
     extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
     merged = list(dict.fromkeys([*cfg.eos_token_ids, *(int(e) for e in extra)]))
-    from dataclasses import replace
-
     return replace(cfg, eos_token_ids=merged)
 
 
@@ -139,5 +260,10 @@ def _write_tokenizer(reader: HFReader | GGUFReader, out: Path) -> None:
         return
     from transformers import AutoTokenizer  # GGUF: transformers rebuilds tokenizer.json from the metadata
 
-    tok = AutoTokenizer.from_pretrained(str(reader.path.parent), gguf_file=reader.path.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(reader.path.parent), gguf_file=reader.path.name)
+    except Exception as e:  # transformers raises KeyError / ValueError / its own errors on metadata it cannot read
+        raise ConvertError(
+            f"{reader.path}: transformers cannot rebuild its tokenizer ({type(e).__name__}: {e})"
+        ) from None
     tok.save_pretrained(str(out))

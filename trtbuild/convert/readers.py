@@ -7,14 +7,16 @@ A reader exposes the source's Hugging Face-style config dict, its tensor names a
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..config import QFormat
 from ..errors import ConvertError
 from .tensor_names import SourceFormat
 
@@ -82,8 +84,72 @@ _GGUF_LLAMA_KEYS = {
 _GGUF_ARCHS = {"llama": ("LlamaForCausalLM", _GGUF_LLAMA_KEYS)}
 
 
+GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1
+
+
+@dataclass(frozen=True)
+class BlockTensor:
+    """A GGUF tensor kept in its llama.cpp block format, ``[rows, cols]`` in GGUF's row order (``GGUF_BLOCK``
+    in-features per block): ``w = codes * scale (+ offset)`` per block, as ``gguf.quants.dequantize`` computes it.
+
+    ``codes`` (int8): Q8_0's int8; Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's ``q``
+    (0..15). ``scale`` and ``offset`` (Q4_1's min, else None) are float16 ``[rows, cols / 32]``, GGUF's own values.
+    """
+
+    qformat: QFormat
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor | None
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> BlockTensor:
+        """The same tensor with ``fn`` (a permutation of rows, say) applied to the rows of every part."""
+        offset = None if self.offset is None else fn(self.offset)
+        return BlockTensor(self.qformat, fn(self.codes), fn(self.scale), offset)
+
+    @staticmethod
+    def cat(parts: list[BlockTensor]) -> BlockTensor:
+        """Rows of ``parts`` (all of one format) one after another."""
+        offsets = [p.offset for p in parts]
+        offset = None if offsets[0] is None else torch.cat(offsets)  # type: ignore[arg-type]
+        cat = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
+        return BlockTensor(parts[0].qformat, *cat, offset)
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 ``[rows, cols]``: ``codes * scale + offset`` per block, in gguf-py's float32 order."""
+        rows, cols = self.codes.shape
+        w = self.codes.reshape(rows, -1, GGUF_BLOCK).float() * self.scale.float()[..., None]
+        if self.offset is not None:
+            w = w + self.offset.float()[..., None]
+        return w.reshape(rows, cols)
+
+
+def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
+    """Split GGUF blocks (``data`` uint8 ``[rows, bytes per row]``) into codes, scales and offsets."""
+    import gguf
+
+    rows = data.shape[0]
+    blocks = data.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])
+    scale = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
+        return BlockTensor(QFormat.INT8_GROUP_WO, _torch(codes.reshape(rows, -1)), _torch(scale), None)
+    offset = None
+    if qtype == gguf.GGMLQuantizationType.Q4_1:
+        offset = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
+    packed = blocks[..., -GGUF_BLOCK // 2 :]  # element j: the low nibble of byte j, element j + 16 its high one
+    q = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8).reshape(rows, -1)
+    if offset is None:  # Q4_0: w = d * (q - 8)
+        return BlockTensor(QFormat.INT4_WO, _torch(q - 8), _torch(scale), None)
+    return BlockTensor(QFormat.INT4_MIN_WO, _torch(q), _torch(scale), _torch(offset))
+
+
+def _torch(a: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(a))  # a writable copy, off the memory map
+
+
 class GGUFReader:
-    """A llama.cpp GGUF file; quantized tensors are dequantized to float32 (as transformers does)."""
+    """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
+    keeps a Q8_0 / Q4_0 / Q4_1 one in its block format (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -122,6 +188,20 @@ class GGUFReader:
         data = gguf.quants.dequantize(t.data, t.tensor_type)
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims fastest-first
         return torch.from_numpy(np.array(data, dtype=np.float32).reshape(shape))  # a writable copy
+
+    def type_name(self, name: str) -> str:
+        """The GGUF type of tensor ``name`` (``Q4_1``, ``F32``, ...)."""
+        return self._tensors[name].tensor_type.name
+
+    def get_block(self, name: str) -> BlockTensor | None:
+        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q4_0 / Q4_1 tensor."""
+        import gguf
+
+        t = self._tensors[name]
+        kept = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+        if t.tensor_type not in kept or len(t.shape) != 2:
+            return None
+        return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
 
     def close(self) -> None:
         pass

@@ -40,7 +40,15 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     cache_shape = ["num_blocks", "block_size", hkv, d]
     cache_type = KV_CACHE_ELEM_TYPES[cfg.kv_cache_dtype]
 
-    x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
+    if "embed.weight_scale" in weights:  # int8 rows with a scale per group (GGUF Q8_0): gathered, then dequantized
+        assert cfg.quantization is not None
+        rows = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
+        scale = g.initializer("embed.weight_scale", np.asarray(weights["embed.weight_scale"], np.float32))
+        scales = g.op("Gather", [scale, ids], name="embed.scale")
+        group = cfg.quantization.group_size
+        x = g.op("DequantizeLinear", [rows, scales], name="embed.dq", axis=1, block_size=group)
+    else:
+        x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
     if cfg.position is PositionKind.LEARNED:
         pos = g.op("Gather", [g.initializer("pos_embed.weight", weights["pos_embed.weight"]), positions])
         x = g.op("Add", [x, pos], name="embed_add_pos")
@@ -81,7 +89,18 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
 
     x = g.op("Gather", [x, logits_idx], name="logits_rows")
     x = _norm(g, cfg, weights, x, "final_norm")
-    if cfg.tie_word_embeddings and "lm_head.weight_scale" not in weights:  # a quantized tied head has its own copy
+    if cfg.tie_word_embeddings and "embed.weight_scale" in weights:  # the quantized embedding is the head
+        assert cfg.quantization is not None
+        group = cfg.quantization.group_size
+        w = g.op(
+            "DequantizeLinear",
+            ["embed.weight", "embed.weight_scale"],
+            name="lm_head.weight_dq",
+            axis=1,
+            block_size=group,
+        )
+        logits = g.op("Gemm", [x, w], name="lm_head", transB=1)
+    elif cfg.tie_word_embeddings and "lm_head.weight_scale" not in weights:  # a quantized tied head has its own copy
         logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)
     else:
         logits = _linear(g, cfg, weights, x, "lm_head")

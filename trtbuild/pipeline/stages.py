@@ -83,7 +83,8 @@ def _convert(stage: Stage, ctx: StageContext) -> dict[str, Any]:
     from ..convert.convert import convert
 
     assert stage.source is not None
-    res = convert(stage.source, ctx.path(stage.id), DType(stage.options["dtype"]), overwrite=True)
+    # dequantize: a recipe quantizes (or builds float) from float weights, a GGUF source included
+    res = convert(stage.source, ctx.path(stage.id), DType(stage.options["dtype"]), dequantize=True, overwrite=True)
     return {"num_tensors": res.num_tensors}
 
 

@@ -227,6 +227,8 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
             zp = np.asarray(weights[prefix + ".weight_zero_point"]).T.astype(ml_dtypes.uint4)
             inputs.append(g.initializer(prefix + ".weight_zero_point", zp))
         wd = g.op("DequantizeLinear", inputs, name=prefix + ".weight_dq", axis=0, block_size=group_size)
+        if prefix + ".weight_offset" in weights:  # GGUF Q4_1: w = q * scale + offset, whole groups
+            wd = emit_weight_offset(g, wd, np.asarray(weights[prefix + ".weight_offset"]), group_size, prefix)
     else:
         st = g.initializer(prefix + ".weight_scale", scale)
         wd = g.op("DequantizeLinear", [wt, st], name=prefix + ".weight_dq", axis=1)
@@ -234,6 +236,16 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
     if prefix + ".bias" in weights:
         y = g.op("Add", [y, g.initializer(prefix + ".bias", weights[prefix + ".bias"])], name=prefix + ".bias_add")
     return y
+
+
+def emit_weight_offset(g: Any, wd: str, offset: np.ndarray, group: int, prefix: str) -> str:
+    """The dequantized weight ``wd`` ``[in, out]`` plus ``offset`` ``[out, in / group]`` over each group of ``group``
+    in-features (``Reshape -> Add -> Reshape``; ``backends/onnxruntime`` lowers the pattern onto one kernel)."""
+    out_f, groups = offset.shape
+    shaped = g.op("Reshape", [wd, g.const([groups, group, out_f])], name=prefix + ".weight_groups")
+    off = g.initializer(prefix + ".weight_offset", np.ascontiguousarray(offset.T.astype(np.float32)[:, None, :]))
+    shifted = g.op("Add", [shaped, off], name=prefix + ".weight_offset_add")
+    return g.op("Reshape", [shifted, g.const([groups * group, out_f])], name=prefix + ".weight_rows")
 
 
 def emit_dynamic_quantization(g: Any, x: str, numeric: Numeric, block: int, width: int, name: str) -> str:

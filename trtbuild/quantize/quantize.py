@@ -21,7 +21,7 @@ import numpy as np
 
 from ..artifacts.atomic import atomic_output_dir, scratch_dir
 from ..checkpoint import WEIGHTS_FILE, load_checkpoint
-from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
+from ..config import DType, KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import KV_NUM_BITS, calibrate, modelopt_reads_tokens
@@ -105,7 +105,7 @@ def _float_checkpoint(src: Path, out: Path) -> Iterator[Path]:
     from ..convert.convert import convert
 
     with scratch_dir(out) as tmp:
-        convert(src, tmp / "ckpt")
+        convert(src, tmp / "ckpt", DType.FLOAT32, dequantize=True)  # calibration starts from float weights
         yield tmp / "ckpt"
 
 

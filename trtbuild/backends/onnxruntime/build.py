@@ -30,6 +30,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     if gate is not None and req.check_gate is None:
         raise BuildError("a build request with an accuracy gate needs its check_gate (build_engine passes it)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
+    from .embedding import shared_int8_embedding
     from .huge_pages import ARENA_LAYOUT
     from .kernel_library import WEIGHT_OPS, library_path
     from .lowering import lower_for_onnxruntime
@@ -51,7 +52,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         lowered = lower_to_native(portable)
     else:
         lowered = lower_for_onnxruntime(portable, io)
-    engine = hand_activations_to_kernel(lowered)
+    engine = shared_int8_embedding(hand_activations_to_kernel(lowered))
     if build.cpu_linear is CpuLinear.NATIVE:
         engine = native_linears(engine)
         if not any((n.domain, n.op_type) in WEIGHT_OPS for n in engine.graph.node):  # a float model: nothing to run

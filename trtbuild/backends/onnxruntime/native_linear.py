@@ -10,8 +10,12 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
   activation Q/DQ to the kernel): activation blocks of ``weights.ACTIVATION_BLOCK``, as ``MatMulNBits`` ran them;
 - the same weight behind a per-token activation Q/DQ (``--activation-scales per_token``): one block per row, the
   exact integers and float order of ``QuantizeRows -> MatMulInteger -> RescaleRows`` (bit-identical output);
-- a symmetric int4 weight blocked along in-features (``int4_wo`` / ``int4_awq`` without zero points): activation
-  blocks of the weight's group, as ``MatMulNBits``' accuracy level 4 ran them.
+- a symmetric int4 weight blocked along in-features (``int4_wo`` / ``int4_awq`` without zero points, GGUF Q4_0):
+  activation blocks of the weight's group, as ``MatMulNBits``' accuracy level 4 ran them;
+- an int8 weight blocked along in-features (GGUF Q8_0, ``int8_group_wo``): activation blocks of the group;
+- GGUF Q4_1 (``int4_min_wo``): unsigned int4 codes blocked along in-features whose dequantized weight gets a float
+  offset per group (``formats.emit_weight_offset``: ``Reshape -> Add -> Reshape``): the codes as they are (zero
+  point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``cpu_linear.inc``).
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
 the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32 (docs/performance.md).
@@ -106,12 +110,23 @@ def pad_scales(scale: np.ndarray) -> np.ndarray:
 
 
 def qlinear_reference(
-    x: np.ndarray, codes: np.ndarray, scale: np.ndarray, *, bits: int, group: int, block: int
+    x: np.ndarray,
+    codes: np.ndarray,
+    scale: np.ndarray,
+    *,
+    bits: int,
+    group: int,
+    block: int,
+    offset: np.ndarray | None = None,
 ) -> np.ndarray:
     """``QLinear`` in numpy: float32 rows ``x [M, K]``, weight ``codes [K, N]`` and scales ``[N]`` (per channel)
     or ``[ceil(K / group), N]`` -> ``[M, N]`` float32, with the kernel's integers and float order (bits only
-    decides which codes are valid)."""
-    assert codes.min() >= -(1 << (bits - 1)) and codes.max() < (1 << (bits - 1))
+    decides which codes are valid). With ``offset`` ``[K / group, N]`` the codes are unsigned (0..2^bits - 1) and
+    ``w = codes * scale + offset``."""
+    if offset is None:
+        assert codes.min() >= -(1 << (bits - 1)) and codes.max() < (1 << (bits - 1))
+    else:
+        assert codes.min() >= 0 and codes.max() < (1 << bits)
     x = np.asarray(x, np.float32)
     k = x.shape[1]
     scale = np.atleast_2d(np.asarray(scale, np.float32))
@@ -126,14 +141,25 @@ def qlinear_reference(
         # after the first block the kernel's fused multiply-add: the float32 product is exact in float64
         first = b == 0
         acc = (d * factor).astype(np.float32) if first else (d.astype(np.float64) * factor + acc).astype(np.float32)
-    return acc if grouped else (acc * scale[0][None, :]).astype(np.float32)
+    y = acc if grouped else (acc * scale[0][None, :]).astype(np.float32)
+    if offset is not None:  # the offset term: the float group sums of x (in order), one fma per group
+        offset = np.asarray(offset, np.float32)
+        for g in range(offset.shape[0]):
+            sums = np.zeros(x.shape[0], np.float32)
+            for i in range(g * group, min(k, (g + 1) * group)):
+                sums = (sums + x[:, i]).astype(np.float32)
+            y = (sums[:, None].astype(np.float64) * offset[g][None, :] + y).astype(np.float32)
+    return y
 
 
-def qlinear_node(name: str, x: str, y: str, *, k: int, n: int, bits: int, group: int, block: int) -> onnx.NodeProto:
-    """The ``QLinear`` node of ``name`` (its packed weight and padded scales are ``{name}.packed`` / ``.scales``)."""
+def qlinear_node(
+    name: str, x: str, y: str, *, k: int, n: int, bits: int, group: int, block: int, offsets: bool = False
+) -> onnx.NodeProto:
+    """The ``QLinear`` node of ``name`` (its packed weight and padded scales are ``{name}.packed`` / ``.scales``,
+    its offsets, with ``offsets``, ``{name}.offsets``)."""
     return helper.make_node(
         QLINEAR_OP,
-        [x, name + ".packed", name + ".scales"],
+        [x, name + ".packed", name + ".scales", *([name + ".offsets"] if offsets else [])],
         [y],
         name=name,
         domain=NATIVE_DOMAIN,
@@ -149,9 +175,12 @@ def _attrs(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def _weight_form(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tuple[int, int, np.ndarray] | None:
+def _weight_form(
+    dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto], *, unsigned: bool = False
+) -> tuple[int, int, np.ndarray] | None:
     """(bits, group, scales) of a weight ``DequantizeLinear`` ``QLinear`` takes, else None: int8 per output
-    channel (``axis=1``, scales ``[N]``), or int4 blocked along in-features (``axis=0``), no zero points."""
+    channel (``axis=1``, scales ``[N]``), or int8 / int4 blocked along in-features (``axis=0``), no zero points;
+    ``unsigned``: uint4 codes (GGUF Q4_1, whose offsets follow the DequantizeLinear) instead of int4."""
     if dq.op_type != "DequantizeLinear" or len(dq.input) > 2:
         return None
     weight, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
@@ -160,13 +189,32 @@ def _weight_form(dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> tupl
     k, n = weight.dims
     attrs = _attrs(dq)
     per_channel = attrs.get("axis") == 1 and "block_size" not in attrs and list(scale.dims) == [n]
-    if weight.data_type == TensorProto.INT8 and per_channel:
+    if weight.data_type == TensorProto.INT8 and per_channel and not unsigned:
         return 8, k, numpy_helper.to_array(scale)
-    if weight.data_type == TensorProto.INT4 and attrs.get("axis") == 0:
-        group = attrs.get("block_size", 0)
-        if group % STEP[4] == 0 and list(scale.dims) == [-(-k // group), n]:
-            return 4, group, numpy_helper.to_array(scale)
+    int4 = TensorProto.UINT4 if unsigned else TensorProto.INT4
+    if weight.data_type in (int4, TensorProto.INT8) and attrs.get("axis") == 0:
+        bits, group = (
+            (8, attrs.get("block_size", 0)) if weight.data_type == TensorProto.INT8 else (4, attrs.get("block_size", 0))
+        )
+        if group % STEP[bits] == 0 and list(scale.dims) == [-(-k // group), n]:
+            return bits, group, numpy_helper.to_array(scale)
     return None
+
+
+def _offset_weight(
+    reshape: onnx.NodeProto, producer: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
+) -> tuple[onnx.NodeProto, np.ndarray, list[str]] | None:
+    """(the DequantizeLinear, offsets ``[groups, N]``, the pattern's other node names) of a weight stated as
+    ``formats.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
+    add = producer.get(reshape.input[0]) if reshape.op_type == "Reshape" else None
+    if add is None or add.op_type != "Add" or add.input[1] not in inits:
+        return None
+    groups = producer.get(add.input[0])
+    dq = producer.get(groups.input[0]) if groups is not None and groups.op_type == "Reshape" else None
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return None
+    offset = numpy_helper.to_array(inits[add.input[1]])
+    return dq, offset.reshape(offset.shape[0], offset.shape[-1]), [groups.name, add.name, reshape.name]
 
 
 def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -182,14 +230,27 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     dead: set[str] = set()
     packed: list[onnx.TensorProto] = []
 
-    def replace(matmul: onnx.NodeProto, dq: onnx.NodeProto, x: str, form: tuple[int, int, np.ndarray], block: int):
+    def replace(
+        matmul: onnx.NodeProto,
+        dq: onnx.NodeProto,
+        x: str,
+        form: tuple[int, int, np.ndarray],
+        block: int,
+        offset: np.ndarray | None = None,
+    ):
         bits, group, scale = form
         codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int8)
+        if offset is not None:  # unsigned codes u, zero point 0: packed as c = u - 8 (the packing adds 8 back)
+            codes = codes - np.int8(ZERO_POINT[4])
         k, n = codes.shape
         name = matmul.name + ".q"
         packed.append(numpy_helper.from_array(pack_weight(codes, bits), name + ".packed"))
         packed.append(numpy_helper.from_array(pad_scales(scale), name + ".scales"))
-        node = qlinear_node(name, x, matmul.output[0], k=k, n=n, bits=bits, group=group, block=block)
+        if offset is not None:
+            packed.append(numpy_helper.from_array(pad_scales(offset), name + ".offsets"))
+        node = qlinear_node(
+            name, x, matmul.output[0], k=k, n=n, bits=bits, group=group, block=block, offsets=offset is not None
+        )
         replacements[matmul.name] = [node]
         replaced[dq.name] += 1
         if replaced[dq.name] == consumers[dq.output[0]]:  # no reader left (a shared weight: after its last one)
@@ -209,10 +270,20 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type != "MatMul" or node.name in replacements or node.input[0] in dequantized:
             continue
         dq = producer.get(node.input[1])
-        form = _weight_form(dq, inits) if dq is not None else None
+        found = _offset_weight(dq, producer, inits) if dq is not None else None
+        offset = None
+        if found is not None:  # GGUF Q4_1: codes, scales, offsets
+            dq, offset, pattern = found
+            form = _weight_form(dq, inits, unsigned=True)
+            if form is None or form[0] != 4 or offset.shape != form[2].shape:
+                continue
+            dead.update(pattern)
+        else:
+            form = _weight_form(dq, inits) if dq is not None else None
         if form is None:
             continue
-        replace(node, dq, node.input[0], form, block=ACTIVATION_BLOCK if form[0] == 8 else form[1])
+        per_channel_int8 = form[0] == 8 and form[1] >= int(inits[dq.input[0]].dims[0])
+        replace(node, dq, node.input[0], form, ACTIVATION_BLOCK if per_channel_int8 else form[1], offset)
     if not replacements:
         return model
     graph.initializer.extend(packed)

@@ -1,0 +1,311 @@
+"""GGUF import: Q8_0 / Q4_0 / Q4_1 tensors stay quantized through convert and build, equal to llama.cpp's weights.
+
+Small Llama GGUFs are written here with ``gguf.GGUFWriter``, their tensors quantized by ``gguf.quants.quantize``
+(llama.cpp's own Python port); the reference weights are ``gguf.quants.dequantize`` of the same tensors (what
+``convert --dequantize`` writes). The engines of the quantized checkpoint are held to the engine of that float
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from trtbuild.backends.onnxruntime.session import OrtSession
+from trtbuild.build import build_engine
+from trtbuild.checkpoint import load_checkpoint
+from trtbuild.config import BuildConfig, CpuLinear, DType, EngineIO, ModelConfig, QFormat
+from trtbuild.convert.convert import convert
+from trtbuild.graph.emit import emit_portable_graph
+from trtbuild.quantize.layout import load_any_checkpoint
+from trtbuild.runtime.batch import StepBatch
+
+T = gguf.GGMLQuantizationType
+HIDDEN, INTER, HEADS, KV_HEADS, VOCAB, LAYERS = 64, 96, 4, 2, 64, 2
+# Per source linear: its GGUF type (every kept type, and a fused qkv / gate_up of one type each).
+MIXED = {"attn_q": T.Q4_1, "attn_k": T.Q4_1, "attn_v": T.Q4_1, "attn_output": T.Q4_0}
+MIXED |= {"ffn_gate": T.Q8_0, "ffn_up": T.Q8_0, "ffn_down": T.Q4_1}
+
+
+def write_gguf(path: Path, types: dict[str, T], *, embed: T = T.Q8_0, tied: bool = True, seed: int = 0) -> Path:
+    """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float)."""
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(LAYERS)
+    w.add_context_length(128)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("gpt2")  # a token list transformers can turn into a tokenizer.json
+    w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(VOCAB)])
+    w.add_token_types([1] * VOCAB)
+    w.add_token_scores([0.0] * VOCAB)
+    w.add_token_merges(["a a"])
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+
+    def tensor(name: str, shape: tuple[int, ...], kind: T, std: float = 0.15) -> None:
+        a = (rng.standard_normal(shape) * std).astype(np.float32)
+        if kind is T.F32:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
+
+    tensor("token_embd.weight", (VOCAB, HIDDEN), embed, 0.5)
+    if not tied:
+        tensor("output.weight", (VOCAB, HIDDEN), T.Q8_0)
+    w.add_tensor("output_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
+    kv = HIDDEN // HEADS * KV_HEADS
+    shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (kv, HIDDEN), "attn_v": (kv, HIDDEN)}
+    shapes |= {"attn_output": (HIDDEN, HIDDEN), "ffn_gate": (INTER, HIDDEN), "ffn_up": (INTER, HIDDEN)}
+    shapes |= {"ffn_down": (HIDDEN, INTER)}
+    for i in range(LAYERS):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
+        for name, shape in shapes.items():
+            tensor(f"blk.{i}.{name}.weight", shape, types[name])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(the mixed GGUF, its default checkpoint, its ``--dequantize`` float checkpoint)."""
+    root = tmp_path_factory.mktemp("gguf")
+    src = write_gguf(root / "mixed.gguf", MIXED)
+    convert(src, root / "ckpt")
+    convert(src, root / "float", dequantize=True)
+    return src, root / "ckpt", root / "float"
+
+
+def dequantized(weights: dict[str, np.ndarray], prefix: str) -> np.ndarray:
+    """``q * scale (+ offset)`` per group of 32, in gguf-py's float32 order, from a quantized checkpoint's tensors."""
+    q = weights[prefix + ".weight"].astype(np.float32)
+    rows, cols = q.shape
+    w = q.reshape(rows, -1, 32) * weights[prefix + ".weight_scale"][..., None]
+    if prefix + ".weight_offset" in weights:
+        w = w + weights[prefix + ".weight_offset"][..., None]
+    return w.reshape(rows, cols)
+
+
+def test_checkpoint_keeps_block_formats_and_weights_equal_gguf_dequantization(mixed):
+    _, ckpt, float_ckpt = mixed
+    cfg, weights = load_any_checkpoint(ckpt)
+    q = cfg.quantization
+    assert q is not None and q.group_size == 32 and q.exclude == []
+    assert q.qformat is QFormat.INT4_MIN_WO  # the most common linear format: qkv and down
+    assert q.tensor_formats == {
+        "embed": QFormat.INT8_GROUP_WO,
+        **{f"layers.{i}.attn.out": QFormat.INT4_WO for i in range(LAYERS)},
+        **{f"layers.{i}.mlp.gate_up": QFormat.INT8_GROUP_WO for i in range(LAYERS)},
+    }
+    _, reference = load_checkpoint(float_ckpt)  # gguf.quants.dequantize of every tensor (GGUFReader.get)
+    for prefix in [
+        "embed",
+        *(f"layers.{i}.{m}" for i in range(LAYERS) for m in ("attn.qkv", "attn.out", "mlp.gate_up", "mlp.down")),
+    ]:
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    for name in ("final_norm.weight", "layers.0.input_norm.weight"):
+        np.testing.assert_array_equal(weights[name], reference[name])
+    # scales and offsets are GGUF's float16 values, stored as they are
+    header_len = int.from_bytes((ckpt / "rank0.safetensors").read_bytes()[:8], "little")
+    header = json.loads((ckpt / "rank0.safetensors").read_bytes()[8 : 8 + header_len])
+    assert header["layers.0.attn.qkv.weight_offset"]["dtype"] == "F16"
+    assert header["layers.0.attn.qkv.weight"]["dtype"] == "U8"  # two codes a byte
+    assert header["embed.weight"]["dtype"] == "I8"
+
+
+def test_portable_graph_weights_equal_gguf_dequantization(mixed):
+    """The graph's own weight expressions (DequantizeLinear, + offset for Q4_1), run by onnxruntime."""
+    _, ckpt, float_ckpt = mixed
+    cfg, weights = load_any_checkpoint(ckpt)
+    portable = emit_portable_graph(cfg, weights, BuildConfig(max_seq_len=128), EngineIO())
+    wanted = {"layers.0.attn.qkv": "layers.0.attn.qkv.weight_rows", "layers.1.attn.out": "layers.1.attn.out.weight_dq"}
+    wanted |= {"layers.0.mlp.gate_up": "layers.0.mlp.gate_up.weight_dq", "lm_head": "lm_head.weight_dq"}
+    outputs = {}
+    for node in portable.graph.node:
+        if node.name in wanted.values():
+            outputs[node.name] = node.output[0]
+    results = dict(zip(outputs, run_subgraph(portable, list(outputs.values())), strict=True))
+    _, reference = load_checkpoint(float_ckpt)
+    for prefix, node in wanted.items():
+        ref = reference["embed.weight" if prefix == "lm_head" else prefix + ".weight"]
+        got = results[node] if prefix == "lm_head" else results[node].T  # linears are [in, out] in the graph
+        np.testing.assert_array_equal(got, ref, err_msg=prefix)
+
+
+def run_subgraph(model: onnx.ModelProto, names: list[str]) -> list[np.ndarray]:
+    """Run the nodes of ``model`` that ``names`` need (weights only: no graph inputs) with onnxruntime."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    needed, stack = {}, list(names)
+    while stack:
+        node = producer.get(stack.pop())
+        if node is not None and node.name not in needed:
+            needed[node.name] = node
+            stack.extend(node.input)
+    nodes = [n for n in model.graph.node if n.name in needed]  # in graph order
+    used = {i for n in nodes for i in n.input}
+    inits = [t for t in model.graph.initializer if t.name in used]
+    outputs = [onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None) for name in names]
+    graph = onnx.helper.make_graph(nodes, "weights", [], outputs, inits)
+    sub = onnx.helper.make_model(graph, opset_imports=list(model.opset_import))
+    sub.ir_version = model.ir_version
+    return ort.InferenceSession(sub.SerializeToString()).run(names, {})
+
+
+def step_logits(engine: Path, tokens: list[int]) -> np.ndarray:
+    session = OrtSession(engine, kv_cache_memory=1 << 20)
+    blocks = list(range(1, 1 + -(-len(tokens) // session.config.build.kv_block_size)))
+    return session.step(StepBatch.build([tokens], [0], [blocks], all_logits=True))
+
+
+@pytest.mark.parametrize("cpu_linear", [CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME])
+def test_engine_logits_match_the_dequantized_float_engine(mixed, tmp_path, cpu_linear):
+    """Native ``QLinear`` and onnxruntime both quantize activations to int8 per block of 32 where they multiply
+    quantized weights (as llama.cpp does), so the logits are close, not equal."""
+    _, ckpt, float_ckpt = mixed
+    build = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear)
+    build_engine(ckpt, tmp_path / "q", build)
+    build_engine(float_ckpt, tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    tokens = list(map(int, np.random.default_rng(1).integers(0, VOCAB, 24)))
+    ref, got = step_logits(tmp_path / "f", tokens), step_logits(tmp_path / "q", tokens)
+    assert ref.std() > 0.3
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max(), np.abs(got - ref).max()
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
+    kinds = {(n.domain, n.op_type) for n in _engine_graph(tmp_path / "q").node}
+    assert ("com.microsoft", "MatMulNBits") in kinds  # the tied head on the embedding's int8 codes
+    if cpu_linear is CpuLinear.NATIVE:
+        assert ("trtbuild.cpu", "QLinear") in kinds
+
+
+def test_native_lowering_takes_the_exact_codes_scales_and_offsets(mixed):
+    """Each GGUF linear's ``QLinear`` holds the checkpoint's integers and GGUF's scales / offsets (the kernel's
+    arithmetic on them is ``qlinear_reference``'s, bit for bit: tests/test_cpu_linear.py)."""
+    from trtbuild.backends.onnxruntime.native_linear import native_linears, pack_weight, pad_scales
+
+    _, ckpt, _ = mixed
+    cfg, weights = load_any_checkpoint(ckpt)
+    engine = native_linears(emit_portable_graph(cfg, weights, BuildConfig(max_seq_len=128), EngineIO()))
+    nodes = {n.name: n for n in engine.graph.node if n.op_type == "QLinear"}
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in engine.graph.initializer}
+    cases = {"layers.0.attn.qkv": (4, -8), "layers.0.attn.out": (4, 0), "layers.1.mlp.gate_up": (8, 0)}
+    for prefix, (bits, shift) in cases.items():
+        node = nodes[prefix + ".q"]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert (attrs["bits"], attrs["group"], attrs["block"]) == (bits, 32, 32), prefix
+        codes = weights[prefix + ".weight"].astype(np.int8).T + np.int8(shift)  # Q4_1 codes u packed as u - 8
+        np.testing.assert_array_equal(inits[node.input[1]], pack_weight(codes, bits), err_msg=prefix)
+        np.testing.assert_array_equal(inits[node.input[2]], pad_scales(weights[prefix + ".weight_scale"].T))
+        if prefix + ".weight_offset" in weights:
+            np.testing.assert_array_equal(inits[node.input[3]], pad_scales(weights[prefix + ".weight_offset"].T))
+        else:
+            assert len(node.input) == 3
+
+
+def _engine_graph(engine: Path) -> onnx.GraphProto:
+    return onnx.load(str(engine / "engines/onnxruntime-cpu/model.onnx"), load_external_data=False).graph
+
+
+def test_engine_stores_the_embedding_codes_once(mixed, tmp_path):
+    _, ckpt, _ = mixed
+    build_engine(ckpt, tmp_path / "q", BuildConfig(max_seq_len=128))
+    inits = {t.name: t for t in _engine_graph(tmp_path / "q").initializer}
+    vocab_sized = [n for n, t in inits.items() if t.dims and t.dims[0] == VOCAB and len(t.dims) >= 2]
+    assert sorted(vocab_sized) == ["embed.weight.u8", "embed.weight_scale"]
+
+
+def test_dequantize_gives_the_float_checkpoint(mixed):
+    src, _, float_ckpt = mixed
+    cfg = ModelConfig.load(float_ckpt)
+    assert cfg.quantization is None and cfg.dtype is DType.FLOAT32
+    _, weights = load_checkpoint(float_ckpt)
+    reader = gguf.GGUFReader(str(src))
+    raw = {t.name: t for t in reader.tensors}["blk.1.ffn_down.weight"]
+    ref = gguf.quants.dequantize(raw.data, raw.tensor_type).reshape(HIDDEN, INTER)
+    np.testing.assert_array_equal(weights["layers.1.mlp.down.weight"], ref)
+
+
+def test_untied_head_and_float_linears(tmp_path):
+    """An untied Q8_0 ``output.weight`` stays int8 per group; F32 linears stay float (listed in ``exclude``)."""
+    types = dict(MIXED, attn_output=T.F32)
+    src = write_gguf(tmp_path / "untied.gguf", types, tied=False)
+    convert(src, tmp_path / "ckpt")
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    assert cfg.quantization.tensor_formats["lm_head"] is QFormat.INT8_GROUP_WO
+    assert cfg.quantization.exclude == [f"layers.{i}.attn.out" for i in range(LAYERS)]
+    _, reference = load_checkpoint(tmp_path / "float")
+    np.testing.assert_array_equal(dequantized(weights, "lm_head"), reference["lm_head.weight"])
+    build_engine(tmp_path / "ckpt", tmp_path / "q", BuildConfig(max_seq_len=128, kv_block_size=4))
+    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    tokens = list(range(2, 20))
+    ref, got = step_logits(tmp_path / "f", tokens), step_logits(tmp_path / "q", tokens)
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max()
+
+
+def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
+    """Q5_0 has no trtbuild format: dequantized, and its fused partners (Q4_1 q and k) with it: one line."""
+    from click.testing import CliRunner
+
+    from trtbuild.cli import cli
+
+    src = write_gguf(tmp_path / "q5.gguf", dict(MIXED, attn_v=T.Q5_0))
+    result = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "ckpt")])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("dequantized")]
+    assert len(lines) == 1, result.output
+    assert "2 Q5_0 (blk.0.attn_v.weight, blk.1.attn_v.weight)" in lines[0] and "4 Q4_1" in lines[0]
+    cfg = ModelConfig.load(tmp_path / "ckpt")
+    assert cfg.quantization.exclude == [f"layers.{i}.attn.qkv" for i in range(LAYERS)]
+    assert (
+        "dequantized"
+        not in CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "f"), "--dequantize"]).output
+    )
+
+
+def test_hf_folder_keeps_its_dtype_by_default(tmp_path):
+    from tiny_models import make_hf_model
+
+    make_hf_model("llama_gqa", tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["dtype"] = "bfloat16"
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    convert(tmp_path / "hf", tmp_path / "ckpt")
+    assert ModelConfig.load(tmp_path / "ckpt").dtype is DType.BFLOAT16
+    convert(tmp_path / "hf", tmp_path / "f32", DType.FLOAT32)
+    assert ModelConfig.load(tmp_path / "f32").dtype is DType.FLOAT32
+    build_engine(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
+    assert np.isfinite(step_logits(tmp_path / "engine", [1, 2, 3])).all()
+
+
+@pytest.mark.slow
+def test_smollm2_q4_1_engine_is_small_and_close_to_the_float_engine(tmp_path):
+    from trtbuild import LLM, SamplingParams
+    from trtbuild.demo import smollm2_gguf_path
+
+    src = smollm2_gguf_path()
+    convert(src, tmp_path / "ckpt")
+    convert(src, tmp_path / "float", dequantize=True)
+    build_engine(tmp_path / "ckpt", tmp_path / "q", BuildConfig(max_seq_len=512))
+    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=512))
+    size = sum(p.stat().st_size for p in (tmp_path / "q").rglob("*") if p.is_file())
+    assert size <= 120e6, size
+    tokens = list(map(int, np.random.default_rng(0).integers(0, 49152, 64)))
+    ref, got = step_logits(tmp_path / "f", tokens), step_logits(tmp_path / "q", tokens)
+    assert np.corrcoef(ref.ravel(), got.ravel())[0, 1] > 0.99
+    prompt = "The capital of France is"
+    greedy = SamplingParams(temperature=0.0, max_tokens=4)
+    texts = [LLM(tmp_path / e).generate(prompt, greedy)[0].outputs[0].text for e in ("q", "f")]
+    assert "Paris" in texts[0] and "Paris" in texts[1], texts
