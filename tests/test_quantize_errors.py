@@ -6,6 +6,7 @@ import json
 
 import pytest
 from quantize_helpers import calib_file, tiny_checkpoint
+from safetensors import safe_open
 from test_cli_errors import assert_clean_failure, run_cli
 
 
@@ -67,3 +68,20 @@ def test_quantize_refuses_quantized_source_and_existing_output(sources, tmp_path
     assert_clean_failure(run_cli("quantize", out, "-o", tmp_path / "q2", *args), "already quantized")
     assert_clean_failure(run_cli("quantize", sources["llama"], "-o", out, *args), "already exists")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]
+
+
+def test_int4_prints_what_it_costs_and_the_lm_head_is_quantized_by_default(sources, tmp_path):
+    """int4 says what it measured on SmolLM2 and how to measure this model; other formats print no such note.
+    With no --exclude every linear is quantized, the LM head int8 weight-only; --exclude lm_head keeps it float."""
+    proc = run_cli("quantize", sources["llama"], "-o", tmp_path / "q4", "--qformat", "int4_wo", "--group-size", "16")
+    assert proc.returncode == 0, proc.stderr
+    note = [ln for ln in proc.stderr.splitlines() if ln.startswith("note: int4 costs accuracy")]
+    assert len(note) == 1 and "+68.0%" in note[0] and "--zero-points costs less" in note[0], proc.stderr
+    assert f"trtbuild build {tmp_path / 'q4'} -o ENGINE && trtbuild eval ENGINE" in note[0]
+    assert json.loads((tmp_path / "q4/config.json").read_text())["quantization"]["exclude"] == []
+    with safe_open(str(tmp_path / "q4/rank0.safetensors"), framework="pt") as f:
+        assert str(f.get_slice("lm_head.weight").get_dtype()) == "I8" and "lm_head.weight_scale" in f.keys()  # noqa: SIM118
+    proc = run_cli("quantize", sources["llama"], "-o", tmp_path / "q8", "--qformat", "int8_wo", "--exclude", "lm_head")
+    assert proc.returncode == 0 and "note:" not in proc.stderr, proc.stderr
+    with safe_open(str(tmp_path / "q8/rank0.safetensors"), framework="pt") as f:
+        assert str(f.get_slice("lm_head.weight").get_dtype()) == "F32"

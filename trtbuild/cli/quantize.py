@@ -9,6 +9,29 @@ import click
 from ..config import QFormat, QuantConfig
 from .options import OutputPath, config_with_defaults, dataclass_options, load_recipe_option, recipe_option
 
+# Perplexity increase over fp32 of SmolLM2-135M on flask_docs (8 x 512 tokens, technical prose with code, another
+# domain than the default calibration text), group 128, LM head float32: docs/quantization.md, "int4 with trtbuild's
+# calibration". Printed after an int4 quantization, so nobody ships int4 unaware of what it may cost.
+INT4_PERPLEXITY_COST = {
+    (QFormat.INT4_WO, False): 68.0,
+    (QFormat.INT4_WO, True): 38.3,
+    (QFormat.INT4_AWQ, False): 35.6,
+    (QFormat.INT4_AWQ, True): 24.5,
+}
+
+
+def int4_note(cfg: QuantConfig, output: Path) -> str | None:
+    """The accuracy warning an int4 quantization prints (None for other formats)."""
+    cost = INT4_PERPLEXITY_COST.get((cfg.qformat, cfg.zero_points))
+    if cost is None:
+        return None
+    better = "" if cfg.zero_points else "; --zero-points costs less"
+    return (
+        f"note: int4 costs accuracy: {cfg.qformat.value} g128 raised SmolLM2-135M's perplexity on technical text by "
+        f"+{cost:.1f}%{better} (docs/quantization.md). Measure this model: "
+        f"trtbuild build {output} -o ENGINE && trtbuild eval ENGINE (and its float engine)"
+    )
+
 
 @click.command()
 @click.argument("src", type=click.Path(path_type=Path))
@@ -77,3 +100,6 @@ def quantize(
         f"quantized {result.config.architecture} to {cfg.qformat.value}{kv} -> {output} ({size:.1f} MiB): "
         f"{data} in {result.calib_seconds:.1f}s, {result.seconds:.1f}s in all"
     )
+    note = int4_note(cfg, output)
+    if note is not None:
+        click.echo(note, err=True)
