@@ -39,6 +39,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     from .weights import (
         hand_activations_to_kernel,
         integer_gemms_per_token,
+        offset_linears,
         reblock_int8_weights,
         unsigned_static_int8_weights,
     )
@@ -57,6 +58,8 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
         engine = native_linears(engine)
         if not any((n.domain, n.op_type) in WEIGHT_OPS for n in engine.graph.node):  # a float model: nothing to run
             build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
+    if model_cfg.quantization is not None:  # GGUF Q4_1 linears QLinear did not take
+        engine = offset_linears(engine, model_cfg.quantization.group_size)
     if build.uses_native_cpu_library:
         try:
             library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time

@@ -37,7 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .huge_pages import ArenaTensor
 from .kernel_library import NATIVE_DOMAIN, QLINEAR_OP, WEIGHT_OPS
-from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes
+from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes, offset_weight
 
 PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
 ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
@@ -201,22 +201,6 @@ def _weight_form(
     return None
 
 
-def _offset_weight(
-    reshape: onnx.NodeProto, producer: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
-) -> tuple[onnx.NodeProto, np.ndarray, list[str]] | None:
-    """(the DequantizeLinear, offsets ``[groups, N]``, the pattern's other node names) of a weight stated as
-    ``formats.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
-    add = producer.get(reshape.input[0]) if reshape.op_type == "Reshape" else None
-    if add is None or add.op_type != "Add" or add.input[1] not in inits:
-        return None
-    groups = producer.get(add.input[0])
-    dq = producer.get(groups.input[0]) if groups is not None and groups.op_type == "Reshape" else None
-    if dq is None or dq.op_type != "DequantizeLinear":
-        return None
-    offset = numpy_helper.to_array(inits[add.input[1]])
-    return dq, offset.reshape(offset.shape[0], offset.shape[-1]), [groups.name, add.name, reshape.name]
-
-
 def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     """Rewrite, in place, every linear ``QLinear`` takes (module docstring) as one ``QLinear`` node; returns
     ``model``. Run after ``hand_activations_to_kernel`` and before ``integer_gemms_per_token``."""
@@ -270,7 +254,7 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type != "MatMul" or node.name in replacements or node.input[0] in dequantized:
             continue
         dq = producer.get(node.input[1])
-        found = _offset_weight(dq, producer, inits) if dq is not None else None
+        found = offset_weight(dq, producer, inits) if dq is not None else None
         offset = None
         if found is not None:  # GGUF Q4_1: codes, scales, offsets
             dq, offset, pattern = found

@@ -235,3 +235,86 @@ def _standard_int8_rows(p: str, x: str, weight: str, wscale: str, y: str) -> lis
         _node("Mul", [p + ".sums_float", p + ".scale"], p + ".row_scaled"),
         helper.make_node("Mul", [p + ".row_scaled", wscale], [y], name=p + ".col_scaled"),
     ]
+
+
+def offset_weight(
+    reshape: onnx.NodeProto, producer: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
+) -> tuple[onnx.NodeProto, np.ndarray, list[str]] | None:
+    """(the DequantizeLinear, offsets ``[groups, N]``, the pattern's other node names) of a weight stated as
+    ``formats.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
+    add = producer.get(reshape.input[0]) if reshape.op_type == "Reshape" else None
+    if add is None or add.op_type != "Add" or add.input[1] not in inits:
+        return None
+    groups = producer.get(add.input[0])
+    dq = producer.get(groups.input[0]) if groups is not None and groups.op_type == "Reshape" else None
+    if dq is None or dq.op_type != "DequantizeLinear":
+        return None
+    offset = numpy_helper.to_array(inits[add.input[1]])
+    return dq, offset.reshape(offset.shape[0], offset.shape[-1]), [groups.name, add.name, reshape.name]
+
+
+def offset_linears(model: onnx.ModelProto, block: int) -> onnx.ModelProto:
+    """Rewrite, in place, each ``MatMul`` whose weight is uint4 codes blocked by ``block`` plus an offset per group
+    (GGUF Q4_1, ``offset_weight``) as ``MatMulNBits`` of the codes (zero points 0) plus the offset term
+    ``ReduceSum(x over each group) @ offsets``: the same weights, ``w = q * scale + offset``, without dequantizing
+    them at every step; returns ``model``. ``QLinear`` (``native_linear``) takes these first where it runs."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    replacements: dict[str, list[onnx.NodeProto]] = {}
+    dead: set[str] = set()
+    added: list[onnx.TensorProto] = []
+    for node in graph.node:
+        weight = producer.get(node.input[1]) if node.op_type == "MatMul" else None
+        found = offset_weight(weight, producer, inits) if weight is not None else None
+        if found is None:
+            continue
+        dq, offset, pattern = found
+        codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
+        attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+        if codes is None or scale is None or codes.data_type != TensorProto.UINT4 or attrs.get("block_size") != block:
+            continue
+        k, n = codes.dims
+        groups = k // block
+        if k % block or list(scale.dims) != [groups, n]:
+            continue
+        q = numpy_helper.to_array(codes).astype(np.uint8).T.reshape(n, groups, block)  # [N, groups, block]
+        packed = q[..., 0::2] | (q[..., 1::2] << 4)  # MatMulNBits: the even element in the low nibble
+        p = node.name + ".nbits"
+        added += [
+            numpy_helper.from_array(np.ascontiguousarray(packed), p + ".codes"),
+            numpy_helper.from_array(np.ascontiguousarray(numpy_helper.to_array(scale).T), p + ".scales"),
+            numpy_helper.from_array(np.zeros((n, -(-groups // 2)), np.uint8), p + ".zero_points"),
+            numpy_helper.from_array(np.ascontiguousarray(offset.astype(np.float32)), p + ".offsets"),
+            numpy_helper.from_array(np.array([-1, groups, block], np.int64), p + ".group_shape"),
+            numpy_helper.from_array(np.array([-1], np.int64), p + ".last_axis"),
+        ]
+        x = node.input[0]
+        replacements[node.name] = [
+            helper.make_node(
+                "MatMulNBits",
+                [x, p + ".codes", p + ".scales", p + ".zero_points"],
+                [p + ".product"],
+                name=p,
+                domain="com.microsoft",
+                K=k,
+                N=n,
+                bits=4,
+                block_size=block,
+                accuracy_level=4,
+            ),
+            helper.make_node("Reshape", [x, p + ".group_shape"], [p + ".groups"], name=p + ".groups"),
+            helper.make_node(
+                "ReduceSum", [p + ".groups", p + ".last_axis"], [p + ".sums"], name=p + ".sums", keepdims=0
+            ),
+            helper.make_node("MatMul", [p + ".sums", p + ".offsets"], [p + ".offset_term"], name=p + ".offset_term"),
+            helper.make_node("Add", [p + ".product", p + ".offset_term"], [node.output[0]], name=p + ".add"),
+        ]
+        dead |= {dq.name, *pattern}
+    if not replacements:
+        return model
+    graph.initializer.extend(added)
+    _replace_nodes(graph, dead, replacements)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
