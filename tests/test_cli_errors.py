@@ -149,3 +149,24 @@ def test_outputs_under_a_missing_directory_are_refused(hf_llama, tiny_engines, t
     assert_clean_failure(proc, f"--output {tmp_path}: a directory (expected a file name)")
     (tmp_path / "typo").mkdir()
     assert run_cli("build", ckpt, "-o", tmp_path / "typo" / "engine").returncode == 0  # the leaf is created
+
+
+def test_a_file_where_a_directory_belongs_says_what_it_is(tiny_engines, tmp_path):
+    """inspect / build / run / eval / verify given an existing file: one line naming what the file is and what was
+    expected, not "no such directory"."""
+    ckpt, engine = tiny_engines["llama_gqa"][1:]
+    weights = ckpt / "rank0.safetensors"
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    (tmp_path / "notes.txt").write_text("x")
+    cases = [
+        (["inspect", weights], f"{weights}: a safetensors file, not a checkpoint or engine directory"),
+        (["build", weights, "-o", tmp_path / "e"], f"{weights}: a safetensors file, not a checkpoint directory"),
+        (["run", tmp_path / "notes.txt", "--prompt", "x"], "notes.txt: a file, not an engine directory"),
+        (["eval", weights], "a safetensors file, not an engine or checkpoint directory"),
+        (["inspect", tmp_path / "model.gguf"], "a GGUF file, not a checkpoint or engine directory (make a checkpoint"),
+    ]
+    for args, needle in cases:
+        assert_clean_failure(run_cli(*args), needle)
+    proc = run_cli("verify", engine / "manifest.json")
+    assert proc.returncode != 0 and "a JSON file, not an engine directory" in proc.stdout + proc.stderr
+    assert_clean_failure(run_cli("inspect", tmp_path / "nope"), "no such checkpoint or engine directory")

@@ -183,4 +183,4 @@ def test_inspect_checkpoint_and_engine(artifacts):
         inspect_path(artifacts / "tiny")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run([*TRTBUILD, "inspect", str(artifacts / "nope")], capture_output=True, text=True, env=env)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such directory" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such checkpoint or engine directory" in proc.stderr

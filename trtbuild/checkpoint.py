@@ -15,7 +15,9 @@ WEIGHTS_FILE = "rank0.safetensors"
 def load_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """The checkpoint's config and its tensors as float32 numpy arrays (fp16/bf16 are widened)."""
     if not ckpt_dir.is_dir():
-        raise BuildError(f"{ckpt_dir}: no such checkpoint directory (run `trtbuild convert` first)")
+        from .artifacts.inspect import not_a_directory
+
+        raise BuildError(not_a_directory(ckpt_dir, "checkpoint directory", "run `trtbuild convert` first"))
     try:
         cfg = ModelConfig.load(ckpt_dir)
     except ConfigError as e:

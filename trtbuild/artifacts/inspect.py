@@ -21,10 +21,35 @@ SMALL_TENSOR_BYTES = 64  # text output: engine constants smaller than this are c
 WEIGHTS_FILE = "rank0.safetensors"  # trtbuild.checkpoint.WEIGHTS_FILE (not imported: that module needs numpy only)
 
 
+FILE_KINDS = {  # by suffix, for messages about a file given where a directory belongs
+    ".gguf": "a GGUF file",
+    ".safetensors": "a safetensors file",
+    ".onnx": "an ONNX model file",
+    ".json": "a JSON file",
+    ".jsonl": "a JSON-lines file",
+    ".yaml": "a YAML file",
+}
+
+
+def not_a_directory(path: Path, what: str, hint: str = "") -> str:
+    """The one-line message for ``path`` where a directory was expected (``what``: "engine directory"): what the
+    path is instead, a kind of file or nothing; ``hint`` says where such a directory comes from."""
+    article = "an" if what[0] in "aeiou" else "a"
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        hint = f"make a checkpoint of it with `trtbuild convert {path} -o CKPT_DIR`"
+    if path.is_file():
+        message = f"{path}: {FILE_KINDS.get(path.suffix.lower(), 'a file')}, not {article} {what}"
+    elif path.exists():
+        message = f"{path}: not {article} {what} (not a directory)"
+    else:
+        message = f"{path}: no such {what}"
+    return message + (f" ({hint})" if hint else "")
+
+
 def inspect_path(path: Path) -> dict[str, Any]:
     """A JSON-able description of the checkpoint or engine directory at ``path``."""
     if not path.is_dir():
-        raise TrtbuildError(f"{path}: no such directory (expected a checkpoint or an engine directory)")
+        raise TrtbuildError(not_a_directory(path, "checkpoint or engine directory"))
     if (path / MANIFEST).is_file():
         return _inspect_engine(path)
     if (path / "config.json").is_file() and (path / WEIGHTS_FILE).is_file():

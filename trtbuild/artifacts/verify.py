@@ -115,7 +115,9 @@ def verify_engine_dir(engine_dir: Path, local: LocalVersions | None = None, *, u
     """Every check of the module docstring for one engine directory (``use_index``: also an enclosing index)."""
     report = Report(engine_dir)
     if not engine_dir.is_dir():
-        report.problems.append(f"{engine_dir}: no such engine directory")
+        from .inspect import not_a_directory
+
+        report.problems.append(not_a_directory(engine_dir, "engine directory"))
         return report
     if not (engine_dir / MANIFEST).exists() and (engine_dir / "config.json").is_file():
         report.problems.append(

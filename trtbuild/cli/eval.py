@@ -23,8 +23,11 @@ def evaluate(path: Path, cfg: EvalConfig, *, cache_dir: Path | None = None, prog
 
     A checkpoint is first built into a temporary onnxruntime engine (``max_seq_len`` = ``cfg.seq_len``).
     """
+    from ..artifacts.inspect import not_a_directory
     from ..eval import evaluate_engine
 
+    if not path.is_dir():
+        raise TrtbuildError(not_a_directory(path, "engine or checkpoint directory"))
     if (path / "runtime_config.json").is_file():
         return evaluate_engine(path, cfg, cache_dir=cache_dir, progress=progress)
     if (path / "config.json").is_file():

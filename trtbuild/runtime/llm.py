@@ -82,7 +82,9 @@ class LLM:
     ) -> None:
         engine_dir = Path(engine_dir)
         if not engine_dir.is_dir():
-            raise EngineError(f"{engine_dir}: no such engine directory")
+            from ..artifacts.inspect import not_a_directory
+
+            raise EngineError(not_a_directory(engine_dir, "engine directory"))
         if kv_cache_memory is not None and (not isinstance(kv_cache_memory, int) or kv_cache_memory <= 0):
             raise ConfigError(f"kv_cache_memory must be a positive number of bytes, got {kv_cache_memory!r}")
         try:
