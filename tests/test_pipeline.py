@@ -24,6 +24,7 @@ from trtbuild.pipeline.heartbeat import Heartbeat
 from trtbuild.pipeline.index import GateResult, check_gates
 from trtbuild.pipeline.plan import Stage, StageKind, make_plan
 from trtbuild.pipeline.runner import Outcome, PipelineError, PipelineRun, Status, run_pipeline
+from trtbuild.progress import Elapsed
 from trtbuild.recipe import load_recipe
 
 TRTBUILD = [sys.executable, "-m", "trtbuild.cli"]
@@ -376,6 +377,19 @@ def test_heartbeat_line_names_running_stages_their_time_and_last_run():
     quiet.draw()
     quiet.close()
     assert quiet.stream.getvalue() == ""
+
+
+def test_elapsed_line_for_build_and_convert_on_a_terminal_only(monkeypatch):
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    with Elapsed("building onnxruntime engine", interval=0.01):
+        time.sleep(0.1)
+    assert term.getvalue().startswith("\rbuilding onnxruntime engine  0:00") and term.getvalue().endswith("\r")
+    plain = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", plain)
+    with Elapsed("converting", interval=0.01):
+        time.sleep(0.05)
+    assert plain.getvalue() == ""
 
 
 def test_pipeline_shows_a_status_line_on_a_terminal(sources, tmp_path, monkeypatch):

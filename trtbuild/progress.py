@@ -69,7 +69,7 @@ class Progress:
             shown = f"{work_rate:.1f} {self.work_unit}/s"
             if self.work_left is not None and work_rate > 0:
                 estimates.append(self.work_left / work_rate)
-        eta = f", {_clock(min(estimates))} left" if estimates else ""
+        eta = f", {clock(min(estimates))} left" if estimates else ""
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
         return f"{self.desc}  {self.count}/{self.total} [{bar}] {shown}{eta}"
 
@@ -103,6 +103,45 @@ def progress(
             bar.update()
 
 
-def _clock(seconds: float) -> str:
+def clock(seconds: float) -> str:
+    """``m:ss`` (``h:mm:ss`` from an hour)."""
     s = int(seconds + 0.5)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class Elapsed:
+    """A status line for work that cannot count its steps (building an engine, converting a model): ``desc  0:12``
+    redrawn every ``interval`` seconds on a terminal by a background thread, cleared when the ``with`` block ends.
+
+    ``enabled=None`` shows it when stderr is a terminal; False never does (``--json``, ``--quiet``).
+    """
+
+    def __init__(self, desc: str, *, enabled: bool | None = None, interval: float = 0.5) -> None:
+        import threading
+
+        self.desc, self.interval = desc, interval
+        self.enabled = interactive() if enabled is None else enabled
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="elapsed", daemon=True)
+        self._width = 0
+
+    def _loop(self) -> None:
+        start = time.perf_counter()
+        while not self._stop.wait(self.interval):
+            text = f"{self.desc}  {clock(time.perf_counter() - start)}"
+            sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
+            sys.stderr.flush()
+            self._width = len(text)
+
+    def __enter__(self) -> Elapsed:
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._stop.set()
+            self._thread.join()
+            if self._width:
+                sys.stderr.write("\r" + " " * self._width + "\r")
+                sys.stderr.flush()

@@ -54,6 +54,7 @@ def build(
     its targets share one; a torch target's device); flags given on the command line override them.
     """
     from ..build import build_engine
+    from ..progress import Elapsed
 
     spec = load_recipe_option(recipe)
     defaults = None
@@ -71,7 +72,8 @@ def build(
     gate = None
     if accuracy_gate is not None:
         gate = from_dict(PerplexityGate, {"ref_engine": str(accuracy_gate), "max_ppl_increase": max_ppl_increase})
-    result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt, torch=torch_cfg)
+    with Elapsed(f"building {cfg.backend.value} engine"):
+        result = build_engine(ckpt_dir, output, cfg, overwrite=overwrite, gate=gate, tensorrt=trt, torch=torch_cfg)
     built = RuntimeConfig.load(output).build.max_seq_len
     if built < cfg.max_seq_len:  # capped by the model's position table
         click.echo(

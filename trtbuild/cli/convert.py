@@ -40,6 +40,7 @@ def convert(
     default to the recipe's model source and dtype.
     """
     from ..convert.convert import convert as run_convert
+    from ..progress import Elapsed
 
     spec = load_recipe_option(recipe)
     if spec is not None:
@@ -48,7 +49,8 @@ def convert(
             dtype = spec.model.dtype.value
     if src is None:
         raise ConfigError("missing SRC: give a Hugging Face folder or .gguf file (or --recipe FILE)")
-    result = run_convert(src, output, DType(dtype) if dtype else None, dequantize=dequantize, overwrite=overwrite)
+    with Elapsed("converting"):
+        result = run_convert(src, output, DType(dtype) if dtype else None, dequantize=dequantize, overwrite=overwrite)
     cfg = result.config
     line = result.dequantized_line()
     if line is not None:

@@ -17,16 +17,10 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..progress import interactive
+from ..progress import clock, interactive
 from .plan import Stage
 
 INTERVAL_S = 1.0
-
-
-def clock(seconds: float) -> str:
-    """``m:ss`` (``h:mm:ss`` from an hour)."""
-    s = int(seconds + 0.5)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
 
 
 class Heartbeat:
