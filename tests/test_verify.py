@@ -183,4 +183,26 @@ def test_inspect_checkpoint_and_engine(artifacts):
         inspect_path(artifacts / "tiny")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run([*TRTBUILD, "inspect", str(artifacts / "nope")], capture_output=True, text=True, env=env)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such checkpoint or engine directory" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such checkpoint or engine" in proc.stderr
+
+
+def test_inspect_refuses_a_truncated_or_padded_safetensors_file(tiny_engines, tmp_path):
+    """The header's data offsets must cover the file's data exactly: a cut file (an interrupted copy) is one error
+    line and exit 2, not a tensor table as if it were whole."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    ckpt = copy(tiny_engines["llama_gqa"][1], tmp_path / "ckpt")
+    weights = ckpt / "rank0.safetensors"
+    whole = weights.read_bytes()
+    assert inspect_path(ckpt)["tensors"]
+    weights.write_bytes(whole[:-100])
+    proc = subprocess.run([*TRTBUILD, "inspect", str(ckpt)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    data = len(whole) - 8 - int.from_bytes(whole[:8], "little")
+    needle = f"truncated: its header describes {data} bytes of tensor data, the file holds {data - 100}"
+    assert proc.stderr.splitlines() == [f"error: {weights}: {needle} (an interrupted copy or download?)"]
+    weights.write_bytes(whole[:20])  # cut inside the header
+    with pytest.raises(TrtbuildError, match=r"not a readable safetensors file \(the file ends inside its"):
+        inspect_path(ckpt)
+    weights.write_bytes(whole + b"\0" * 8)
+    with pytest.raises(TrtbuildError, match="8 bytes after the last tensor"):
+        inspect_path(ckpt)

@@ -76,21 +76,40 @@ def _files(directory: Path) -> dict[str, int]:
 
 
 def safetensors_table(path: Path) -> list[dict[str, Any]]:
-    """Name, dtype, shape and byte size of every tensor of a safetensors file, from its header alone."""
+    """Name, dtype, shape and byte size of every tensor of a safetensors file, from its header alone.
+
+    The header's data offsets must cover the file's data exactly (as the safetensors loader requires): a truncated
+    file (an interrupted copy or download) or one with bytes past its last tensor raises ``TrtbuildError``.
+    """
     try:
         with path.open("rb") as f:
             (length,) = struct.unpack("<Q", f.read(8))
             if length > 100 << 20:
                 raise ValueError("header larger than 100 MiB")
-            header = json.loads(f.read(length))
-    except (struct.error, ValueError, UnicodeDecodeError) as e:
+            raw = f.read(length)
+            if len(raw) < length:
+                raise ValueError(f"the file ends inside its {length}-byte header")
+            header = json.loads(raw)
+        rows = []
+        for name, meta in sorted(header.items()):
+            if name == "__metadata__":
+                continue
+            start, end = meta["data_offsets"]
+            if not 0 <= start <= end:
+                raise ValueError(f"tensor {name} has data offsets {start}..{end}")
+            rows.append({"name": name, "dtype": meta["dtype"], "shape": list(meta["shape"]), "bytes": end - start,
+                         "end": end})  # fmt: skip
+    except (struct.error, ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
         raise TrtbuildError(f"{path}: not a readable safetensors file ({e})") from None
-    rows = []
-    for name, meta in sorted(header.items()):
-        if name == "__metadata__":
-            continue
-        start, end = meta["data_offsets"]
-        rows.append({"name": name, "dtype": meta["dtype"], "shape": list(meta["shape"]), "bytes": end - start})
+    data = path.stat().st_size - 8 - length
+    described = max((r.pop("end") for r in rows), default=0)
+    if described > data:
+        raise TrtbuildError(
+            f"{path}: truncated: its header describes {described} bytes of tensor data, the file holds {data} "
+            "(an interrupted copy or download?)"
+        )
+    if described < data:
+        raise TrtbuildError(f"{path}: {data - described} bytes after the last tensor (not a valid safetensors file)")
     return rows
 
 
