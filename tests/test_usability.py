@@ -316,3 +316,51 @@ def test_engine_without_manifest_is_refused_everywhere(monkeypatch, capsys, text
     proc = subprocess.run([sys.executable, "-m", "trtbuild.cli", "serve", str(copy), "--port", "0"],
                           capture_output=True, text=True, env=ENV, timeout=120)  # fmt: skip
     assert_one_error_line(proc.returncode, proc.stderr, needle)
+
+
+# ------------------------------------------------------------ issue 39, item 11: third-party noise during quantize
+
+
+@pytest.mark.parametrize("qformat", ["int8_sq", "fp8"])
+def test_quantize_prints_nothing_of_modelopt_or_torch(tmp_path, qformat):
+    """With Python's default warning filters (and even with PYTHONWARNINGS=default, which shows deprecations) a
+    quantization prints its summary line and nothing else: no modelopt "Registered ..." / "Inserted N quantizers" /
+    "Smoothed N modules", no modelopt version or smoothing UserWarning, no torch deprecation."""
+    pytest.importorskip("modelopt")
+    from quantize_helpers import calib_file, tiny_checkpoint
+
+    _, ckpt = tiny_checkpoint(tmp_path)
+    cmd = [sys.executable, "-m", "trtbuild.cli", "quantize", str(ckpt), "--qformat", qformat, "--calib-size", "2",
+           "--calib-seq-len", "16", "--calib-dataset", calib_file(tmp_path), "--kv-cache-dtype", "int8"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    for warnings_env in ({}, {"PYTHONWARNINGS": "default"}):
+        out = tmp_path / f"q-{len(warnings_env)}"
+        proc = subprocess.run([*cmd, "-o", str(out)], env={**env, **warnings_env}, capture_output=True, text=True,
+                              timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr == "" and proc.stdout.startswith(f"quantized LlamaForCausalLM to {qformat}"), proc.stderr
+        assert len(proc.stdout.splitlines()) == 1, proc.stdout
+
+
+def test_quiet_calibration_keeps_other_warnings_and_real_errors(capsys):
+    import warnings
+
+    from trtbuild.errors import TrtbuildError
+    from trtbuild.quantize.calibrate import third_party_quiet
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with third_party_quiet():
+            print("Inserted 756 quantizers")
+            warnings.warn("transformers 9.0 is not tested with current version of modelopt", UserWarning, stacklevel=1)
+            warnings.warn("overflow in the scales", RuntimeWarning, stacklevel=1)  # not third-party noise: shown
+    assert [str(w.message) for w in seen] == ["overflow in the scales"]
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(ValueError, match="broken"), third_party_quiet():
+        print("Inserted 3 quantizers")
+        raise ValueError("broken")  # a bug: what modelopt printed before it goes to stderr, with the traceback
+    assert capsys.readouterr().err == "Inserted 3 quantizers\n"
+    with pytest.raises(TrtbuildError), third_party_quiet():
+        print("Inserted 3 quantizers")
+        raise TrtbuildError("a user error: one line")
+    assert capsys.readouterr() == ("", "")

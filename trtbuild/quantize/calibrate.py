@@ -101,8 +101,7 @@ def calibrate(
 
     from ..progress import progress as progress_bar
 
-    with warnings.catch_warnings():  # modelopt warns that it was not tested with this transformers version
-        warnings.simplefilter("ignore")
+    with third_party_quiet():
         import modelopt.torch.quantization as mtq
 
     passes = iter(range(1, 100))
@@ -118,8 +117,7 @@ def calibrate(
         return _calibrate_int4(model, cfg, qcfg, samples, forward_loop, progress)
     if qcfg.zero_points:
         raise TrtbuildError("modelopt's int4 calibration has no zero points")
-    with warnings.catch_warnings(), _quiet(progress):
-        warnings.simplefilter("ignore")
+    with third_party_quiet():
         reads_tokens = modelopt_reads_tokens(qcfg) and len(samples)  # fp8 rowwise: the samples are fp8.py's alone
         mtq.quantize(model, modelopt_config(cfg, qcfg), forward_loop if reads_tokens else None)
         unify_fused_groups(model, cfg)
@@ -144,8 +142,7 @@ def _calibrate_int4(
 
     from .awq import quantize_int4
 
-    with warnings.catch_warnings(), _quiet(progress):
-        warnings.simplefilter("ignore")
+    with third_party_quiet():
         mtq.quantize(model, modelopt_config(cfg, qcfg, int4_by_trtbuild=True), None)
         model.get_submodule("lm_head").weight_quantizer.disable()  # quantize_lm_head's, if not excluded
         quantize_int4(model, cfg, qcfg, samples, progress=progress)
@@ -224,8 +221,33 @@ def unify_fused_groups(model: Any, cfg: ModelConfig) -> None:
                 q.amax = amax
 
 
+# What modelopt and the libraries under it say during calibration that is not the user's business, by message or
+# by origin: modelopt's version notice and its note on the LM head it never smooths; deprecation notices raised in
+# torch, modelopt, transformers or urllib3 code (torch.jit.script, FutureWarnings). Any other warning still shows.
+QUIET_WARNINGS = (
+    (UserWarning, r"transformers .* is not tested with current version of modelopt", ""),
+    (UserWarning, r".* is not calibrated, skip smoothing", ""),
+    (DeprecationWarning, "", r"(torch|modelopt|transformers)(\.|$)"),
+    (FutureWarning, "", r"(torch|modelopt|transformers)(\.|$)"),
+    (Warning, r"SOCKS support in urllib3 requires", r"urllib3(\.|$)"),
+)
+
+
 @contextlib.contextmanager
-def _quiet(show: bool) -> Iterator[None]:
-    """modelopt prints progress (``Inserted N quantizers``...) to stdout: send it to stderr, or drop it."""
-    with contextlib.redirect_stdout(sys.stderr if show else io.StringIO()):
-        yield
+def third_party_quiet() -> Iterator[None]:
+    """modelopt's prints and the library warnings of ``QUIET_WARNINGS`` kept off the terminal while it runs.
+
+    modelopt prints to stdout as it works (``Registered <class ...> to _QuantAttention for KV Cache quantization``,
+    ``Inserted 756 quantizers``, ``Smoothed 14 modules``): captured, and written to stderr only when the block fails
+    with an unexpected exception (a trtbuild error stays one line). Exceptions always propagate.
+    """
+    captured = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stdout(captured):
+        for category, message, module in QUIET_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
+        try:
+            yield
+        except Exception as e:
+            if not isinstance(e, TrtbuildError):
+                sys.stderr.write(captured.getvalue())
+            raise
