@@ -297,8 +297,25 @@ def test_client_sees_typed_errors(client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], temperature=-1)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=client.base_url, api_key="wrong", max_retries=0).models.list()
-    with pytest.raises(openai.BadRequestError, match="bad role"):
+    with pytest.raises(openai.BadRequestError, match=r"Invalid value: 'robot'\. Supported values are: 'system'"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}])
+
+
+def test_unknown_chat_role_gets_openai_400(url, client):
+    """OpenAI's roles only (whatever the chat template would render), refused in OpenAI's shape; then served on."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "x"}]}
+    status, _, err = request(url, "POST", "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and err["error"] == {
+        "message": "Invalid value: 'wizard'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', "
+        "and 'developer'.",
+        "type": "invalid_request_error",
+        "param": "messages[1].role",
+        "code": "invalid_value",
+    }
+    for role in ("system", "assistant", "user"):  # the roles the test engine's template renders are accepted
+        messages = [{"role": role, "content": "be brief"}, {"role": "user", "content": "hi"}]
+        resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+        assert resp.choices[0].message.role == "assistant"
 
 
 # ------------------------------------------------------------------------------------------- the CLI process
@@ -353,6 +370,59 @@ def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, gra
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
+
+
+def _serve_and_log(engine: Path, *flags: str) -> list[str]:
+    """Run ``trtbuild serve``, send a completion, a streamed chat, a bad request and a 404, stop it with SIGTERM;
+    its stderr lines."""
+    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", "--served-model-name", MODEL]
+    proc = subprocess.Popen([*command, *flags], stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        lines = [proc.stderr.readline()]
+        while "serving" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+            assert lines[-1], "the server exited before serving"
+        base = re.search(r"(http://\S+/v1)", lines[-1]).group(1)
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        client.completions.create(model=MODEL, prompt="the cat", max_tokens=5, extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        assert len([c for c in stream if c.choices and c.choices[0].delta.content is not None]) >= 1
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=MODEL, prompt="x", temperature=-1)
+        assert request(base, "GET", "/v1/nothing")[0] == 404
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        return lines + proc.stderr.read().splitlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
+def test_cli_access_log_one_line_per_request(engine):
+    lines = [ln for ln in _serve_and_log(engine) if ' - "' in ln]
+    pattern = r'INFO: +127\.0\.0\.1:\d+ - "(\w+) (\S+) HTTP/1\.1" (\d+) (\d+\.\d{3})s(.*)$'
+    parsed = [re.match(pattern, ln).groups() for ln in lines]
+    requests = [(method, path, int(status), tokens.strip()) for method, path, status, _, tokens in parsed]
+    assert requests[-4:] == [
+        ("POST", "/v1/completions", 200, "prompt_tokens=7 completion_tokens=5"),
+        ("POST", "/v1/chat/completions", 200, requests[-3][3]),
+        ("POST", "/v1/completions", 400, ""),
+        ("GET", "/v1/nothing", 404, ""),
+    ]
+    assert re.fullmatch(r"prompt_tokens=\d+ completion_tokens=4", requests[-3][3])  # a stream, logged at its end
+    assert all(method == "GET" and path == "/v1/models" for method, path, _, _ in requests[:-4])
+    assert not [ln for ln in _serve_and_log(engine, "--no-access-log") if ' - "' in ln]
 
 
 def test_cli_bad_engine_dir_is_one_error_line(tmp_path):

@@ -2,7 +2,8 @@
 
 ``build_app(llm, config)`` returns the ASGI app; its lifespan starts the engine thread and stops it (aborting what
 still runs) on shutdown. Every error is an ``APIError`` answered in OpenAI's JSON shape; an unexpected exception
-in a handler becomes a 500 of the same shape, and the engine keeps serving everyone else.
+in a handler becomes a 500 of the same shape, and the engine keeps serving everyone else. With
+``config.access_log``, each request is logged once its response is sent (``AccessLog``).
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import RequestError
 from ..runtime.llm import LLM
@@ -29,6 +33,7 @@ from .protocol import Endpoint, ParsedRequest, parse_request
 from .responses import ResponseBuilder, sse
 
 RETRY_AFTER_S = 1
+ACCESS_LOGGER = "trtbuild.serve.access"  # uvicorn's handler prints it to stderr (server.py)
 
 
 class ServerState:
@@ -84,9 +89,56 @@ def build_app(llm: LLM, config: ServeConfig, model_name: str) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: _unexpected})
+    middleware = [Middleware(AccessLog)] if config.access_log else []
+    app = Starlette(
+        routes=routes, lifespan=lifespan, middleware=middleware, exception_handlers={Exception: _unexpected}
+    )
     app.state.server = state
     return _with_api_errors(app)
+
+
+class AccessLog:
+    """One log line per HTTP request, once its response has been sent (a stream's at its end), like uvicorn's and
+    vLLM's access log plus the time taken and, for a generation, its tokens::
+
+        127.0.0.1:50412 - "POST /v1/chat/completions HTTP/1.1" 200 1.284s prompt_tokens=23 completion_tokens=64
+
+    A handler that generates sets ``request.state.usage`` (a callable returning OpenAI's usage object), read when
+    the response is done, so an aborted stream logs the tokens it produced. An exception no handler answered logs
+    status 500.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.log = logging.getLogger(ACCESS_LOGGER)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+        state = scope.setdefault("state", {})
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            client = scope.get("client")
+            where = f"{client[0]}:{client[1]}" if client else "-"
+            path = scope["path"] + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+            line = f'{where} - "{scope["method"]} {path} HTTP/{scope["http_version"]}" {status} '
+            line += f"{time.perf_counter() - start:.3f}s"
+            usage = state.get("usage")
+            if usage is not None:
+                counts = usage()
+                line += f" prompt_tokens={counts['prompt_tokens']} completion_tokens={counts['completion_tokens']}"
+            self.log.info(line)
 
 
 def _with_api_errors(app: Starlette) -> Starlette:
@@ -158,6 +210,7 @@ async def _generate(state: ServerState, request: Request, endpoint: Endpoint) ->
         param = "messages" if endpoint is Endpoint.CHAT else "prompt"
         raise bad_request(str(e), param=param) from None
     builder = ResponseBuilder(endpoint, state.model_name, len(sub.states), sub.prompt_token_ids, state.llm.tokenizer)
+    request.state.usage = builder.usage  # the access log's tokens, read when the response is done
     if parsed.stream:
         return StreamingResponse(_stream(state, sub, builder, parsed), media_type="text/event-stream")
     return await _whole(state, sub, builder, request)

@@ -26,6 +26,10 @@ class ServeConfig:
     shutdown_grace: float = field(
         default=30.0, metadata={"help": "seconds running requests may finish after SIGINT/SIGTERM before abort"}
     )
+    access_log: bool = field(
+        default=True,
+        metadata={"help": "one stderr line per request: client, method, path, status, seconds, prompt/output tokens"},
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -1,7 +1,9 @@
 """OpenAI request bodies -> a checked ``ParsedRequest`` (prompts + ``SamplingParams``), or a 400 ``APIError``.
 
 Field types are checked here (``param`` names the field); value ranges are ``SamplingParams``' own checks, whose
-messages are passed on. Fields the runner cannot honour are refused when set to anything but their neutral value;
+messages are passed on. A chat message's role must be one of OpenAI's (``CHAT_ROLES``; OpenAI's 400 otherwise,
+whatever the chat template would accept). Fields the runner cannot honour are refused when set to anything but their
+neutral value;
 ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and ignored; any other field is refused.
 """
 
@@ -66,6 +68,7 @@ NEUTRAL = {  # accepted only at these values (what the runner does anyway)
     "response_format": ({"type": "text"},),
     "modalities": (["text"],),
 }
+CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")  # OpenAI's; others get its 400
 COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of"}
 CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs"}
 
@@ -196,6 +199,10 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise bad_request(f"messages[{i}] must be an object with a 'role' string", param=f"messages[{i}]")
+        if m["role"] not in CHAT_ROLES:
+            supported = ", ".join(f"'{r}'" for r in CHAT_ROLES[:-1]) + f", and '{CHAT_ROLES[-1]}'"
+            raise bad_request(f"Invalid value: '{m['role']}'. Supported values are: {supported}.",
+                              param=f"messages[{i}].role", code="invalid_value")  # fmt: skip
         content = m.get("content")
         if isinstance(content, list):
             if not all(

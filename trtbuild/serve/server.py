@@ -8,6 +8,7 @@ engine thread. A second SIGINT forces the exit.
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import socket
 import threading
@@ -15,10 +16,16 @@ from collections.abc import Generator
 from types import FrameType
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from ..runtime.llm import LLM
-from .app import build_app
+from .app import ACCESS_LOGGER, build_app
 from .config import ServeConfig
+
+# uvicorn's own logging, plus trtbuild's access log through uvicorn's stderr handler ("INFO:     ..."); uvicorn's
+# access log (stdout, without times or tokens) stays off.
+LOG_CONFIG = copy.deepcopy(LOGGING_CONFIG)
+LOG_CONFIG["loggers"][ACCESS_LOGGER] = {"handlers": ["default"], "level": "INFO", "propagate": False}
 
 
 class Server(uvicorn.Server):
@@ -33,6 +40,7 @@ class Server(uvicorn.Server):
                 port=config.port,
                 timeout_graceful_shutdown=config.shutdown_grace,
                 access_log=False,
+                log_config=LOG_CONFIG,
                 log_level="info",
             )
         )
