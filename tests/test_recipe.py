@@ -99,10 +99,22 @@ def _set(data: dict, dotted: str, value) -> dict:
 BAD = {
     "wrong type": ("build.max_seq_len", "long", "recipe.build.max_seq_len: expected int, got str"),
     "unknown key": (
-        "build.max_seqlen",
+        "build.zzz",
         5,
-        "recipe.build.max_seqlen: unknown key (known: backend, cpu_attention, cpu_linear, kv_block_size, ",
+        "recipe.build.zzz: unknown key (known: backend, cpu_attention, cpu_linear, kv_block_size, ",
     ),
+    "misspelt key": ("build.max_seqlen", 5, "recipe.build.max_seqlen: unknown key (did you mean 'max_seq_len'?)"),
+    "misspelt nested key": (
+        "formats.1.quantization.calib_sise",
+        4,
+        "recipe.formats[1].quantization.calib_sise: unknown key (did you mean 'calib_size'?)",
+    ),
+    "misspelt enum": (
+        "formats.1.quantization.qformat",
+        "int8sq",
+        "recipe.formats[1].quantization.qformat: 'int8sq' is not one of int8_sq, ",
+    ),
+    "misspelt baseline": ("accuracy_gate.baseline", "fp23", "recipe: accuracy_gate.baseline 'fp23' is not one of the"),
     "unknown nested key": ("formats.1.quantization.bits", 4, "recipe.formats[1].quantization.bits: unknown key"),
     "bad enum": (
         "formats.1.quantization.qformat",
@@ -144,6 +156,8 @@ def test_bad_recipes_name_the_key_path(tmp_path, case):
         load_recipe(path)
     assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
     assert "\n" not in str(e.value)
+    suggestions = {"misspelt enum": "(did you mean 'int8_sq'?)", "misspelt baseline": "(did you mean 'fp32'?)"}
+    assert str(e.value).endswith(suggestions.get(case, "")), str(e.value)
 
 
 def run_cli(*args) -> subprocess.CompletedProcess:
@@ -157,6 +171,10 @@ def test_recipe_errors_on_the_command_line_are_one_line(tmp_path):
         (tmp_path / "missing.yaml", "missing.yaml: recipe file not found"),
         (write(tmp_path, "name: [unclosed\n", "syntax.yaml"), "syntax.yaml: not valid YAML at line 2"),
         (write(tmp_path, "- a list\n", "list.yaml"), "recipe: expected a mapping, got list"),
+        (
+            write(tmp_path, _set(GOOD, "build.max_batch_sise", 4), "typo.yaml"),
+            "recipe.build.max_batch_sise: unknown key (did you mean 'max_batch_size'?)",
+        ),
     ]
     for path, needle in cases:
         commands = [["pipeline", path, "-o", tmp_path / "art"]]

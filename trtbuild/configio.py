@@ -1,12 +1,15 @@
 """Typed (de)serialization of config dataclasses: JSON files, recipes and CLI flags all go through here.
 
 ``from_dict`` checks every key and type against the dataclass annotations and names the offending key path
-(``build.max_seq_len: expected int, got str``), so a config file can never silently disagree with the code.
+(``build.max_seq_len: expected int, got str``), so a config file can never silently disagree with the code. A
+misspelt key or enum value gets the closest known one (``build.max_seq_lne: unknown key (did you mean
+'max_seq_len'?)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import types
 import typing
@@ -36,6 +39,12 @@ def to_dict(obj: Any) -> Any:
 def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     """Build dataclass ``cls`` from ``data``, rejecting unknown keys, missing keys and wrong types."""
     return _convert(cls, data, path or cls.__name__)
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    """``did you mean 'x'?`` for a close match of ``key`` among ``known`` (difflib), else the list of known keys."""
+    close = difflib.get_close_matches(key, known, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
 
 
 def _convert(tp: Any, value: Any, path: str) -> Any:
@@ -69,9 +78,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__}")
         hints = typing.get_type_hints(tp)
         fields = {f.name: f for f in dataclasses.fields(tp) if f.init}
-        unknown = sorted(set(value) - set(fields))
+        unknown = sorted(set(value) - set(fields), key=str)
         if unknown:
-            raise ConfigError(f"{path}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+            raise ConfigError(f"{path}.{unknown[0]}: unknown key ({_suggest(str(unknown[0]), sorted(fields))})")
         kwargs = {}
         for name, f in fields.items():
             if name in value:
@@ -86,8 +95,10 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         try:
             return tp(value)
         except ValueError:
-            choices = ", ".join(str(m.value) for m in tp)
-            raise ConfigError(f"{path}: {value!r} is not one of {choices}") from None
+            choices = [str(m.value) for m in tp]
+            close = difflib.get_close_matches(str(value), choices, n=1) if isinstance(value, str) else []
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(choices)}{hint}") from None
     if tp is Path:
         if not isinstance(value, str | Path):
             raise ConfigError(f"{path}: expected a path string, got {type(value).__name__}")

