@@ -206,3 +206,25 @@ def test_inspect_refuses_a_truncated_or_padded_safetensors_file(tiny_engines, tm
     weights.write_bytes(whole + b"\0" * 8)
     with pytest.raises(TrtbuildError, match="8 bytes after the last tensor"):
         inspect_path(ckpt)
+
+
+def test_inspect_lists_layers_in_numeric_order(tmp_path):
+    """layers.2 before layers.10, in the tensor table (text and --json) and the file list."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    names = [f"layers.{i}.mlp.down.weight" for i in (10, 2, 1, 11, 0)] + ["embed.weight", "lm_head.weight"]
+    save_file({n: np.zeros((2, 2), np.float32) for n in names}, str(ckpt / "rank0.safetensors"))
+    for i in (10, 9):
+        (ckpt / f"notes{i}.txt").write_text("x")
+    expected = ["embed.weight", *(f"layers.{i}.mlp.down.weight" for i in (0, 1, 2, 10, 11)), "lm_head.weight"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([*TRTBUILD, "inspect", str(ckpt), "--json"], capture_output=True, text=True, env=env)
+    info = json.loads(proc.stdout)
+    assert [t["name"] for t in info["tensors"]] == expected
+    assert list(info["files"]) == ["config.json", "notes9.txt", "notes10.txt", "rank0.safetensors"]
+    text = subprocess.run([*TRTBUILD, "inspect", str(ckpt)], capture_output=True, text=True, env=env).stdout
+    assert [line.split()[0] for line in text.splitlines() if ".weight" in line] == expected

@@ -2,6 +2,7 @@
 
 - checkpoint (``config.json`` + ``rank0.safetensors``): the model config, its quantization, a tensor table read
   from the safetensors header (name, dtype, shape, bytes; no tensor data is loaded), file sizes;
+- tensors and files in natural order (``layers.2`` before ``layers.10``);
 - engine directory (``manifest.json``): backend, target, versions, build options, the model config and
   quantization of ``runtime_config.json``, op counts by type (the manifest's graph section), the engine's
   initializer table (from the ONNX graph without its external data), file sizes.
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -70,8 +72,13 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+def natural_key(name: str) -> list[str | int]:
+    """Sort key that orders the numbers inside names by value: ``layers.2`` before ``layers.10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def _files(directory: Path) -> dict[str, int]:
-    paths = sorted(p for p in directory.rglob("*") if p.is_file())
+    paths = sorted((p for p in directory.rglob("*") if p.is_file()), key=lambda p: natural_key(p.as_posix()))
     return {p.relative_to(directory).as_posix(): p.stat().st_size for p in paths}
 
 
@@ -91,7 +98,7 @@ def safetensors_table(path: Path) -> list[dict[str, Any]]:
                 raise ValueError(f"the file ends inside its {length}-byte header")
             header = json.loads(raw)
         rows = []
-        for name, meta in sorted(header.items()):
+        for name, meta in sorted(header.items(), key=lambda item: natural_key(item[0])):
             if name == "__metadata__":
                 continue
             start, end = meta["data_offsets"]
@@ -160,7 +167,7 @@ def onnx_initializer_table(model_path: Path) -> list[dict[str, Any]]:
                 "bytes": (math.prod(t.dims) * bits + 7) // 8,
             }
         )
-    return sorted(rows, key=lambda r: r["name"])
+    return sorted(rows, key=lambda r: natural_key(r["name"]))
 
 
 def _inspect_engine(path: Path) -> dict[str, Any]:
