@@ -429,3 +429,13 @@ def test_default_kv_cache_holds_a_full_batch_of_full_sequences(tiny_engines):
     model, build = llm.session.config.model, llm.session.config.build
     assert llm.session.kv_cache_memory == default_cpu_kv_cache_memory(model, build, available_memory())
     assert llm.num_kv_blocks >= build.max_batch_size * -(-build.max_seq_len // build.kv_block_size)
+
+
+def test_finish_reason_prints_as_its_value(text_engine, capsys):
+    """The README's example prints ``length``, not ``FinishReason.LENGTH``; it compares and serializes as a string."""
+    out = LLM(text_engine).generate(["the cat"], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))[0]
+    print(out.text, out.finish_reason, out.metrics.ttft)  # as README.md and docs/runner.md do
+    printed = capsys.readouterr().out
+    assert f" length {out.metrics.ttft}" in printed and "FinishReason" not in printed
+    assert out.finish_reason is FinishReason.LENGTH and out.finish_reason == "length"
+    assert f"{out.outputs[0].finish_reason}" == "length" and json.dumps(out.finish_reason) == '"length"'

@@ -11,8 +11,9 @@ from .block_pool import BlockHash
 from .sampling import SamplingParams
 
 
-class FinishReason(enum.Enum):
-    """Why a request stopped generating."""
+class FinishReason(enum.StrEnum):
+    """Why a request stopped generating. A string enum, as vLLM's plain strings: ``print`` and f-strings show
+    ``stop``, and ``out.finish_reason == "stop"`` holds."""
 
     STOP = "stop"  # an EOS token, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached, or the engine's max_seq_len
