@@ -75,6 +75,7 @@ def test_progress_on_a_terminal_only_and_never_with_json(monkeypatch, capsys, te
     code, out, err = cli(monkeypatch, capsys, "bench", text_engine, "--num-requests", 3, "--input-len", 4,
                          "--output-len", 2)  # fmt: skip
     assert code == 0 and "\rbenchmarking  3/3 [" in err and "output tok/s" in out
+    assert err.startswith("\rbenchmarking  0/3 [") and "tok/s" in err  # drawn before any request finishes
     text = tmp_path / "eval.txt"
     text.write_text("the cat is on the mat. " * 20)
     evaluate = ["eval", text_engine, "--dataset", text, "--windows", 2, "--seq-len", 16]

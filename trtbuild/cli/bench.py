@@ -133,15 +133,20 @@ def run_bench(llm: Any, workload: BenchWorkload, *, show_progress: bool = False,
 
 
 def _generate_with_progress(llm: Any, prompts: list[list[int]], params: Any, show: bool) -> list[Any]:
-    """``llm.generate(prompts, params)``, with a progress bar of finished requests when ``show``."""
+    """``llm.generate(prompts, params)``, with a progress bar when ``show`` (as ``run --input``'s: drawn at once,
+    redrawn every step with the tokens/s so far)."""
     from ..progress import Progress
 
     finished = llm.generate_iter(prompts, params)
     outputs: list[Any] = [None] * len(prompts)
-    with Progress(len(prompts), "benchmarking", "req", enabled=None if show else False) as bar:
-        for i, out in finished:
-            outputs[i] = out
-            bar.update()
+    with Progress(len(prompts), "benchmarking", "req", enabled=None if show else False, work_unit="tok") as bar:
+        bar.update(0)
+        for done in finished.by_step():
+            for i, out in done:
+                outputs[i] = out
+            if bar.enabled:
+                generated, left = finished.tokens()
+                bar.update(len(done), work=generated, work_left=left)
     return outputs
 
 
