@@ -146,3 +146,25 @@ def config_with_defaults(cls: type, kwargs: dict[str, Any], defaults: Any | None
             values[k] = v
     values.update({k: (v.value if isinstance(v, enum.Enum) else v) for k, v in fixed.items()})
     return from_dict(cls, values, path="options")
+
+
+class JsonObjectFile(click.ParamType):
+    """A JSON file holding one object (``run --json-schema FILE``): the value is the parsed dict."""
+
+    name = "file"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        import json
+
+        if isinstance(value, dict):
+            return value
+        flag = "--" + param.name.replace("_", "-") if param is not None else "value"
+        try:
+            data = json.loads(Path(value).read_text(encoding="utf-8"))
+        except OSError as e:
+            raise TrtbuildError(f"{flag} {value}: cannot read ({e.strerror})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise TrtbuildError(f"{flag} {value}: not JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise TrtbuildError(f"{flag} {value}: expected a JSON object, got {type(data).__name__}")
+        return data

@@ -24,7 +24,7 @@ from ..artifacts.atomic import write_file_atomic
 from ..errors import ConfigError, RequestError, TrtbuildError
 from ..progress import Progress
 from .jsonl import STDIN, InputLine, locate_error, make_params, read_jsonl, read_text, result_record, results_text
-from .options import OutputPath
+from .options import JsonObjectFile, OutputPath
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
@@ -41,6 +41,8 @@ SAMPLING_HELP = {
     "n": "completions per prompt",
     "logprobs": "also return this many top logprobs per token [default: none]",
     "ignore_eos": "keep generating past EOS",
+    "regex": "structured output: the text matches this regex (Rust syntax, whole output)",
+    "json_schema": "structured output: a JSON schema file; the text is JSON valid under it",
 }
 
 
@@ -57,6 +59,8 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         args = [a for a in typing.get_args(tp) if a is not type(None) and a is not Ellipsis]
         if tp is bool:
             option = click.option(flag, f.name, is_flag=True, default=None, help=help_text)
+        elif f.name == "json_schema":  # a dict: read from a JSON file (JSON-lines input gives the object itself)
+            option = click.option(flag, f.name, type=JsonObjectFile(), default=None, help=help_text)
         elif typing.get_origin(tp) is tuple:
             option = click.option(flag, f.name, type=args[0], multiple=True, help=help_text)
         elif isinstance(tp, types.UnionType):

@@ -12,7 +12,8 @@ Requests of every open ``generate``/``generate_stream`` call share the loop; eac
 requests finish. Invalid requests: ``generate`` checks every prompt before any runs and raises ``RequestError``
 (``prompt i: ...``) without queueing any of them, so nothing else is disturbed and the LLM keeps serving.
 
-Imports only numpy, onnxruntime, tokenizers (and jinja2 for chat templates): never torch or transformers.
+Imports only numpy, onnxruntime, tokenizers (and jinja2 for chat templates, llguidance for structured output, both
+when first needed): never torch or transformers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
+from .grammar import Grammars, StepMasks
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .profile import PhaseTimes
 from .sampling import SamplerOutput, SamplingParams, TokenLogprobs
@@ -111,6 +113,7 @@ class LLM:
         self._states: dict[str, CompletionState] = {}  # unfinished requests
         self._num_requests = 0
         self._now = 0.0  # time of the step being applied (read by the stop hook)
+        self.grammars: Grammars | None = None  # structured output's compiler and masks, made by the first request
         self.reset_stats()
 
     @property
@@ -280,6 +283,8 @@ class LLM:
                 raise RequestError(f"expected SamplingParams, got {type(params).__name__}")
             if params.stop:
                 self._require_tokenizer("stop strings")
+            if params.regex is not None or params.json_schema is not None:
+                self._grammars().check(params)
             if isinstance(prompt, str):
                 return prompt, self._require_tokenizer("a text prompt").encode(prompt), params
             if not isinstance(prompt, Sequence) or not all(_is_token(t) for t in prompt):
@@ -315,6 +320,8 @@ class LLM:
                         raise RequestError(f"prompt {i}: {str(e).split(': ', 1)[-1]}") from None
                     detok = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, ids)
                     state = CompletionState(seq, k, detok, self.config.eos_token_ids, now)
+                    if self.grammars is not None:
+                        state.grammar = self.grammars.matcher(p)
                     self._states[seq.request_id] = state
                     states.append(state)
         except BaseException:
@@ -336,6 +343,21 @@ class LLM:
         seq = states[0].seq
         return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), [s.output() for s in states])
 
+    def _grammars(self) -> Grammars:
+        if self.grammars is None:
+            if self.tokenizer is None:
+                raise RequestError("structured output (regex / json_schema) needs the engine's tokenizer.json")
+            self.grammars = Grammars(self.tokenizer, self.vocab_size, self.config.eos_token_ids)
+        return self.grammars
+
+    def _start_masks(self, seqs: list[Seq]) -> StepMasks | None:
+        """The grammar masks of the constrained ones among the step's sampled ``seqs`` (row b: ``seqs[b]``),
+        computed on a worker thread while the engine runs; None when no sequence is constrained."""
+        if self.grammars is None:
+            return None
+        rows = [(b, g) for b, seq in enumerate(seqs) if (g := self._states[seq.request_id].grammar) is not None]
+        return self.grammars.start_masks(rows) if rows else None
+
     def _on_token(self, seq: Seq) -> str | None:
         return self._states[seq.request_id].on_token(seq.output_token_ids[-1], self._now)
 
@@ -355,9 +377,15 @@ class LLM:
         kv = self.scheduler.kv_cache
         self._peak_blocks = max(self._peak_blocks, kv.num_used_blocks)
         t1 = time.perf_counter()
+        masks = self._start_masks(out.sample_seqs)
         logits = self._run(out)
         t2 = time.perf_counter()
+        if masks is not None and logits is not None:
+            masks.apply(logits)
         sampled = SamplerOutput([], []) if logits is None else self.sampler.sample(logits, out.sample_seqs)
+        if masks is not None:
+            for b in masks.rows:
+                self._states[out.sample_seqs[b].request_id].grammar.advance(sampled.token_ids[b])
         for seq, lp in zip(out.sample_seqs, sampled.logprobs, strict=True):
             state = self._states[seq.request_id]
             if state.logprobs is not None and lp is not None:

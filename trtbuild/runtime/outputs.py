@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .grammar import GrammarMatcher
 from .sampling import TokenLogprobs
 from .sequence import FinishReason, Sequence
 from .tokenizer import IncrementalDetokenizer
@@ -132,6 +133,7 @@ class CompletionState:
         self.streamed = 0  # characters of text handed out by take_delta
         self.logprobs: list[TokenLogprobs] | None = None if seq.sampling_params.logprobs is None else []
         self.cancelled = False  # set by an abandoned stream; the LLM aborts the request before its next step
+        self.grammar: GrammarMatcher | None = None  # structured output: the sequence's grammar state (LLM sets it)
         self._detokenizer = detokenizer
         params = seq.sampling_params
         # Tokens whose text is left out (vLLM): stop token ids, and EOS tokens unless ignore_eos.

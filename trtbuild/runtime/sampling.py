@@ -2,7 +2,8 @@
 
 Processing order for each row (vLLM v1): penalties (repetition, frequency, presence) -> greedy argmax when
 ``temperature == 0``; otherwise temperature -> min-p -> top-k -> top-p -> one draw from the request's generator.
-Rows are processed one at a time, so a request's result never depends on the rest of the batch.
+Rows are processed one at a time, so a request's result never depends on the rest of the batch. Structured output
+(``regex`` / ``json_schema``) masks a row's logits before all of this (``grammar.py``, applied by ``LLM``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +39,10 @@ class SamplingParams:
     n: int = 1  # completions per prompt (the LLM layer fans them out as separate sequences)
     logprobs: int | None = None  # also return the chosen token's logprob and this many top logprobs; None = no
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
+    # Structured output (runtime/grammar.py), at most one: the output matches this regex (Rust regex syntax, whole
+    # output), or is JSON valid under this JSON schema; it ends with EOS right after a complete match.
+    regex: str | None = None
+    json_schema: dict[str, Any] | None = field(default=None, hash=False)  # a dict: left out of the hash
 
     def __post_init__(self) -> None:
         # Lists (and a single stop string) are accepted and stored as tuples: the params stay immutable and hashable.
@@ -67,6 +72,8 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise RequestError(message)
+        if self.regex is not None or self.json_schema is not None:
+            _check_structured(self)
 
     @property
     def greedy(self) -> bool:
@@ -94,6 +101,21 @@ def _check_types(params: SamplingParams) -> None:
             raise RequestError(f"{name} must be an integer, got {value!r}")
     if not isinstance(params.ignore_eos, bool):
         raise RequestError(f"ignore_eos must be true or false, got {params.ignore_eos!r}")
+    if params.regex is not None and not isinstance(params.regex, str):
+        raise RequestError(f"regex must be a string, got {params.regex!r}")
+    if params.json_schema is not None and not isinstance(params.json_schema, dict):
+        raise RequestError(f"json_schema must be a JSON schema object, got {params.json_schema!r}")
+
+
+def _check_structured(params: SamplingParams) -> None:
+    """``RequestError`` for a regex / JSON schema the grammar library rejects, or one combined with what it excludes."""
+    from .grammar import grammar_text
+
+    if params.regex is not None and params.json_schema is not None:
+        raise RequestError("give at most one of regex and json_schema")
+    if params.ignore_eos:
+        raise RequestError("ignore_eos cannot be combined with regex / json_schema (the grammar ends the output)")
+    grammar_text(params)
 
 
 class SamplingRequest(Protocol):

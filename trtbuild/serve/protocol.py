@@ -5,6 +5,7 @@ messages are passed on. A chat message's role must be one of OpenAI's (``CHAT_RO
 whatever the chat template would accept). Fields the runner cannot honour are refused when set to anything but their
 neutral value;
 ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and ignored; any other field is refused.
+``response_format`` (text, json_object, json_schema) becomes ``SamplingParams.json_schema`` (structured output).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError
+from ..runtime.grammar import JSON_OBJECT_SCHEMA
 from ..runtime.sampling import SamplingParams
 from .errors import bad_request
 
@@ -65,12 +67,11 @@ NEUTRAL = {  # accepted only at these values (what the runner does anyway)
     "functions": ([],),
     "function_call": ("none",),
     "parallel_tool_calls": (False, True),
-    "response_format": ({"type": "text"},),
     "modalities": (["text"],),
 }
 CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")  # OpenAI's; others get its 400
-COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of"}
-CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs"}
+COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of", "response_format"}
+CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
 
 
 def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
@@ -99,6 +100,7 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         raise bad_request(f"n must be <= {MAX_N}", param="n")
     values["stop"] = _stop(body)
     values["stop_token_ids"] = _int_list(body, "stop_token_ids")
+    values["json_schema"] = _response_format(body)
     if endpoint is Endpoint.COMPLETIONS:
         prompts = _completion_prompts(body)
         tokens = _typed(body, "max_tokens", int)
@@ -121,6 +123,8 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
     except RequestError as e:
         message = str(e)
         field = message.split(" ", 1)[0]
+        if field == "json_schema":  # the grammar library refused the response_format's schema
+            message, field = f"response_format: {message}", "response_format"
         raise bad_request(message, param=field if field in body or field == "max_tokens" else None) from None
     return ParsedRequest(endpoint, model, prompts, params, stream, include_usage)
 
@@ -138,6 +142,28 @@ def _typed(body: Mapping[str, Any], key: str, types: Any, name: str | None = Non
         kinds = {bool: "a boolean", int: "an integer", str: "a string", dict: "an object", NUMBER: "a number"}
         raise bad_request(f"'{name or key}' must be {kinds.get(types, 'valid')}", param=name or key)
     return value
+
+
+def _response_format(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """OpenAI's ``response_format`` as the JSON schema the output must follow: None for ``{"type": "text"}``, any
+    JSON object for ``{"type": "json_object"}``, ``json_schema.schema`` for ``{"type": "json_schema", ...}`` (always
+    enforced: ``strict`` is accepted either way; a missing schema allows any JSON value)."""
+    fmt = _typed(body, "response_format", dict)
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return dict(JSON_OBJECT_SCHEMA)
+    if fmt.get("type") != "json_schema":
+        raise bad_request(
+            "response_format.type must be 'text', 'json_object' or 'json_schema'", param="response_format"
+        )
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise bad_request("response_format.json_schema must be an object with a 'name'", param="response_format")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise bad_request("response_format.json_schema.schema must be an object", param="response_format")
+    return schema
 
 
 def _stop(body: Mapping[str, Any]) -> tuple[str, ...]:

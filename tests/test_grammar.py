@@ -1,0 +1,339 @@
+"""Structured output (``SamplingParams.regex`` / ``json_schema``, runtime/grammar.py) on a tiny engine.
+
+The tiny models are random, so what they generate unconstrained is noise: every constrained output must still match
+its regex or validate under its schema (checked with ``re`` and ``jsonschema``, independent of the grammar library).
+The engine gets a character-level tokenizer with JSON's punctuation (``json_tokenizer``), like test_llm's
+``add_tokenizer``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from test_llm import CHAT_TEMPLATE
+
+from trtbuild.errors import RequestError
+from trtbuild.runtime.llm import LLM, SamplingParams
+from trtbuild.runtime.sequence import FinishReason
+
+JSON_CHARS = [*' {}[]":,.-+_\n', *map(chr, range(97, 123)), *map(str, range(10)), *map(chr, range(65, 91))]
+JSON_WORDS = ['"name"', "true", "false", "null", ": ", ", ", ' "', "ing"]
+JSON_VOCAB = ["<unk>", "<s>", "</s>", *JSON_CHARS, *JSON_WORDS]  # 86 tokens: fits every tiny model's vocabulary
+EOS = 2
+
+SCHEMAS = [
+    {  # nested object, enum, bounded integer, optional field
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 6},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "pet": {
+                "type": "object",
+                "properties": {"kind": {"enum": ["cat", "dog"]}},
+                "required": ["kind"],
+                "additionalProperties": False,
+            },
+            "note": {"type": "string", "maxLength": 3},
+        },
+        "required": ["name", "age", "pet"],
+        "additionalProperties": False,
+    },
+    {  # array of bounded numbers, boolean
+        "type": "object",
+        "properties": {
+            "xs": {"type": "array", "items": {"type": "number", "minimum": -5, "maximum": 5}, "maxItems": 3},
+            "ok": {"type": "boolean"},
+        },
+        "required": ["xs", "ok"],
+        "additionalProperties": False,
+    },
+    {"type": "array", "items": {"enum": ["a", "b", None]}, "minItems": 1, "maxItems": 4},
+]
+
+
+def add_json_tokenizer(engine: Path, dst: Path) -> Path:
+    """A copy of ``engine`` with a character-level tokenizer of JSON_VOCAB (</s> = 2 = the llama EOS)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    shutil.copytree(engine, dst)
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(JSON_VOCAB)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), "isolated")
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    tok.save(str(dst / "tokenizer.json"))
+    (dst / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
+    (dst / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def json_engine(tiny_engines, tmp_path_factory) -> Path:
+    return add_json_tokenizer(tiny_engines["llama_gqa"][2], tmp_path_factory.mktemp("json") / "engine")
+
+
+@pytest.fixture(scope="module")
+def llm(json_engine) -> LLM:
+    return LLM(json_engine)
+
+
+def test_json_schema_outputs_validate(llm):
+    """Greedy and sampled outputs of several schemas, in one batch: each parses, validates and ends with EOS."""
+    params = [
+        SamplingParams(temperature=t, seed=s, max_tokens=120, json_schema=schema)
+        for schema in SCHEMAS
+        for t, s in ((0.0, None), (1.0, 1), (1.0, 2), (1.5, 3))
+    ]
+    outs = llm.generate(["the cat"] * len(params), params)
+    for out, p in zip(outs, params, strict=True):
+        assert out.finish_reason is FinishReason.STOP and out.token_ids[-1] == EOS, out.text
+        jsonschema.validate(json.loads(out.text), p.json_schema)
+    unconstrained = llm.generate(["the cat"], SamplingParams(temperature=0.0, max_tokens=40))[0].text
+    with pytest.raises(ValueError):  # the reference: the random model's own text is not JSON
+        json.loads(unconstrained)
+
+
+def test_regex_outputs_match(llm):
+    pattern = r"[a-z]{2,5}-\d{3}( ok)?"
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=30, regex=pattern) for s in range(6)]
+    outs = llm.generate(["id:"] * 6, [*params[:5], SamplingParams(temperature=0.0, max_tokens=30, regex=pattern)])
+    for out in outs:
+        assert re.fullmatch(pattern, out.text), out.text
+        assert out.finish_reason is FinishReason.STOP
+    assert len({o.text for o in outs}) > 1  # sampled, not one forced string
+
+
+def test_constrained_and_plain_requests_share_a_batch(llm):
+    """Masks touch only their own rows: the unconstrained requests' tokens equal those of a run without them."""
+    plain = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)] * 2
+    alone = llm.generate(["ab", "cd"], plain)
+    mixed = llm.generate(["ab", "x", "cd"], [plain[0], SamplingParams(temperature=0.0, regex="[0-9]{8}"), plain[1]])
+    assert [o.token_ids for o in (mixed[0], mixed[2])] == [o.token_ids for o in alone]
+    assert re.fullmatch("[0-9]{8}", mixed[1].text)
+
+
+def test_n_completions_have_their_own_grammar_state(llm):
+    out = llm.generate(["q"], SamplingParams(n=4, temperature=1.0, seed=7, json_schema=SCHEMAS[2], max_tokens=60))[0]
+    for c in out.outputs:
+        jsonschema.validate(json.loads(c.text), SCHEMAS[2])
+
+
+def test_max_tokens_cuts_a_constrained_output(llm):
+    """A grammar does not stretch max_tokens: the output is a valid prefix, finish reason length."""
+    out = llm.generate(["x"], SamplingParams(temperature=0.0, max_tokens=3, regex="[a-z]{20}"))[0]
+    assert out.finish_reason is FinishReason.LENGTH and re.fullmatch("[a-z]{3,15}", out.text)
+
+
+def test_streamed_constrained_output(llm):
+    stream = llm.generate_stream("s", SamplingParams(temperature=1.0, seed=3, json_schema=SCHEMAS[1], max_tokens=80))
+    text = "".join(stream)
+    jsonschema.validate(json.loads(text), SCHEMAS[1])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"json_schema": {"type": "nonsense"}}, "json_schema is not supported: Invalid type: nonsense"),
+        ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "minimum (5) is greater than maximum"),
+        ({"json_schema": {"$ref": "#/nowhere"}}, "does not exist"),
+        ({"json_schema": "{}"}, "json_schema must be a JSON schema object"),
+        ({"regex": "(("}, "regex '((' is not supported: unclosed group"),
+        ({"regex": "a", "json_schema": {}}, "at most one of regex and json_schema"),
+        ({"regex": "a", "ignore_eos": True}, "ignore_eos cannot be combined"),
+    ],
+)
+def test_bad_grammars_are_one_line_request_errors(kwargs, message):
+    with pytest.raises(RequestError) as e:
+        SamplingParams(**kwargs)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_request_is_refused_before_anything_runs(tiny_engines):
+    """An engine without a tokenizer cannot constrain: the whole call is refused, nothing is queued."""
+    bare = LLM(tiny_engines["llama_gqa"][2])
+    good = SamplingParams(temperature=0.0, max_tokens=4)
+    with pytest.raises(RequestError, match=r"^prompt 1: structured output .* needs the engine's tokenizer.json$"):
+        bare.generate([[5, 6], [7]], [good, SamplingParams(regex="a+")])
+    assert not bare.scheduler.has_unfinished()
+    assert bare.generate([[5, 6]], good)[0].finish_reason is FinishReason.LENGTH
+
+
+def test_masks_are_computed_while_the_engine_runs(llm):
+    """The masks of a step start before the engine call (a worker thread) and are exact for the grammar state."""
+    llm.generate(["a"], SamplingParams(temperature=0.0, regex="[0-9]+", max_tokens=2))
+    grammars = llm.grammars
+    seq_params = SamplingParams(regex="(ab|cd)e")
+    m = grammars.matcher(seq_params)
+    masks = grammars.start_masks([(0, m)])
+    logits = np.zeros((1, llm.vocab_size), dtype=np.float32)
+    masks.apply(logits)
+    allowed = {JSON_VOCAB[t] for t in np.flatnonzero(np.isfinite(logits[0]))}
+    assert allowed == {"a", "c"}
+    m.advance(JSON_VOCAB.index("a"))
+    m.advance(JSON_VOCAB.index("b"))
+    logits[:] = 0
+    grammars.start_masks([(0, m)]).apply(logits)
+    assert {JSON_VOCAB[t] for t in np.flatnonzero(np.isfinite(logits[0]))} == {"e"}
+    m.advance(JSON_VOCAB.index("e"))
+    logits[:] = 0
+    grammars.start_masks([(0, m)]).apply(logits)
+    assert np.flatnonzero(np.isfinite(logits[0])).tolist() == [EOS] and m.accepting
+
+
+def test_structured_output_imports_no_build_tool(json_engine):
+    """A constrained request loads llguidance, and still neither torch nor transformers."""
+    code = (
+        "import sys, trtbuild\n"
+        f"llm = trtbuild.LLM({str(json_engine)!r})\n"
+        "out = llm.generate(['a'], trtbuild.SamplingParams(temperature=0, max_tokens=8, regex='[0-9]{4}'))\n"
+        "assert len(out[0].text) == 4 and out[0].text.isdigit(), out[0].text\n"
+        "assert 'llguidance' in sys.modules\n"
+        "heavy = [m for m in ('torch', 'transformers', 'onnx') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+# ------------------------------------------------------------------------------------------- trtbuild run
+
+
+def cli(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
+    """``trtbuild ARGS`` in this process: (exit status, stdout, stderr)."""
+    from trtbuild.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["trtbuild", *map(str, args)])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_run_json_schema_and_regex_flags(monkeypatch, capsys, json_engine, tmp_path):
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMAS[0]))
+    code, out, err = cli(
+        monkeypatch, capsys, "run", json_engine, "--prompt", "hi", "--json-schema", schema_file, "--max-tokens", 120
+    )
+    assert code == 0, err
+    jsonschema.validate(json.loads(out), SCHEMAS[0])
+    code, out, err = cli(monkeypatch, capsys, "run", json_engine, "--prompt", "hi", "--regex", "[a-c]{3}x")
+    assert code == 0 and re.fullmatch("[a-c]{3}x", out.rstrip("\n")), err
+
+
+def test_run_jsonl_structured_fields(monkeypatch, capsys, json_engine, tmp_path):
+    lines = [
+        {"prompt": "a", "json_schema": SCHEMAS[1], "seed": 1, "max_tokens": 100},
+        {"prompt": "b", "regex": "[0-9]{5}"},
+        {"prompt": "c", "max_tokens": 4},
+    ]
+    src, dst = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    src.write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    code, _, err = cli(monkeypatch, capsys, "run", json_engine, "--input", src, "--output", dst, "--quiet")
+    assert code == 0, err
+    texts = [json.loads(ln)["outputs"][0]["text"] for ln in dst.read_text().splitlines()]
+    jsonschema.validate(json.loads(texts[0]), SCHEMAS[1])
+    assert re.fullmatch("[0-9]{5}", texts[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--regex", "[a-"], "regex '[a-' is not supported: unclosed character class"),
+        (["--json-schema", "SCHEMA"], "json_schema is not supported: Invalid type: nonsense"),
+        (["--json-schema", "MISSING"], "cannot read (No such file or directory)"),
+        (["--json-schema", "LIST"], "expected a JSON object, got list"),
+    ],
+)
+def test_run_bad_grammar_is_one_error_line(monkeypatch, capsys, json_engine, tmp_path, args, needle):
+    (tmp_path / "SCHEMA").write_text('{"type": "nonsense"}')
+    (tmp_path / "LIST").write_text("[]")
+    args = [str(tmp_path / a) if a in ("SCHEMA", "MISSING", "LIST") else a for a in args]
+    code, _, err = cli(monkeypatch, capsys, "run", json_engine, "--prompt", "x", *args)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code != 0 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], err
+
+
+# ---------------------------------------------------------------------------------- serve: response_format
+
+
+@pytest.fixture(scope="module")
+def client(json_engine):
+    import openai
+    from test_serve import API_KEY, running_server
+
+    from trtbuild.serve.config import ServeConfig
+
+    with running_server(json_engine, ServeConfig(api_key=API_KEY)) as url:
+        yield openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def json_schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+def test_serve_response_format_json_schema(client):
+    messages = [{"role": "user", "content": "a pet"}]
+    for schema in SCHEMAS:
+        reply = client.chat.completions.create(
+            model="tiny", messages=messages, response_format=json_schema_format(schema), max_tokens=100, seed=4
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    stream = client.chat.completions.create(
+        model="tiny", messages=messages, response_format=json_schema_format(SCHEMAS[0]), max_tokens=100, stream=True
+    )
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    jsonschema.validate(json.loads(text), SCHEMAS[0])
+    done = client.completions.create(  # vLLM's extension: /v1/completions takes response_format too
+        model="tiny",
+        prompt="x",
+        max_tokens=60,
+        temperature=0,
+        extra_body={"response_format": json_schema_format(SCHEMAS[2])},
+    )
+    jsonschema.validate(json.loads(done.choices[0].text), SCHEMAS[2])
+
+
+def test_serve_response_format_json_object(client):
+    replies = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "json"}],
+        response_format={"type": "json_object"},
+        max_tokens=100,
+        n=3,
+        seed=1,
+    )
+    for choice in replies.choices:
+        assert choice.finish_reason == "stop" and isinstance(json.loads(choice.message.content), dict)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "needle"),
+    [
+        (json_schema_format({"type": "nonsense"}), "response_format: json_schema is not supported: Invalid type"),
+        (json_schema_format({"type": "string", "pattern": "(("}), "unclosed group"),
+        ({"type": "json_schema", "json_schema": {"schema": {}}}, "must be an object with a 'name'"),
+        ({"type": "yaml"}, "response_format.type must be"),
+    ],
+)
+def test_serve_bad_response_format_is_one_400(client, response_format, needle):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], response_format=response_format
+        )
+    error = e.value.body
+    assert e.value.status_code == 400 and error["param"] == "response_format", error
+    assert needle in error["message"] and "\n" not in error["message"], error
