@@ -50,7 +50,8 @@ class ConvertResult:
         if not self.dequantized:
             return None
         parts = [f"{len(names)} {kind} ({_names(names)})" for kind, names in sorted(self.dequantized.items())]
-        return f"dequantized to {self.config.dtype.value} (no trtbuild format keeps them): " + "; ".join(parts)
+        kept = "types no trtbuild format keeps, and their fused partners"
+        return f"dequantized to {self.config.dtype.value} ({kept}): " + "; ".join(parts)
 
 
 def _names(names: list[str], shown: int = 3) -> str:
