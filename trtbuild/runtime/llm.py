@@ -147,7 +147,8 @@ class LLM:
         """Like ``generate``, but yields ``(index, RequestOutput)`` for each prompt as soon as it finishes.
 
         The prompts are checked and queued now (``RequestError`` before any runs); iterating steps the engine.
-        Closing the iterator early (or an exception while iterating) aborts the requests not finished yet.
+        Closing the iterator early (or an exception while iterating) aborts the requests not finished yet. Its
+        ``by_step()`` and ``tokens()`` show progress between finishes (``trtbuild run --input``'s bar).
         """
         if isinstance(prompts, np.ndarray):
             prompts = prompts.tolist()
@@ -384,8 +385,10 @@ class LLM:
             masks.apply(logits)
         sampled = SamplerOutput([], []) if logits is None else self.sampler.sample(logits, out.sample_seqs)
         if masks is not None:
+            t = time.perf_counter()
             for b in masks.rows:
                 self._states[out.sample_seqs[b].request_id].grammar.advance(sampled.token_ids[b])
+            masks.times.apply += time.perf_counter() - t
         for seq, lp in zip(out.sample_seqs, sampled.logprobs, strict=True):
             state = self._states[seq.request_id]
             if state.logprobs is not None and lp is not None:
