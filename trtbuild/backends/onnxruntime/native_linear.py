@@ -132,23 +132,22 @@ def qlinear_reference(
     scale = np.atleast_2d(np.asarray(scale, np.float32))
     grouped = group < k
     acc = np.zeros((x.shape[0], codes.shape[1]), np.float32)
+    block_sums = []  # s * float(sum of the block's codes): the offset term's factors
     for b, k0 in enumerate(range(0, k, block)):
         xb = x[:, k0 : k0 + block]
         s = np.maximum(np.abs(xb).max(axis=1, keepdims=True) / np.float32(127), np.finfo(np.float32).tiny)
         q = np.clip(np.rint(xb / s), -127, 127).astype(np.int64)
+        block_sums.append((s[:, 0] * q.sum(axis=1).astype(np.float32)).astype(np.float32))
         d = (q @ codes[k0 : k0 + block].astype(np.int64)).astype(np.float32)
         factor = (scale[k0 // group][None, :] * s).astype(np.float32) if grouped else s
         # after the first block the kernel's fused multiply-add: the float32 product is exact in float64
         first = b == 0
         acc = (d * factor).astype(np.float32) if first else (d.astype(np.float64) * factor + acc).astype(np.float32)
     y = acc if grouped else (acc * scale[0][None, :]).astype(np.float32)
-    if offset is not None:  # the offset term: the float group sums of x (in order), one fma per group
+    if offset is not None:  # the offset term: the quantized rows' block sums, one fma per block in order
         offset = np.asarray(offset, np.float32)
-        for g in range(offset.shape[0]):
-            sums = np.zeros(x.shape[0], np.float32)
-            for i in range(g * group, min(k, (g + 1) * group)):
-                sums = (sums + x[:, i]).astype(np.float32)
-            y = (sums[:, None].astype(np.float64) * offset[g][None, :] + y).astype(np.float32)
+        for b, k0 in enumerate(range(0, k, block)):
+            y = (block_sums[b][:, None].astype(np.float64) * offset[k0 // group][None, :] + y).astype(np.float32)
     return y
 
 
