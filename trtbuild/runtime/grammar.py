@@ -21,6 +21,7 @@ JSON is fixed (``", "`` and ``": "``, none elsewhere), so a model cannot spend i
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -103,6 +104,17 @@ def _one_line(message: str) -> str:
     return detail if detail is not None else (lines[0] if lines else "rejected by the grammar library")
 
 
+@dataclass
+class GrammarTimes:
+    """Seconds of structured output's work, summed over steps: what the engine loop spends is ``wait + apply``."""
+
+    masks: float = 0.0  # the worker computing masks (overlaps the engine step)
+    wait: float = 0.0  # the engine loop waiting for the worker after its engine step
+    apply: float = 0.0  # masking the logits and advancing the matchers
+    steps: int = 0  # steps with at least one constrained sequence
+    rows: int = 0  # masks computed
+
+
 class GrammarMatcher:
     """One sequence's grammar state: advanced by every token the sequence gets."""
 
@@ -137,6 +149,7 @@ class Grammars:
         self._templates: dict[str, Any] = {}  # grammar text -> a fresh matcher (copied for each sequence)
         self._executor: Any = None  # llguidance.LLExecutor
         self._worker: ThreadPoolExecutor | None = None
+        self.times = GrammarTimes()
 
     def _llg(self) -> Any:
         if self._llg_tokenizer is None:
@@ -184,12 +197,16 @@ class Grammars:
         if self._worker is None:
             self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-grammar")
         future = self._worker.submit(self._fill, [m for _, m in rows], bitmask)
-        return StepMasks([r for r, _ in rows], bitmask, future, self.eos_token_ids)
+        self.times.steps += 1
+        self.times.rows += len(rows)
+        return StepMasks([r for r, _ in rows], bitmask, future, self.eos_token_ids, self.times)
 
     def _fill(self, matchers: list[GrammarMatcher], bitmask: np.ndarray) -> None:
         from llguidance.numpy import fill_next_token_bitmask_par
 
+        t0 = time.perf_counter()
         fill_next_token_bitmask_par(self._executor, [(m._matcher, i) for i, m in enumerate(matchers)], bitmask)
+        self.times.masks += time.perf_counter() - t0
 
     def close(self) -> None:
         if self._worker is not None:
@@ -206,10 +223,13 @@ class StepMasks:
     bitmask: np.ndarray
     future: Future[None]
     eos_token_ids: tuple[int, ...]
+    times: GrammarTimes
 
     def allowed(self, vocab: int) -> Iterator[tuple[int, np.ndarray]]:
         """(logits row, boolean mask of its ``vocab`` tokens) per constrained row, once the worker is done."""
+        t0 = time.perf_counter()
         self.future.result()
+        self.times.wait += time.perf_counter() - t0
         bits = np.unpackbits(self.bitmask.view(np.uint8), axis=1, bitorder="little").astype(bool)
         if bits.shape[1] < vocab:  # logits past the tokenizer's vocabulary (padding) are never allowed
             bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
@@ -222,7 +242,9 @@ class StepMasks:
         """Set the disallowed tokens' logits to -inf in place (host numpy rows; a device tensor is indexed with the
         disallowed ids)."""
         for row, allowed in self.allowed(logits.shape[-1]):
+            t0 = time.perf_counter()
             if isinstance(logits, np.ndarray):
                 np.putmask(logits[row], ~allowed, -np.inf)
             else:
                 logits[row, np.flatnonzero(~allowed)] = float("-inf")
+            self.times.apply += time.perf_counter() - t0
