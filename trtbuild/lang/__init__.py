@@ -1,0 +1,23 @@
+"""``trtbuild.lang``: SGLang-style programs on one ``LLM``: ``gen``, ``select``, ``fork`` / ``join`` and chat roles.
+
+::
+
+    from trtbuild import LLM
+    from trtbuild.lang import assistant, function, gen, select, system, user
+
+    @function
+    def review(s, product):
+        s += system("You are a terse reviewer.")
+        s += user(f"Rate {product} and say why.")
+        s += assistant("Verdict: " + select("verdict", ["good", "bad"]) + ". " + gen("why", max_tokens=40))
+
+    state = review.run(LLM("artifacts/demo/smollm2-engine"), product="a kettle")
+    state["verdict"], state["why"]
+
+The guide is docs/lang.md.
+"""
+
+from .interpreter import ForkGroup, Program, ProgramState, function
+from .ir import assistant, gen, select, system, user
+
+__all__ = ["ForkGroup", "Program", "ProgramState", "assistant", "function", "gen", "select", "system", "user"]

@@ -1,0 +1,253 @@
+"""Programs and their states: ``@function`` programs run against one ``LLM``; ``ProgramState`` is the ``s`` they
+append to.
+
+Each state runs its appends in order on a worker thread of its own (SGLang's stream executor), so ``s += gen(...)``
+returns at once and a program that appends to several forks keeps all of them generating in one batch; reading a
+variable (``s["name"]``), the text, or forking waits for the appends before it. Text and roles: a program without
+role blocks is plain text (encoded with the tokenizer's special tokens, as ``LLM.generate`` does); with role blocks
+the state is a chat, rendered by the engine's chat template (the messages so far, plus the open assistant block
+after the generation prompt), and text goes inside role blocks.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..errors import RequestError
+from ..runtime.llm import LLM
+from ..runtime.sampling import SamplingParams
+from .ir import Concat, Expr, Gen, Role, RoleBlock, Select
+from .runtime import Runtime
+
+
+class ProgramState:
+    """The text (or chat) a program builds, and the variables its ``gen`` / ``select`` stored."""
+
+    def __init__(self, runtime: Runtime, run: _Run) -> None:
+        self._runtime = runtime
+        self._run = run
+        self._plain = ""  # the text of a program without roles (or before its first role block)
+        self._messages: list[dict[str, str]] = []  # closed role blocks
+        self._open: tuple[Role, str] | None = None  # the role block being appended to, and its content so far
+        self._vars: dict[str, Any] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-lang-state")
+        self._last: Future[None] | None = None
+        self._pending = 0  # appends queued or running; the worker counts as busy while there are any
+        self._lock = threading.Lock()
+        run.states.append(self)
+
+    # ------------------------------------------------------------------------------------------ program side
+
+    def __iadd__(self, expr: Expr | str) -> ProgramState:
+        if not isinstance(expr, str | Expr):
+            raise TypeError(f"a program appends strings and trtbuild.lang expressions, not {type(expr).__name__}")
+        previous = self._last
+
+        def apply() -> None:
+            try:
+                if previous is not None:
+                    previous.result()  # an earlier append failed: this one does not run (the error shows on sync)
+                self._apply(expr)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    idle = self._pending == 0
+                if idle:
+                    self._runtime.add_busy(-1)
+
+        with self._lock:
+            self._pending += 1
+            started = self._pending == 1
+        if started:
+            self._runtime.add_busy(1)
+        self._last = self._executor.submit(apply)
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        """Variable ``name`` (waits for the appends so far)."""
+        self.sync()
+        if name not in self._vars:
+            raise KeyError(f"no variable {name!r} (set by gen / select); have {sorted(self._vars)}")
+        return self._vars[name]
+
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        self.sync()
+        return dict(self._vars)
+
+    def text(self) -> str:
+        """The whole text so far: the plain text, or the chat rendered by the chat template."""
+        self.sync()
+        return self._prompt_text()
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat's messages so far (the open role block last)."""
+        self.sync()
+        opened = [] if self._open is None else [{"role": self._open[0].value, "content": self._open[1]}]
+        return [*self._messages, *opened]
+
+    def sync(self) -> None:
+        """Wait for every append so far; raises the first one's error."""
+        if self._last is None or self._last.done():
+            pass
+        elif self._run.running:  # the program's thread waits: it queues nothing meanwhile
+            with self._runtime.waiting():
+                self._last.result()
+        if self._last is not None:
+            self._last.result()
+
+    def fork(self, n: int) -> ForkGroup:
+        """``n`` copies of this state that continue independently (their appends run together in one batch).
+
+        The text so far is computed once first (one request of one token), so that every branch finds it in the
+        prefix cache instead of each computing it."""
+        if not isinstance(n, int) or n < 1:
+            raise RequestError(f"fork needs a number of branches >= 1, got {n!r}")
+        self.sync()
+        text = self._prompt_text()
+        if n > 1 and text:
+            commit = SamplingParams(temperature=0.0, max_tokens=1)
+            self._runtime.generate(self._encode(text), commit, busy=self._run.running)
+        branches = []
+        for _ in range(n):
+            branch = ProgramState(self._runtime, self._run)
+            branch._plain, branch._messages, branch._open = self._plain, list(self._messages), self._open
+            branch._vars = dict(self._vars)
+            branches.append(branch)
+        return ForkGroup(branches)
+
+    # ---------------------------------------------------------------------------------- worker-thread side
+
+    def _apply(self, expr: Expr | str) -> None:
+        if isinstance(expr, str):
+            self._append_text(expr)
+        elif isinstance(expr, Concat):
+            for part in expr.parts:
+                self._apply(part)
+        elif isinstance(expr, RoleBlock):
+            if self._open is not None:
+                raise RequestError(f"a {expr.role.value} block inside an open {self._open[0].value} block")
+            self._open = (expr.role, "")
+            for part in expr.parts:
+                self._apply(part)
+            role, content = self._open
+            self._messages.append({"role": role.value, "content": content})
+            self._open = None
+        elif isinstance(expr, Gen | Select):
+            if self._open is not None and self._open[0] is not Role.ASSISTANT:
+                raise RequestError(f"gen / select inside a {self._open[0].value} block: generate in assistant blocks")
+            if self._messages and self._open is None:
+                raise RequestError("gen / select outside a role block in a chat program: use assistant(gen(...))")
+            prompt = self._encode(self._prompt_text())
+            out = self._runtime.generate(prompt, expr.params, busy=True)
+            if isinstance(expr, Select) and out.text not in expr.choices:
+                raise RequestError(
+                    f"select {expr.name!r}: the output {out.text!r} is none of the choices (cut short at the engine's "
+                    "max_seq_len, or a choice the tokenizer cannot spell)"
+                )
+            self._vars[expr.name] = out.text
+            self._append_text(out.text)
+        else:
+            raise TypeError(f"cannot append {type(expr).__name__}")
+
+    def _append_text(self, text: str) -> None:
+        if self._open is not None:
+            self._open = (self._open[0], self._open[1] + text)
+        elif self._messages:
+            raise RequestError("text outside a role block in a chat program: put it in system / user / assistant")
+        else:
+            self._plain += text
+
+    def _prompt_text(self) -> str:
+        """The text the model sees: the plain text, or the chat template's rendering of the closed blocks (with the
+        generation prompt and the content so far when an assistant block is open)."""
+        if not self._messages and self._open is None:
+            return self._plain
+        render = self._runtime.tokenizer.apply_chat_template
+        if self._open is None:
+            return self._plain + render(self._messages, add_generation_prompt=False)
+        role, content = self._open
+        if role is not Role.ASSISTANT:  # a system / user block being written: shown as the message it will be
+            return self._plain + render([*self._messages, {"role": role.value, "content": content}], False)
+        if not self._messages:
+            raise RequestError("a chat program starts with a system or user block, not an assistant block")
+        return self._plain + render(self._messages, add_generation_prompt=True) + content
+
+    def _encode(self, text: str) -> list[int]:
+        chat = bool(self._messages) or self._open is not None
+        return self._runtime.tokenizer.encode(text, add_special_tokens=not chat)
+
+    def _close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+class ForkGroup(list[ProgramState]):
+    """The branches of ``ProgramState.fork``; ``join()`` waits for all of them."""
+
+    def join(self) -> ForkGroup:
+        for branch in self:
+            branch.sync()
+        return self
+
+
+class _Run:
+    """The states of one program run (closed together at its end)."""
+
+    def __init__(self) -> None:
+        self.states: list[ProgramState] = []  # appended from the program's thread only (fork happens there)
+        self.running = False  # the program's thread is running the program (and counts as busy)
+
+    def close(self) -> None:
+        for state in list(self.states):
+            state._close()
+
+
+class Program:
+    """A ``@function`` program: ``run(llm, **args)`` one, ``run_batch(llm, [args, ...])`` several in one batch."""
+
+    def __init__(self, fn: Callable[..., None]) -> None:
+        self.fn = fn
+        functools.update_wrapper(self, fn)
+
+    def run(self, llm: LLM, /, **arguments: Any) -> ProgramState:
+        """Run the program on ``llm``; returns its state once every append (of every fork) has finished."""
+        with Runtime(llm) as runtime:
+            return self._run_on(runtime, arguments)
+
+    def run_batch(self, llm: LLM, arguments: Sequence[Mapping[str, Any]]) -> list[ProgramState]:
+        """Run the program once per mapping of arguments, all at once (their requests share the engine's batch)."""
+        with Runtime(llm) as runtime, ThreadPoolExecutor(max_workers=max(1, len(arguments))) as pool:
+            futures = [pool.submit(self._run_on, runtime, dict(a)) for a in arguments]
+            return [f.result() for f in futures]
+
+    def _run_on(self, runtime: Runtime, arguments: dict[str, Any]) -> ProgramState:
+        run = _Run()
+        state = ProgramState(runtime, run)
+        run.running = True
+        runtime.add_busy(1)
+        try:
+            self.fn(state, **arguments)
+        finally:
+            run.running = False
+            runtime.add_busy(-1)
+            try:
+                for s in list(run.states):
+                    s.sync()
+            finally:
+                run.close()
+        return state
+
+
+def function(fn: Callable[..., None]) -> Program:
+    """Make ``fn(s, **arguments)`` a program: ``s`` is its ``ProgramState``; run it with ``.run(llm, ...)``."""
+    return Program(fn)
+
+
+__all__ = ["ForkGroup", "Program", "ProgramState", "function"]
