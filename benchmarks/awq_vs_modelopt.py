@@ -45,7 +45,7 @@ def main() -> None:
     build = BuildConfig(max_seq_len=512, max_batch_size=4)
     work = args.work
     if not (work / "ckpt").is_dir():
-        convert(smollm2_gguf_path(), work / "ckpt", DType.FLOAT32)
+        convert(smollm2_gguf_path(), work / "ckpt", DType.FLOAT32, dequantize=True)
     if not (work / "fp32").is_dir():
         build_engine(work / "ckpt", work / "fp32", build)
     texts = sorted(DATASETS)

@@ -321,7 +321,7 @@ def main() -> None:
     qcfg = QuantConfig(qformat=QFormat.FP8, calib_size=args.calib_size, calib_seq_len=args.calib_seq_len)
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
-        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32)
+        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, dequantize=True)
         cfg, weights = load_checkpoint(ckpt)
         samples = calibration_samples(ckpt, qcfg)
         windows = {

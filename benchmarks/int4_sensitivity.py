@@ -46,7 +46,7 @@ def main() -> None:
 
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
-        convert(smollm2_gguf_path(), Path(tmp) / "ckpt", DType.FLOAT32)
+        convert(smollm2_gguf_path(), Path(tmp) / "ckpt", DType.FLOAT32, dequantize=True)
         cfg, weights = load_checkpoint(Path(tmp) / "ckpt")
         docs = load_documents("lee_news", Split.EVALUATION)
         ids = tokenize_documents(Path(tmp) / "ckpt" / "tokenizer.json", docs, args.windows * args.seq_len)

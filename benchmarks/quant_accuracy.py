@@ -71,7 +71,7 @@ def main() -> None:
 
     ckpt, ref = args.work / "fp32-ckpt", args.work / "fp32"
     if not ref.is_dir():
-        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, overwrite=True)
+        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, dequantize=True, overwrite=True)
         build_engine(ckpt, ref, BUILD, overwrite=True)
     ecfg = EvalConfig(dataset="lee_news", windows=args.windows, seq_len=args.seq_len)
     base = evaluate(ref, ecfg).perplexity

@@ -29,7 +29,7 @@ def build_engines(work: Path, max_autotune: bool) -> dict[str, Path]:
 
     ckpt = work / "smollm2-ckpt"
     if not (ckpt / "config.json").is_file():
-        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, overwrite=True)
+        convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, dequantize=True, overwrite=True)
     engines = {"onnxruntime": work / "ort"}
     build = BuildConfig(max_seq_len=512)
     if not (engines["onnxruntime"] / "manifest.json").is_file():

@@ -40,7 +40,7 @@ def build_engine_dir(work: Path) -> Path:
 
     engine = work / "smollm2-engine"
     if not (engine / "runtime_config.json").is_file():
-        convert(smollm2_gguf_path(), work / "smollm2-ckpt", DType.FLOAT32, overwrite=True)
+        convert(smollm2_gguf_path(), work / "smollm2-ckpt", DType.FLOAT32, dequantize=True, overwrite=True)
         build_engine(work / "smollm2-ckpt", engine, BuildConfig(), overwrite=True)
     return engine
 
