@@ -312,3 +312,20 @@ def test_smollm2_q4_1_engine_is_small_and_close_to_the_float_engine(tmp_path):
     greedy = SamplingParams(temperature=0.0, max_tokens=4)
     texts = [LLM(tmp_path / e).generate(prompt, greedy)[0].outputs[0].text for e in ("q", "f")]
     assert "Paris" in texts[0] and "Paris" in texts[1], texts
+
+
+def test_quantize_refuses_the_gguf_block_formats(mixed, tmp_path):
+    """They are what convert keeps from GGUF files; quantize neither makes them nor requantizes such a checkpoint."""
+    from click.testing import CliRunner
+
+    from trtbuild.cli import cli
+
+    _, ckpt, float_ckpt = mixed
+    for qformat in ("int4_min_wo", "int8_group_wo"):
+        result = CliRunner().invoke(
+            cli, ["quantize", str(float_ckpt), "-o", str(tmp_path / qformat), "--qformat", qformat]
+        )
+        assert "trtbuild convert` keeps from GGUF files" in str(result.exception)  # main() prints it as one line
+    result = CliRunner().invoke(cli, ["quantize", str(ckpt), "-o", str(tmp_path / "q"), "--qformat", "int8_wo"])
+    assert "already quantized (int4_min_wo)" in str(result.exception)
+    assert not (tmp_path / "q").exists()
