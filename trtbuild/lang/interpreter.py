@@ -95,13 +95,12 @@ class ProgramState:
 
     def sync(self) -> None:
         """Wait for every append so far; raises the first one's error."""
-        if self._last is None or self._last.done():
-            pass
-        elif self._run.running:  # the program's thread waits: it queues nothing meanwhile
+        if self._last is None:
+            return
+        if self._run.running and not self._last.done():  # the program's thread waits: it queues nothing meanwhile
             with self._runtime.waiting():
-                self._last.result()
-        if self._last is not None:
-            self._last.result()
+                self._last.exception()
+        self._last.result()
 
     def fork(self, n: int) -> ForkGroup:
         """``n`` copies of this state that continue independently (their appends run together in one batch).
