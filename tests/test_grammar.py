@@ -337,3 +337,130 @@ def test_serve_bad_response_format_is_one_400(client, response_format, needle):
     error = e.value.body
     assert e.value.status_code == 400 and error["param"] == "response_format", error
     assert needle in error["message"] and "\n" not in error["message"], error
+
+
+# ---------------------------------------------------------------------------------------- serve: tool calls
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather now",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 8}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, ADD)}
+
+
+@pytest.fixture(scope="module")
+def tool_client(tmp_path_factory):
+    """A server on a tiny random llama of 1,024 positions (the functions' descriptions take ~600 characters)."""
+    import openai
+    import torch
+    from test_serve import API_KEY, running_server
+    from tiny_models import TINY_CONFIGS
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig, DType
+    from trtbuild.convert.convert import convert
+    from trtbuild.serve.config import ServeConfig
+
+    root = tmp_path_factory.mktemp("tools")
+    spec = {**TINY_CONFIGS["llama_gqa"], "max_position_embeddings": 1024}
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(spec.pop("model_type"), **spec))
+    model.save_pretrained(str(root / "hf"))
+    convert(root / "hf", root / "ckpt", DType.FLOAT32)
+    build_engine(root / "ckpt", root / "long", BuildConfig(max_seq_len=1024, kv_block_size=16))
+    engine = add_json_tokenizer(root / "long", root / "engine")
+    with running_server(engine, ServeConfig(api_key=API_KEY)) as url:
+        yield openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def test_serve_tool_choice_required_calls_a_declared_function(tool_client):
+    """20 of 20 sampled replies name a declared function with arguments that validate."""
+    reply = tool_client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "weather in paris?"}],
+        tools=[WEATHER, ADD],
+        tool_choice="required",
+        n=20,
+        temperature=1.0,
+        seed=0,
+        max_tokens=80,
+    )
+    names = set()
+    for choice in reply.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        [call] = choice.message.tool_calls
+        names.add(call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+        assert call.id.startswith("call_") and call.type == "function"
+    assert len(reply.choices) == 20 and names <= set(PARAMETERS)
+
+
+def test_serve_named_tool_choice_streams_like_openai(tool_client):
+    kwargs = dict(
+        model="tiny",
+        messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "1 + 2"}],
+        tools=[WEATHER, ADD],
+        tool_choice={"type": "function", "function": {"name": "add"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    whole = tool_client.chat.completions.create(**kwargs)
+    [call] = whole.choices[0].message.tool_calls
+    assert call.function.name == "add"
+    jsonschema.validate(json.loads(call.function.arguments), PARAMETERS["add"])
+    chunks = list(tool_client.chat.completions.create(**kwargs, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    assert calls[0].function.name == "add" and calls[0].id.startswith("call_")
+    assert "".join(tc.function.arguments or "" for tc in calls) == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "needle"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "'tool_choice' needs 'tools'"),
+        ({"tools": [{"type": "function"}]}, "tools", "tools[0] must be"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "not among the tools",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}],
+                "tool_choice": "required",
+            },
+            "tools",
+            "Invalid type: nonsense",
+        ),
+    ],
+)
+def test_serve_bad_tools_are_one_400(tool_client, kwargs, param, needle):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        tool_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **kwargs)
+    assert e.value.status_code == 400 and e.value.body["param"] == param and needle in e.value.body["message"]

@@ -209,7 +209,9 @@ async def _generate(state: ServerState, request: Request, endpoint: Endpoint) ->
     except RequestError as e:
         param = "messages" if endpoint is Endpoint.CHAT else "prompt"
         raise bad_request(str(e), param=param) from None
-    builder = ResponseBuilder(endpoint, state.model_name, len(sub.states), sub.prompt_token_ids, state.llm.tokenizer)
+    builder = ResponseBuilder(
+        endpoint, state.model_name, len(sub.states), sub.prompt_token_ids, state.llm.tokenizer, parsed.tools
+    )
     request.state.usage = builder.usage  # the access log's tokens, read when the response is done
     if parsed.stream:
         return StreamingResponse(_stream(state, sub, builder, parsed), media_type="text/event-stream")

@@ -20,6 +20,7 @@ from ..errors import RequestError
 from ..runtime.grammar import JSON_OBJECT_SCHEMA
 from ..runtime.sampling import SamplingParams
 from .errors import bad_request
+from .tools import ToolRequest, parse_tools
 
 MAX_N = 128  # completions per request
 MAX_PROMPTS = 128  # prompts in one /v1/completions request
@@ -42,6 +43,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    tools: ToolRequest | None = None  # chat: the functions the reply may (or must) call
 
 
 NUMBER = (int, float)
@@ -72,6 +74,7 @@ NEUTRAL = {  # accepted only at these values (what the runner does anyway)
 CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")  # OpenAI's; others get its 400
 COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of", "response_format"}
 CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+CHAT_TOOL_FIELDS = {"tools", "tool_choice"}  # chat takes them (serve/tools.py); completions only at neutral values
 
 
 def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
@@ -83,6 +86,8 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         if key not in own and key not in SAMPLING_FIELDS and key not in IGNORED and key not in NEUTRAL:
             raise bad_request(f"unrecognized request argument: {key}", param=key)
     for key, allowed in NEUTRAL.items():
+        if endpoint is Endpoint.CHAT and key in CHAT_TOOL_FIELDS:
+            continue
         if body.get(key) is not None and body[key] not in allowed:
             raise bad_request(f"'{key}' is not supported by this server", param=key)
     model = _typed(body, "model", str)
@@ -109,8 +114,15 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         best_of = _typed(body, "best_of", int)
         if best_of is not None and best_of != values.get("n", 1):
             raise bad_request("best_of other than n is not supported", param="best_of")
+        tools = None
     else:
-        prompts = [_messages(body)]
+        tools = parse_tools(body)
+        messages = _messages(body)
+        prompts = [messages if tools is None else tools.messages(messages)]
+        if tools is not None and tools.constrained:
+            if values["json_schema"] is not None:
+                raise bad_request("response_format cannot be combined with a required tool call", param="tool_choice")
+            values["json_schema"] = tools.call_schema()
         tokens = _typed(body, "max_completion_tokens", int)
         values["max_tokens"] = tokens if tokens is not None else _typed(body, "max_tokens", int)
         top = _logprobs(body, "top_logprobs")
@@ -124,9 +136,10 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
         message = str(e)
         field = message.split(" ", 1)[0]
         if field == "json_schema":  # the grammar library refused the response_format's schema
-            message, field = f"response_format: {message}", "response_format"
+            where = "tools" if tools is not None and tools.constrained else "response_format"
+            message, field = f"{where}: {message}", where
         raise bad_request(message, param=field if field in body or field == "max_tokens" else None) from None
-    return ParsedRequest(endpoint, model, prompts, params, stream, include_usage)
+    return ParsedRequest(endpoint, model, prompts, params, stream, include_usage, tools)
 
 
 def _typed(body: Mapping[str, Any], key: str, types: Any, name: str | None = None) -> Any:

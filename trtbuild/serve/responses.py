@@ -17,6 +17,7 @@ from ..runtime.sequence import FinishReason
 from ..runtime.tokenizer import Tokenizer
 from .engine import Update
 from .protocol import Endpoint
+from .tools import ToolCallStream, ToolRequest, tool_call
 
 
 def sse(data: Any) -> bytes:
@@ -39,8 +40,11 @@ class ResponseBuilder:
         num_choices: int,
         prompt_token_ids: Sequence[Sequence[int]],
         tokenizer: Tokenizer | None,
+        tools: ToolRequest | None = None,
     ) -> None:
         self.endpoint, self.model, self.tokenizer = endpoint, model, tokenizer
+        self.tools = tools  # chat: a reply that is a call becomes tool_calls (serve/tools.py)
+        self._calls = [ToolCallStream() for _ in range(num_choices)] if tools is not None and tools.constrained else []
         chat = endpoint is Endpoint.CHAT
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.object = "chat.completion" if chat else "text_completion"
@@ -81,6 +85,14 @@ class ResponseBuilder:
     def chunk(self, update: Update, logprobs: dict[str, Any] | None, first: bool) -> dict[str, Any]:
         """The stream chunk of one update (``first``: the choice's first chunk, which carries the chat role)."""
         reason = finish_reason(update.finish_reason)
+        if self._calls:  # a required call, streamed as tool_calls deltas
+            delta = {"role": "assistant", "content": None} if first else {}
+            calls = self._calls[update.index].feed(update.text, update.finish_reason is not None)
+            if calls:
+                delta["tool_calls"] = calls
+            reason = "tool_calls" if reason == "stop" else reason
+            choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            return self._envelope("chat.completion.chunk", [choice])
         if self.endpoint is Endpoint.CHAT:
             delta: dict[str, Any] = {"role": "assistant", "content": update.text} if first else {}
             if update.text and not first:
@@ -98,11 +110,16 @@ class ResponseBuilder:
         """The whole (non-streamed) response."""
         choices = []
         for i, text in enumerate(self.text):
-            if self.endpoint is Endpoint.CHAT:
+            finish = self.finish[i]
+            call = None if self.tools is None else self.tools.parse_call(text)
+            if call is not None:
+                message = {"role": "assistant", "content": None, "tool_calls": [tool_call(*call)]}
+                choice, finish = {"index": i, "message": message}, "tool_calls" if finish == "stop" else finish
+            elif self.endpoint is Endpoint.CHAT:
                 choice = {"index": i, "message": {"role": "assistant", "content": text}}
             else:
                 choice = {"index": i, "text": text}
-            choices.append({**choice, "logprobs": self.logprobs[i], "finish_reason": self.finish[i]})
+            choices.append({**choice, "logprobs": self.logprobs[i], "finish_reason": finish})
         return {**self._envelope(self.object, choices), "usage": self.usage()}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
