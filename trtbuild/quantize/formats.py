@@ -20,6 +20,11 @@ token (fp8; int8 with ``PER_TOKEN``). Zero points are 0 (symmetric) except int4'
 codes (0..15), ``weight = (q - weight_zero_point) * weight_scale``, a ``uint4`` weight with a blocked ``uint4`` zero
 point in the graph.
 
+``int8_group_wo`` and ``int4_min_wo`` are llama.cpp's Q8_0 and Q4_1 as ``trtbuild convert`` keeps them from GGUF
+files (``quantize/layout.py``; not made by ``trtbuild quantize``): int8 ``weight`` with ``weight_scale [out,
+in/32]``, and unsigned int4 codes with ``weight_scale`` and a float ``weight_offset [out, in/32]``,
+``weight = q * weight_scale + weight_offset`` (``emit_weight_offset``).
+
 In the portable graph each becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
 activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
 blocked along the row), ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21
