@@ -464,3 +464,27 @@ def test_serve_bad_tools_are_one_400(tool_client, kwargs, param, needle):
     with pytest.raises(openai.BadRequestError) as e:
         tool_client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], **kwargs)
     assert e.value.status_code == 400 and e.value.body["param"] == param and needle in e.value.body["message"]
+
+
+def test_structured_output_on_a_device_sampler_engine(tiny_engines, json_engine, tmp_path):
+    """The torch engine keeps its logits as torch tensors (DeviceSampler): masked there, the tokens equal the
+    onnxruntime engine's (numpy logits) for the same constrained requests."""
+    from trtbuild.backends.torch.sampling import DeviceSampler
+    from trtbuild.build import build_engine
+    from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, TorchRuntime
+
+    torch_config = TorchConfig(TorchDevice.CPU, torch_runtime=TorchRuntime.TORCH_COMPILE)
+    built = tmp_path / "torch"
+    config = BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4)
+    build_engine(tiny_engines["llama_gqa"][1], built, config, torch=torch_config)
+    engine = add_json_tokenizer(built, tmp_path / "engine")
+    device = LLM(engine)
+    assert isinstance(device.sampler, DeviceSampler)
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=80, json_schema=SCHEMAS[0]),
+        SamplingParams(temperature=1.0, seed=3, max_tokens=80, json_schema=SCHEMAS[2]),
+        SamplingParams(temperature=0.0, max_tokens=20, regex="[a-z]{4}-[0-9]{2}"),
+    ]
+    outs = device.generate(["the cat"] * 3, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in LLM(json_engine).generate(["the cat"] * 3, params)]
+    jsonschema.validate(json.loads(outs[0].text), SCHEMAS[0])

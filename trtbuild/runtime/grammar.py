@@ -238,13 +238,19 @@ class StepMasks:
                 allowed[list(self.eos_token_ids)] = True
             yield row, allowed
 
-    def apply(self, logits: Any) -> None:
-        """Set the disallowed tokens' logits to -inf in place (host numpy rows; a device tensor is indexed with the
-        disallowed ids)."""
-        for row, allowed in self.allowed(logits.shape[-1]):
-            t0 = time.perf_counter()
-            if isinstance(logits, np.ndarray):
+    def apply(self, logits: Any) -> Any:
+        """The logits with every disallowed token at -inf: host numpy logits are masked in place and returned; a
+        device tensor (a GPU engine's, read-only outside its inference mode) gets a masked copy."""
+        if isinstance(logits, np.ndarray):
+            for row, allowed in self.allowed(logits.shape[-1]):
+                t0 = time.perf_counter()
                 np.putmask(logits[row], ~allowed, -np.inf)
-            else:
-                logits[row, np.flatnonzero(~allowed)] = float("-inf")
-            self.times.apply += time.perf_counter() - t0
+                self.times.apply += time.perf_counter() - t0
+            return logits
+        disallowed = np.zeros(tuple(logits.shape), dtype=bool)
+        for row, allowed in self.allowed(logits.shape[-1]):
+            disallowed[row] = ~allowed
+        t0 = time.perf_counter()
+        masked = logits.masked_fill(logits.new_tensor(disallowed).bool(), float("-inf"))
+        self.times.apply += time.perf_counter() - t0
+        return masked

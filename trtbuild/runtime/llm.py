@@ -382,7 +382,7 @@ class LLM:
         logits = self._run(out)
         t2 = time.perf_counter()
         if masks is not None and logits is not None:
-            masks.apply(logits)
+            logits = masks.apply(logits)
         sampled = SamplerOutput([], []) if logits is None else self.sampler.sample(logits, out.sample_seqs)
         if masks is not None:
             t = time.perf_counter()
