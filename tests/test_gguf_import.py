@@ -33,8 +33,11 @@ MIXED = {"attn_q": T.Q4_1, "attn_k": T.Q4_1, "attn_v": T.Q4_1, "attn_output": T.
 MIXED |= {"ffn_gate": T.Q8_0, "ffn_up": T.Q8_0, "ffn_down": T.Q4_1}
 
 
-def write_gguf(path: Path, types: dict[str, T], *, embed: T = T.Q8_0, tied: bool = True, seed: int = 0) -> Path:
-    """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float)."""
+def write_gguf(
+    path: Path, types: dict[str, T], *, embed: T = T.Q8_0, tied: bool = True, seed: int = 0, scores: bool = True
+) -> Path:
+    """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float); without
+    ``scores`` its tokenizer metadata is one transformers cannot read."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
@@ -48,7 +51,8 @@ def write_gguf(path: Path, types: dict[str, T], *, embed: T = T.Q8_0, tied: bool
     w.add_tokenizer_model("gpt2")  # a token list transformers can turn into a tokenizer.json
     w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(VOCAB)])
     w.add_token_types([1] * VOCAB)
-    w.add_token_scores([0.0] * VOCAB)
+    if scores:
+        w.add_token_scores([0.0] * VOCAB)
     w.add_token_merges(["a a"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
@@ -329,3 +333,12 @@ def test_quantize_refuses_the_gguf_block_formats(mixed, tmp_path):
     result = CliRunner().invoke(cli, ["quantize", str(ckpt), "-o", str(tmp_path / "q"), "--qformat", "int8_wo"])
     assert "already quantized (int4_min_wo)" in str(result.exception)
     assert not (tmp_path / "q").exists()
+
+
+def test_a_tokenizer_transformers_cannot_read_is_one_error(tmp_path):
+    from trtbuild.errors import ConvertError
+
+    src = write_gguf(tmp_path / "notok.gguf", MIXED, scores=False)
+    with pytest.raises(ConvertError, match="transformers cannot rebuild its tokenizer"):
+        convert(src, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
