@@ -51,9 +51,9 @@ def write_gguf(
     w.add_tokenizer_model("gpt2")  # a token list transformers can turn into a tokenizer.json
     w.add_token_list([chr(ord("a") + i % 26) * (1 + i // 26) for i in range(VOCAB)])
     w.add_token_types([1] * VOCAB)
-    if scores:
+    if scores:  # transformers' GGUF tokenizer reader needs merges, or scores to make them from
         w.add_token_scores([0.0] * VOCAB)
-    w.add_token_merges(["a a"])
+        w.add_token_merges(["a a"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
 
