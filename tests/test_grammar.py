@@ -488,3 +488,20 @@ def test_structured_output_on_a_device_sampler_engine(tiny_engines, json_engine,
     outs = device.generate(["the cat"] * 3, params)
     assert [o.token_ids for o in outs] == [o.token_ids for o in LLM(json_engine).generate(["the cat"] * 3, params)]
     jsonschema.validate(json.loads(outs[0].text), SCHEMAS[0])
+
+
+def test_tool_call_stream_splits_a_call_at_any_boundary():
+    """However the call's text arrives, the deltas carry the name once and the arguments exactly."""
+    from trtbuild.serve.tools import ToolCallStream, parse_tools
+
+    text = json.dumps({"name": "get_weather", "arguments": {"city": "a}b", "unit": "c"}})
+    for step in (1, 2, 5, len(text)):
+        stream, calls = ToolCallStream(), []
+        for i in range(0, len(text), step):
+            calls += stream.feed(text[i : i + step], finished=i + step >= len(text))
+        assert [c["function"]["name"] for c in calls if "id" in c] == ["get_weather"]
+        assert "".join(c["function"]["arguments"] for c in calls) == json.dumps({"city": "a}b", "unit": "c"})
+    tools = parse_tools({"tools": [WEATHER, ADD]})  # tool_choice auto: a reply is a call only if it is one
+    assert tools.parse_call(text) == ("get_weather", json.dumps({"city": "a}b", "unit": "c"}))
+    assert tools.parse_call('{"name": "nope", "arguments": {}}') is None
+    assert tools.parse_call("the weather is fine") is None
