@@ -242,8 +242,9 @@ def test_dequantize_gives_the_float_checkpoint(mixed):
 
 
 def test_untied_head_and_float_linears(tmp_path):
-    """An untied Q8_0 ``output.weight`` stays int8 per group; F32 linears stay float (listed in ``exclude``)."""
-    types = dict(MIXED, attn_output=T.F32)
+    """An untied Q8_0 ``output.weight`` stays int8 per group; F32 linears stay float (listed in ``exclude``); Q5_0
+    is kept as int8 codes (-16..15), so a Q5_0 gate fuses with a Q8_0 up."""
+    types = dict(MIXED, attn_output=T.F32, ffn_gate=T.Q5_0)
     src = write_gguf(tmp_path / "untied.gguf", types, tied=False)
     convert(src, tmp_path / "ckpt")
     convert(src, tmp_path / "float", dequantize=True)
@@ -251,7 +252,9 @@ def test_untied_head_and_float_linears(tmp_path):
     assert cfg.quantization.tensor_formats["lm_head"] is QFormat.INT8_GROUP_WO
     assert cfg.quantization.exclude == [f"layers.{i}.attn.out" for i in range(LAYERS)]
     _, reference = load_checkpoint(tmp_path / "float")
-    np.testing.assert_array_equal(dequantized(weights, "lm_head"), reference["lm_head.weight"])
+    for prefix in ("lm_head", "layers.0.mlp.gate_up", "layers.1.mlp.gate_up"):
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    assert cfg.quantization.tensor_formats["layers.0.mlp.gate_up"] is QFormat.INT8_GROUP_WO
     build_engine(tmp_path / "ckpt", tmp_path / "q", BuildConfig(max_seq_len=128, kv_block_size=4))
     build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
     tokens = list(range(2, 20))
@@ -260,17 +263,17 @@ def test_untied_head_and_float_linears(tmp_path):
 
 
 def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
-    """Q5_0 has no trtbuild format: dequantized, and its fused partners (Q4_1 q and k) with it: one line."""
+    """Q5_1 has no trtbuild format: dequantized, and its fused partners (Q4_1 q and k) with it: one line."""
     from click.testing import CliRunner
 
     from trtbuild.cli import cli
 
-    src = write_gguf(tmp_path / "q5.gguf", dict(MIXED, attn_v=T.Q5_0))
+    src = write_gguf(tmp_path / "q5.gguf", dict(MIXED, attn_v=T.Q5_1))
     result = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("dequantized")]
     assert len(lines) == 1, result.output
-    assert "2 Q5_0 (blk.0.attn_v.weight, blk.1.attn_v.weight)" in lines[0] and "4 Q4_1" in lines[0]
+    assert "2 Q5_1 (blk.0.attn_v.weight, blk.1.attn_v.weight)" in lines[0] and "4 Q4_1" in lines[0]
     cfg = ModelConfig.load(tmp_path / "ckpt")
     assert cfg.quantization.exclude == [f"layers.{i}.attn.qkv" for i in range(LAYERS)]
     assert (

@@ -92,8 +92,9 @@ class BlockTensor:
     """A GGUF tensor kept in its llama.cpp block format, ``[rows, cols]`` in GGUF's row order (``GGUF_BLOCK``
     in-features per block): ``w = codes * scale (+ offset)`` per block, as ``gguf.quants.dequantize`` computes it.
 
-    ``codes`` (int8): Q8_0's int8; Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's ``q``
-    (0..15). ``scale`` and ``offset`` (Q4_1's min, else None) are float16 ``[rows, cols / 32]``, GGUF's own values.
+    ``codes`` (int8): Q8_0's int8; Q5_0's ``q - 16`` (-16..15, kept as int8: exact, 8 bits where the file has
+    5.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's ``q`` (0..15). ``scale`` and
+    ``offset`` (Q4_1's min, else None) are float16 ``[rows, cols / 32]``, GGUF's own values.
     """
 
     qformat: QFormat
@@ -133,6 +134,13 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
         return BlockTensor(QFormat.INT8_GROUP_WO, _torch(codes.reshape(rows, -1)), _torch(scale), None)
+    if qtype == gguf.GGMLQuantizationType.Q5_0:  # w = d * (q - 16), q 5 bits: the fifth bits of element j in qh
+        high = np.ascontiguousarray(blocks[..., 2:6]).view(np.uint32)  # [rows, blocks, 1]
+        fifth = ((high >> np.arange(GGUF_BLOCK, dtype=np.uint32)) & 1).astype(np.int8)  # [rows, blocks, 32]
+        packed = blocks[..., 6:]
+        low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8)
+        codes = (low | (fifth << 4)) - 16  # -16..15: int8 codes, the same weights
+        return BlockTensor(QFormat.INT8_GROUP_WO, _torch(codes.reshape(rows, -1)), _torch(scale), None)
     offset = None
     if qtype == gguf.GGMLQuantizationType.Q4_1:
         offset = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
@@ -149,7 +157,7 @@ def _torch(a: np.ndarray) -> torch.Tensor:
 
 class GGUFReader:
     """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
-    keeps a Q8_0 / Q4_0 / Q4_1 one in its block format (``BlockTensor``)."""
+    keeps a Q8_0 / Q5_0 / Q4_0 / Q4_1 one in its block format (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -194,11 +202,12 @@ class GGUFReader:
         return self._tensors[name].tensor_type.name
 
     def get_block(self, name: str) -> BlockTensor | None:
-        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q4_0 / Q4_1 tensor."""
+        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q5_0 / Q4_0 / Q4_1 tensor."""
         import gguf
 
         t = self._tensors[name]
-        kept = (gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1)
+        kinds = gguf.GGMLQuantizationType
+        kept = (kinds.Q8_0, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1)
         if t.tensor_type not in kept or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
