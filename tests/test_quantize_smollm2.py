@@ -65,22 +65,32 @@ STATIC = ActivationScales.STATIC
 DOWN_FLOAT = ["lm_head", "layers.*.mlp.down"]  # down_proj's input (silu(gate) * up) has the activation outliers
 AWQ_CALIB = dict(calib_size=4, calib_seq_len=512)  # int4_awq's default (QuantConfig)
 
+HEAD_FLOAT = ["lm_head"]  # each format judged on its own: the LM head in float (the CLI default until 2026-12-04)
+
 # name -> (QuantConfig fields, the issue's target increase in %, the bound measured here that guards regressions)
 FORMATS = {
     # measured +0.29-0.35% (AVX2 machines); +0.36-0.45% on an AVX-512 Zen 4 (+0.41% on 32 windows), where a change of
     # float summation order alone (in the attention kernel) moved it by 0.06-0.07 (docs/performance.md: 7th, 8th looks)
-    "int8_wo": (dict(qformat=QFormat.INT8_WO), 0.5, 0.5),
+    "int8_wo": (dict(qformat=QFormat.INT8_WO, exclude=HEAD_FLOAT), 0.5, 0.5),
     # W8A8, dynamic int8 activations per block of 16 (the default) with SmoothQuant at alpha 0.3
-    "int8_sq": (dict(qformat=QFormat.INT8_SQ), 1.0, 1.0),  # measured +0.32%
-    "int8_sq_static": (dict(qformat=QFormat.INT8_SQ, activation_scales=STATIC), 1.0, 5.0),  # measured +3.9%
+    "int8_sq": (dict(qformat=QFormat.INT8_SQ, exclude=HEAD_FLOAT), 1.0, 1.0),  # measured +0.32%
+    "int8_sq_static": (dict(qformat=QFormat.INT8_SQ, activation_scales=STATIC, exclude=HEAD_FLOAT), 1.0, 5.0),  # +3.9%
     # per-token int8 activations (alpha 0.5; the integer-GEMM throughput choice): measured +1.17%
-    "int8_sq_per_token": (dict(qformat=QFormat.INT8_SQ, activation_scales=ActivationScales.PER_TOKEN), 1.0, 1.6),
-    # the int8_sq recipe (static, for its TensorRT targets; mlp.down in float): measured +0.84%
+    "int8_sq_per_token": (
+        dict(qformat=QFormat.INT8_SQ, activation_scales=ActivationScales.PER_TOKEN, exclude=HEAD_FLOAT),
+        1.0,
+        1.6,
+    ),
+    # the int8_sq recipe's TensorRT format (static; mlp.down in float): measured +0.84-0.88%
     "int8_sq_down_float": (dict(qformat=QFormat.INT8_SQ, activation_scales=STATIC, exclude=DOWN_FLOAT), 1.0, 1.0),
     # rowwise (per-channel searched weight scales, per-token activations): measured +1.44%
-    "fp8": (dict(qformat=QFormat.FP8), 1.0, 2.5),
-    "fp8_static": (dict(qformat=QFormat.FP8, activation_scales=STATIC), 1.0, 3.5),  # measured +2.5-2.7%
-    "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB), 4.0, 30.0),  # measured +27.2%
+    "fp8": (dict(qformat=QFormat.FP8, exclude=HEAD_FLOAT), 1.0, 2.5),
+    "fp8_static": (dict(qformat=QFormat.FP8, activation_scales=STATIC, exclude=HEAD_FLOAT), 1.0, 3.5),  # +2.4-2.7%
+    "int4_awq_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, exclude=HEAD_FLOAT, **AWQ_CALIB), 4.0, 30.0),
+    # What `trtbuild quantize --qformat F` makes with nothing else: the LM head int8 weight-only too
+    # (benchmarks/default_formats.py, 2026-12-04: int8_wo +0.56%, int8_sq +0.49%)
+    "int8_wo_cli_default": (dict(qformat=QFormat.INT8_WO), 0.5, 0.8),
+    "int8_sq_cli_default": (dict(qformat=QFormat.INT8_SQ), 1.0, 1.0),
 }
 
 
@@ -105,13 +115,13 @@ KV_EVAL = EvalConfig(dataset="lee_news", windows=32, seq_len=512)
 
 
 def test_int8_kv_cache_on_top_of_its_weights(perplexity):
-    base = perplexity("int8_wo", KV_EVAL, qformat=QFormat.INT8_WO)
-    kv = perplexity("int8_wo+kv_int8", KV_EVAL, qformat=QFormat.INT8_WO, kv_cache_dtype=KVCacheDType.INT8)
+    base = perplexity("int8_wo", KV_EVAL, **FORMATS["int8_wo"][0])
+    kv = perplexity("int8_wo+kv_int8", KV_EVAL, **FORMATS["int8_wo"][0], kv_cache_dtype=KVCacheDType.INT8)
     assert increase(kv, base) <= 0.5
 
 
 def test_int4_awq_beats_round_to_nearest(perplexity):
-    rtn = perplexity("int4_wo_g128", qformat=QFormat.INT4_WO, group_size=128)  # measured +58.6%
+    rtn = perplexity("int4_wo_g128", **INT4_CROSS["int4_wo_g128"][0])  # measured +58.6%
     awq = perplexity("int4_awq_g128", **FORMATS["int4_awq_g128"][0])  # calibrated on 4 x 256 tokens only
     assert awq < rtn
 
@@ -124,10 +134,13 @@ ZP = dict(zero_points=True)
 
 # name -> (QuantConfig fields, bound measured on flask_docs that guards regressions, in %)
 INT4_CROSS = {
-    "int4_wo_g128": (dict(qformat=QFormat.INT4_WO, group_size=128), 72.0),  # measured +68.0%
-    "int4_wo_zp_g128": (dict(qformat=QFormat.INT4_WO, group_size=128, **ZP), 42.0),  # measured +38.3%
+    "int4_wo_g128": (dict(qformat=QFormat.INT4_WO, group_size=128, exclude=HEAD_FLOAT), 72.0),  # measured +68.0%
+    "int4_wo_zp_g128": (dict(qformat=QFormat.INT4_WO, group_size=128, exclude=HEAD_FLOAT, **ZP), 42.0),  # +38.3%
     "int4_awq_g128": (FORMATS["int4_awq_g128"][0], 38.0),  # measured +35.6%
-    "int4_awq_zp_g128": (dict(qformat=QFormat.INT4_AWQ, group_size=128, **AWQ_CALIB, **ZP), 27.0),  # +24.5%
+    "int4_awq_zp_g128": (
+        dict(qformat=QFormat.INT4_AWQ, group_size=128, exclude=HEAD_FLOAT, **AWQ_CALIB, **ZP),
+        27.0,
+    ),  # measured +24.5%
 }
 
 
@@ -198,3 +211,12 @@ def test_dynamic_activation_scales_hold_across_domains(perplexity, cross_referen
     dynamic = perplexity("int8_sq", CROSS, **FORMATS["int8_sq"][0])
     static = perplexity("int8_sq_static", CROSS, **FORMATS["int8_sq_static"][0])
     assert increase(dynamic, cross_reference) < increase(static, cross_reference) / 4
+
+
+@pytest.mark.parametrize("name", ["int8_wo", "int8_sq"])
+def test_quantized_lm_head_costs_little_on_another_domain(perplexity, name):
+    """Issue 39: quantizing the LM head by default (int8 weight-only) costs <= 0.3% perplexity on flask_docs over the
+    same format with the head in float; measured +0.28% (int8_wo) and +0.27% (int8_sq), guarded at 0.4%."""
+    default = perplexity(f"{name}_cli_default", CROSS, **FORMATS[f"{name}_cli_default"][0])
+    head_float = perplexity(name, CROSS, **FORMATS[name][0])
+    assert increase(default, head_float) <= 0.4
