@@ -198,8 +198,8 @@ class QuantConfig:
         metadata={"help": "tokens per calibration sample [default: 256 for int8_sq and fp8, 512 for the others]"},
     )
     # Nothing is kept in float by default: the LM head is quantized too (int8 weight-only in every format,
-    # ``formats.HEAD_FORMAT``). On SmolLM2-135M that is 1.5-1.9x faster batch-1 decode for +0.02-0.04 points of
-    # perplexity (benchmarks/results/2026-12-04-lm-head-default.md); ``--exclude lm_head`` keeps it in float.
+    # ``formats.HEAD_FORMAT``). On SmolLM2-135M that is 1.5-1.9x faster batch-1 decode for +0.20-0.29% perplexity on
+    # technical text (docs/quantization.md, "The LM head, quantized by default"); ``--exclude lm_head`` keeps it float.
     exclude: list[str] = field(default_factory=list, metadata={"help": "module name patterns kept in float"})
     smoothquant_alpha: float | None = field(
         default=None,
