@@ -19,6 +19,7 @@ import jsonschema
 import numpy as np
 import pytest
 from test_llm import CHAT_TEMPLATE
+from test_run_cli import cli
 
 from trtbuild.errors import RequestError
 from trtbuild.runtime.llm import LLM, SamplingParams
@@ -203,20 +204,6 @@ def test_structured_output_imports_no_build_tool(json_engine):
 
 
 # ------------------------------------------------------------------------------------------- trtbuild run
-
-
-def cli(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
-    """``trtbuild ARGS`` in this process: (exit status, stdout, stderr)."""
-    from trtbuild.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["trtbuild", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_run_json_schema_and_regex_flags(monkeypatch, capsys, json_engine, tmp_path):
