@@ -117,7 +117,9 @@ def test_engine_graph_holds_one_native_attention_node_per_layer(tiny_engines, na
     native = [n for n in graph.node if n.op_type == "PagedAttention"]
     assert {n.domain for n in native} == {"trtbuild.cpu"}
     assert len(native) == model.config.num_hidden_layers
-    assert {"Attention", "RotaryEmbedding", "Concat"}.isdisjoint(n.op_type for n in graph.node)
+    assert {"Attention", "RotaryEmbedding"}.isdisjoint(n.op_type for n in graph.node)
+    # no K/V concatenated in the graph (Qwen3's q | k | v after its per-head norms is the model's own Concat)
+    assert all(n.name.endswith(".qk_norm.concat") for n in graph.node if n.op_type == "Concat")
     assert [o.name for o in graph.output] == ["logits"]
     assert RuntimeConfig.load(engine_dir).build.cpu_attention is CpuAttention.NATIVE
     # a float model has no linear for QLinear: the engine records onnxruntime's kernels

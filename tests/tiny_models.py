@@ -51,6 +51,22 @@ TINY_CONFIGS = {
         rms_norm_eps=1e-5,
         initializer_range=0.15,
     ),
+    "qwen3": dict(  # per-head q/k RMSNorm; head_dim 16 != hidden 48 / 4 heads; GQA; untied head
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=107,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+    ),
     "gpt2": dict(
         architectures=["GPT2LMHeadModel"],
         model_type="gpt2",
@@ -67,13 +83,14 @@ TINY_CONFIGS = {
 }
 
 
-def make_hf_model(name: str, folder: Path, seed: int = 0):
-    """Save a random-init transformers model of config ``name`` to ``folder``; returns the model (eval, fp32)."""
+def make_hf_model(name: str, folder: Path, seed: int = 0, **overrides):
+    """Save a random-init transformers model of config ``name`` (with ``overrides`` of its config keys) to
+    ``folder``; returns the model (eval, fp32)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    spec = dict(TINY_CONFIGS[name])
+    spec = {**TINY_CONFIGS[name], **overrides}
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()

@@ -244,7 +244,7 @@ class ModelConfig:
     """A converted checkpoint's architecture, written as ``config.json`` next to ``rank0.safetensors``.
 
     Invariants (checked in ``__post_init__``): num_heads % num_kv_heads == 0; RoPE models carry ``rope`` and
-    learned-position models do not; rotary_dim is even and <= head_size.
+    learned-position models do not; rotary_dim is even and <= head_size; q/k norms are RMS norms.
     """
 
     architecture: str  # the registry key of the source architecture, e.g. "LlamaForCausalLM"
@@ -268,6 +268,9 @@ class ModelConfig:
     tie_word_embeddings: bool
     bos_token_id: int | None
     eos_token_ids: list[int]
+    # Qwen3: an RMSNorm (``norm_eps``, weight of ``head_size``) on each query and key head after the qkv projection,
+    # before rotary (``attn.q_norm`` / ``attn.k_norm``). Absent from checkpoints written before it (False).
+    qk_norm: bool = False
     # Set by ``trtbuild quantize``: how the linear weights (and KV cache) of this checkpoint are quantized; the
     # tensors it implies are listed by ``trtbuild.quantize.layout``. None for a float checkpoint.
     quantization: QuantConfig | None = None
@@ -282,6 +285,8 @@ class ModelConfig:
             raise ValueError("rope settings must be given exactly when position is 'rope'")
         if self.rope is not None and (self.rope.rotary_dim % 2 or self.rope.rotary_dim > self.head_size):
             raise ValueError(f"rotary_dim {self.rope.rotary_dim} must be even and <= head_size {self.head_size}")
+        if self.qk_norm and self.norm is not NormKind.RMS:
+            raise ValueError("qk_norm is an RMS norm: norm must be 'rms'")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

@@ -30,6 +30,9 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[p + "attn.qkv.weight"] = (cfg.qkv_size, h)
         if cfg.qkv_bias:
             out[p + "attn.qkv.bias"] = (cfg.qkv_size,)
+        if cfg.qk_norm:  # one RMSNorm weight shared by every query head, one by every key head
+            out[p + "attn.q_norm.weight"] = (cfg.head_size,)
+            out[p + "attn.k_norm.weight"] = (cfg.head_size,)
         out[p + "attn.out.weight"] = (h, cfg.num_heads * cfg.head_size)
         if cfg.attn_out_bias:
             out[p + "attn.out.bias"] = (h,)

@@ -38,7 +38,7 @@ HF, GGUF = SourceFormat.HF, SourceFormat.GGUF
 # Source parts: name -> every known spelling, commented by origin.
 SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
     "embed.weight": (
-        Spelling(HF, "model.embed_tokens.weight"),  # Llama, Mistral, Qwen2
+        Spelling(HF, "model.embed_tokens.weight"),  # Llama, Mistral, Qwen2, Qwen3
         Spelling(HF, "transformer.wte.weight"),  # GPT-2
         Spelling(GGUF, "token_embd.weight"),
     ),
@@ -68,6 +68,8 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(HF, "model.layers.{i}.self_attn.v_proj.weight"),
         Spelling(GGUF, "blk.{i}.attn_v.weight"),
     ),
+    "layers.{i}.attn.q_norm.weight": (Spelling(HF, "model.layers.{i}.self_attn.q_norm.weight"),),  # Qwen3, per head
+    "layers.{i}.attn.k_norm.weight": (Spelling(HF, "model.layers.{i}.self_attn.k_norm.weight"),),
     "layers.{i}.attn.q.bias": (Spelling(HF, "model.layers.{i}.self_attn.q_proj.bias"),),  # Qwen2
     "layers.{i}.attn.k.bias": (Spelling(HF, "model.layers.{i}.self_attn.k_proj.bias"),),
     "layers.{i}.attn.v.bias": (Spelling(HF, "model.layers.{i}.self_attn.v_proj.bias"),),

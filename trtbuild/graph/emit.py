@@ -1,8 +1,9 @@
 """Emit the portable graph: standard ONNX (opset >= 21) with one ``trtbuild::PagedAttention`` node per layer.
 
 Norms are single ops (RMSNormalization / LayerNormalization), gate and up projections one matmul (SwiGLU), QKV
-one matmul feeding the plugin. Linear weights are stored ``[in, out]`` for MatMul; a tied LM head reuses the
-embedding through ``Gemm(transB=1)``. Logits are computed only for the rows named by ``logits_indices``.
+one matmul feeding the plugin (through per-head q/k RMSNorms where the model has them, Qwen3). Linear weights are
+stored ``[in, out]`` for MatMul; a tied LM head reuses the embedding through ``Gemm(transB=1)``. Logits are
+computed only for the rows named by ``logits_indices``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         p = f"layers.{n}."
         h = _norm(g, cfg, weights, x, p + "input_norm")
         qkv = _linear(g, cfg, weights, h, p + "attn.qkv")
+        if cfg.qk_norm:
+            qkv = _qk_norm(g, cfg, weights, qkv, p + "attn")
         kc = g.add_input(io.key_cache.format(layer=n), cache_type, cache_shape)
         vc = g.add_input(io.value_cache.format(layer=n), cache_type, cache_shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
@@ -128,6 +131,24 @@ def _norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: s
         return g.op("RMSNormalization", [x, w], name=prefix, axis=-1, epsilon=cfg.norm_eps)
     b = g.initializer(prefix + ".bias", weights[prefix + ".bias"])
     return g.op("LayerNormalization", [x, w, b], name=prefix, axis=-1, epsilon=cfg.norm_eps)
+
+
+def _qk_norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, qkv: str, prefix: str) -> str:
+    """Qwen3's per-head RMSNorm of the query and key parts of ``qkv`` ``[T, (Hq + 2 Hkv) * D]``; the plugin then
+    rotates the normed heads as it rotates any (its contract is unchanged). Each part is viewed ``[T, H, D]``, normed
+    over D by one RMSNormalization and flattened back; v passes through."""
+    hq, hkv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_size
+    q, k, v = g.op_multi(
+        "Split", [qkv, g.const([hq * d, hkv * d, hkv * d])], outputs=3, name=prefix + ".qk_norm.split", axis=-1
+    )
+    normed = []
+    for part, x, heads in (("q", q, hq), ("k", k, hkv)):
+        name = f"{prefix}.{part}_norm"
+        w = g.initializer(name + ".weight", weights[name + ".weight"])
+        per_head = g.op("Reshape", [x, g.const([-1, heads, d])], name=name + ".heads")
+        y = g.op("RMSNormalization", [per_head, w], name=name, axis=-1, epsilon=cfg.norm_eps)
+        normed.append(g.op("Reshape", [y, g.const([-1, heads * d])], name=name + ".flat"))
+    return g.op("Concat", [*normed, v], name=prefix + ".qk_norm.concat", axis=-1)
 
 
 def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:

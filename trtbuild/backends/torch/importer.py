@@ -256,6 +256,7 @@ OPS: dict[str, Handler] = {
     "Mul": lambda m, n, x: (x[0] * x[1],),
     "Sigmoid": lambda m, n, x: (torch.sigmoid(x[0]),),
     "Split": _split,
+    "Concat": lambda m, n, x: (torch.cat(list(x), dim=n.attrs["axis"]),),  # Qwen3's normed q | k | v
     "Gelu": _gelu,
     "RMSNormalization": _rms_norm,
     "LayerNormalization": _layer_norm,

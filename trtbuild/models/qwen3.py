@@ -1,0 +1,58 @@
+"""Qwen3: the Llama layout with an RMSNorm on each query and key head (``q_norm`` / ``k_norm``, weight of head_dim,
+the model's ``rms_norm_eps``) applied after the projection and before rotary, no q/k/v bias unless
+``attention_bias``, and a head_dim of its own (transformers' ``Qwen3Config`` defaults it to 128, not hidden/heads).
+
+Sliding-window layers (``use_sliding_window``, ``layer_types``) are refused: the paged-attention op attends to the
+whole context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind
+from .llama import rope_from_hf
+from .registration import register_architecture
+
+QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config.head_dim when config.json does not give one
+
+
+@register_architecture("Qwen3ForCausalLM")
+def qwen3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
+    hidden, heads, layers = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
+    head_size = int(hf.get("head_dim") or QWEN3_DEFAULT_HEAD_DIM)
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+    layer_types = hf.get("layer_types") or ["full_attention"] * layers
+    if hf.get("use_sliding_window") or any(kind != "full_attention" for kind in layer_types):
+        raise ValueError("sliding-window attention layers are not supported (only full_attention layers)")
+    if len(layer_types) != layers:
+        raise ValueError(f"layer_types names {len(layer_types)} layers, num_hidden_layers is {layers}")
+    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:  # transformers' default Qwen3 rotary ignores it
+        raise ValueError("partial_rotary_factor is not supported for Qwen3 (rotary spans head_dim)")
+    eos = hf.get("eos_token_id")
+    bias = bool(hf.get("attention_bias", False))  # q, k, v and o alike
+    return ModelConfig(
+        architecture=arch,
+        dtype=dtype,
+        vocab_size=int(hf["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_size=head_size,
+        intermediate_size=int(hf["intermediate_size"]),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
+        norm=NormKind.RMS,
+        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        mlp=MlpKind.SWIGLU,
+        position=PositionKind.ROPE,
+        rope=rope_from_hf(hf, head_size),
+        qkv_bias=bias,
+        attn_out_bias=bias,
+        mlp_bias=False,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [int(eos)]),
+        qk_norm=True,
+    )
