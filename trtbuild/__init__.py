@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 # The runner API, imported on first use so that `import trtbuild` stays light.
-_LAZY = {"LLM", "SamplingParams", "RequestOutput"}
+_LAZY = {"LLM", "SamplingParams", "RequestOutput", "KVOffloadConfig"}
 
 
 def __getattr__(name: str) -> object:

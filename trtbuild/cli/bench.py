@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from ..errors import RequestError
+from .kv_offload import kv_offload_options
 from .run import engine_options, open_llm
 
 
@@ -70,6 +71,8 @@ class BenchResult:
     steps: int
     engine_calls: int
     profile: dict[str, float] | None = None  # --profile: seconds per part of the run (see runtime/profile.py)
+    # --kv-offload-*: each tier's counters (name, hits, misses, bytes_loaded, blocks_stored, bytes_stored, evictions)
+    kv_offload: list[dict[str, Any]] | None = None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -129,6 +132,7 @@ def run_bench(llm: Any, workload: BenchWorkload, *, show_progress: bool = False,
         steps=stats.num_steps,
         engine_calls=stats.num_engine_calls,
         profile=breakdown.as_dict() if breakdown else None,
+        kv_offload=[asdict(t) for t in stats.kv_offload] if stats.kv_offload else None,
     )
 
 
@@ -174,6 +178,7 @@ def _generate_with_progress(llm: Any, prompts: list[list[int]], params: Any, sho
     "measure speed without it)",
 )
 @engine_options
+@kv_offload_options
 def bench(
     engine_dir: Path,
     num_requests: int,
@@ -190,6 +195,7 @@ def bench(
     max_num_batched_tokens: int | None,
     num_threads: int | None,
     verify_files: bool,
+    kv_offload: Any,
 ) -> None:
     """Measure throughput, latency and KV-cache use on random prompts."""
     workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
@@ -206,6 +212,7 @@ def bench(
         num_threads=num_threads,
         verify=verify_files,
         profile_kernels=profile,
+        kv_offload=kv_offload,
     )
     open_s = round(time.perf_counter() - opened, 2)  # a torch-compile engine compiles here (docs/gpu.md)
     result = run_bench(llm, workload, show_progress=not as_json, profile=profile)
@@ -229,6 +236,11 @@ def bench(
     click.echo(f"  preemptions    {r.preemptions:10d}")
     click.echo(f"  prefix cache   {100 * r.prefix_cache_hit_rate:10.1f}% of prompt tokens hit")
     click.echo(f"  steps          {r.steps:10d}               {r.engine_calls} engine calls")
+    for t in r.kv_offload or []:
+        click.echo(
+            f"  KV offload {t['name']:7s} {t['hits']:6d} hits {t['misses']:6d} misses   "
+            f"{t['bytes_loaded'] / 2**20:.1f} MiB loaded, {t['bytes_stored'] / 2**20:.1f} MiB stored"
+        )
     if r.profile is not None:
         _print_profile(r)
 

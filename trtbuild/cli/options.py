@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -19,10 +20,28 @@ import click
 from click.core import ParameterSource
 
 from ..configio import from_dict, to_dict
-from ..errors import TrtbuildError
+from ..errors import ConfigError, TrtbuildError
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+
+
+class ByteSize(click.ParamType):
+    """A size in bytes: ``268435456``, ``256MiB``, ``1G`` (binary units)."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        m = _SIZE.match(str(value))
+        if not m:
+            raise ConfigError(f"--{param.name.replace('_', '-')}: {value!r} is not a size (e.g. 512MiB, 2G)")
+        unit = (m.group(2) or "b")[0].lower()
+        return int(float(m.group(1)) * 1024 ** "bkmgt".index(unit))
 
 
 class OutputPath(click.ParamType):

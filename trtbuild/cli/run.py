@@ -11,7 +11,6 @@ the results finished so far and says how many. An existing output file needs ``-
 from __future__ import annotations
 
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Callable
@@ -24,7 +23,8 @@ from ..artifacts.atomic import write_file_atomic
 from ..errors import ConfigError, RequestError, TrtbuildError
 from ..progress import Progress
 from .jsonl import STDIN, InputLine, locate_error, make_params, read_jsonl, read_text, result_record, results_text
-from .options import JsonObjectFile, OutputPath
+from .kv_offload import kv_offload_options
+from .options import ByteSize, JsonObjectFile, OutputPath
 
 SAMPLING_HELP = {
     "temperature": "0 = greedy",
@@ -69,24 +69,6 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             option = click.option(flag, f.name, type=tp, default=None, help=help_text)
         fn = option(fn)
     return fn
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-
-
-class ByteSize(click.ParamType):
-    """A size in bytes: ``268435456``, ``256MiB``, ``1G`` (binary units)."""
-
-    name = "size"
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> int:
-        if isinstance(value, int):
-            return value
-        m = _SIZE.match(str(value))
-        if not m:
-            raise ConfigError(f"--{param.name.replace('_', '-')}: {value!r} is not a size (e.g. 512MiB, 2G)")
-        unit = (m.group(2) or "b")[0].lower()
-        return int(float(m.group(1)) * 1024 ** "bkmgt".index(unit))
 
 
 def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -165,6 +147,7 @@ def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options
 @click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
 @click.option("--quiet", is_flag=True, help="no progress bar (--output)")
 @engine_options
+@kv_offload_options
 @sampling_options
 def run(
     engine_dir: Path,
@@ -182,6 +165,7 @@ def run(
     max_num_batched_tokens: int | None,
     num_threads: int | None,
     verify_files: bool,
+    kv_offload: Any,
     **sampling: Any,
 ) -> None:
     """Generate text with an engine: one --prompt, or a JSON-lines --input file to an --output file."""
@@ -208,6 +192,7 @@ def run(
         enable_prefix_caching=not no_prefix_caching,
         num_threads=num_threads,
         verify=verify_files,
+        kv_offload=kv_offload,
     )
     prompts = [_prompt(llm, ln, chat, system) for ln in lines]
     if stream:

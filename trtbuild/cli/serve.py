@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from ..errors import ConfigError
+from ..runtime.kv_offload.config import KVOffloadConfig
 from ..serve.config import ServeConfig
+from .kv_offload import kv_offload_options
 from .options import config_from_options, dataclass_options
 from .run import engine_options
 
@@ -17,12 +19,14 @@ from .run import engine_options
 @click.argument("engine_dir", type=click.Path(path_type=Path))
 @dataclass_options(ServeConfig)
 @engine_options
+@kv_offload_options
 def serve(
     engine_dir: Path,
     kv_cache_memory: int | None,
     max_num_seqs: int | None,
     max_num_batched_tokens: int | None,
     num_threads: int | None,
+    kv_offload: KVOffloadConfig | None,
     **options: object,
 ) -> None:
     """Serve ENGINE_DIR over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
@@ -41,6 +45,7 @@ def serve(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         num_threads=num_threads,
+        kv_offload=kv_offload,
     )
     model_name = config.served_model_name or engine_dir.resolve().name
     try:

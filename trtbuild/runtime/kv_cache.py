@@ -107,3 +107,26 @@ class PagedKVCache:
     def write(self, layer: int, slots: np.ndarray, new_keys: np.ndarray, new_values: np.ndarray) -> None:
         self._flat_k[layer][slots] = new_keys
         self._flat_v[layer][slots] = new_values
+
+    @property
+    def block_nbytes(self) -> int:
+        """Bytes of one block in every layer, keys and values (``bytes_per_block``)."""
+        return 2 * self.keys[:, 0].nbytes
+
+    def read_block(self, block_id: int) -> np.ndarray:
+        """A copy of block ``block_id`` as raw bytes: every layer's keys, then every layer's values (the KV offload
+        tier's payload; a quantized cache's codes as they are)."""
+        out = np.empty(self.block_nbytes, np.uint8)
+        half = self.block_nbytes // 2
+        for i, arr in enumerate((self.keys, self.values)):
+            np.copyto(out[i * half : (i + 1) * half].view(arr.dtype).reshape(arr[:, block_id].shape), arr[:, block_id])
+        return out
+
+    def write_block(self, block_id: int, data: np.ndarray) -> None:
+        """Store ``read_block``'s bytes into block ``block_id``."""
+        if data.nbytes != self.block_nbytes:
+            raise ValueError(f"a block is {self.block_nbytes} bytes, got {data.nbytes}")
+        half = self.block_nbytes // 2
+        raw = data.view(np.uint8).reshape(-1)
+        for i, arr in enumerate((self.keys, self.values)):
+            arr[:, block_id] = raw[i * half : (i + 1) * half].view(arr.dtype).reshape(arr[:, block_id].shape)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .block_pool import BlockHash, BlockPool, KVCacheBlock
@@ -46,6 +47,8 @@ class KVCacheManager:
         self._num_cached_blocks: dict[Sequence, int] = {}
         self.prefix_cache_queries = 0  # tokens of admitted requests looked up in the prefix cache
         self.prefix_cache_hits = 0  # of those, tokens found there
+        # Called with (block id, hash) for each block newly registered by ``cache_blocks`` (the KV offload's store).
+        self.on_block_cached: Callable[[int, BlockHash], None] | None = None
 
     @property
     def num_usable_blocks(self) -> int:
@@ -128,7 +131,9 @@ class KVCacheManager:
             return
         hashes = self.block_hashes(seq, num_full)
         for i in range(start, num_full):
-            self.pool.cache_full_block(self.pool.blocks[seq.block_ids[i]], hashes[i])
+            block = self.pool.blocks[seq.block_ids[i]]
+            if self.pool.cache_full_block(block, hashes[i]) and self.on_block_cached is not None:
+                self.on_block_cached(block.block_id, hashes[i])
         self._num_cached_blocks[seq] = num_full
 
     def free(self, seq: Sequence) -> None:

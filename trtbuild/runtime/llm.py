@@ -29,6 +29,8 @@ import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
 from .grammar import Grammars, StepMasks
+from .kv_offload import KVOffloadConfig
+from .kv_offload.offloader import open_offloader
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .profile import PhaseTimes
 from .sampling import SamplerOutput, SamplingParams, TokenLogprobs
@@ -46,6 +48,7 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "FinishedRequests",
+    "KVOffloadConfig",
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
@@ -66,7 +69,9 @@ class LLM:
     the available memory; on a GPU the memory free after loading, less one step's working memory). ``seed`` seeds
     the sampler for requests without their own seed. The sampler is the session's (``new_sampler``): a GPU
     engine's samples on the device. Loading checks the size of every file the engine's manifest lists;
-    ``verify=True`` checks their sha256 too. Not thread-safe: drive one LLM from one thread.
+    ``verify=True`` checks their sha256 too. ``kv_offload``: KV offload tiers (host memory, a disk
+    directory) that keep full blocks past the pool's eviction and load them back (docs/kv_offload.md); off by default.
+    Not thread-safe: drive one LLM from one thread.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class LLM:
         seed: int | None = None,
         profile_kernels: bool = False,
         verify: bool = False,
+        kv_offload: KVOffloadConfig | None = None,
     ) -> None:
         engine_dir = Path(engine_dir)
         if not engine_dir.is_dir():
@@ -108,7 +114,11 @@ class LLM:
             if value is not None and not (isinstance(value, int) and 1 <= value <= cap):
                 raise ConfigError(f"{name} must be an integer in [1, {cap}] (the engine's limit), got {value!r}")
         self.config = replace(base, **{k: v for k, v in limits.items() if v is not None})
-        self.scheduler = Scheduler(self.config, stop_hook=self._on_token)
+        self.offloader = open_offloader(self.session, engine_dir, kv_offload, enable_prefix_caching)
+        loader = self.offloader.load_prefix if self.offloader is not None else None
+        self.scheduler = Scheduler(self.config, stop_hook=self._on_token, prefix_loader=loader)
+        if self.offloader is not None:
+            self.scheduler.kv_cache.on_block_cached = self.offloader.store
         self.sampler = self.session.new_sampler(seed)
         self._states: dict[str, CompletionState] = {}  # unfinished requests
         self._num_requests = 0
@@ -261,6 +271,8 @@ class LLM:
             num_blocks=kv.num_usable_blocks,
             waste_slots=self._waste,
             allocated_slots=self._allocated,
+            kv_offload=self.offloader.stats() if self.offloader is not None else (),
+            kv_offload_loaded_blocks=self.offloader.loaded_blocks if self.offloader is not None else 0,
         )
 
     def reset_stats(self) -> None:
@@ -269,6 +281,8 @@ class LLM:
         self._base = (self.scheduler.num_preemptions, kv.prefix_cache_queries, kv.prefix_cache_hits)
         self._steps = self._calls = self._computed = self._peak_blocks = self._waste = self._allocated = 0
         self.phase_times = PhaseTimes()  # the engine loop's time by phase (trtbuild bench --profile)
+        if self.offloader is not None:
+            self.offloader.reset_stats()
 
     # ------------------------------------------------------------------------------------------------- requests
 

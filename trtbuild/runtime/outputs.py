@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from .grammar import GrammarMatcher
+from .kv_offload.tiers import TierStats
 from .sampling import TokenLogprobs
 from .sequence import FinishReason, Sequence
 from .tokenizer import IncrementalDetokenizer
@@ -101,6 +102,8 @@ class EngineStats:
     num_blocks: int  # usable KV-cache blocks
     waste_slots: int  # sum over steps of allocated KV slots not holding a computed token (after each step)
     allocated_slots: int  # sum over steps of allocated KV slots (after each step)
+    kv_offload: tuple[TierStats, ...] = ()  # each KV offload tier's counters, top tier first (none when it is off)
+    kv_offload_loaded_blocks: int = 0  # blocks loaded back from the offload tiers into the pool
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -29,6 +29,9 @@ from .sequence import FinishReason, RequestStatus, Sequence
 # Called once for every token appended to a running request; returns the stop string the request's text now
 # contains (which finishes it with FinishReason.STOP), or None. The detokenizing layer plugs stop strings in here.
 StopHook = Callable[[Sequence], str | None]
+# Called before a waiting request's prefix-cache lookup to bring its prefix into the pool from elsewhere (the KV
+# offload tier's ``KVOffloader.load_prefix``); returns the number of blocks it loaded.
+PrefixLoader = Callable[[KVCacheManager, Sequence], int]
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,12 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting/running queues and the KV-cache manager; see the module docstring."""
 
-    def __init__(self, config: SchedulerConfig, stop_hook: StopHook | None = None) -> None:
+    def __init__(
+        self, config: SchedulerConfig, stop_hook: StopHook | None = None, prefix_loader: PrefixLoader | None = None
+    ) -> None:
         self.config = config
         self.stop_hook = stop_hook
+        self.prefix_loader = prefix_loader
         self.kv_cache = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()  # WAITING and PREEMPTED requests, in admission order
         self.running: deque[Sequence] = deque()  # RUNNING requests, oldest admission first
@@ -175,6 +181,8 @@ class Scheduler:
         # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full).
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
+            if self.prefix_loader is not None:
+                self.prefix_loader(self.kv_cache, seq)
             computed, num_hit_tokens = self.kv_cache.get_computed_blocks(seq)
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not self.kv_cache.allocate_slots(seq, num_new, computed):

@@ -221,6 +221,7 @@ class EngineLoop:
             prefix_cache_hits=stats.prefix_cache_hits,
             preemptions=stats.num_preemptions,
             steps=stats.num_steps,
+            kv_offload=stats.kv_offload,
         )
         if deliveries:
             self._call(_deliver, deliveries)

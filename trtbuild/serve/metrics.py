@@ -10,6 +10,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..runtime.kv_offload.tiers import TierStats
 from ..runtime.outputs import CompletionState
 
 PREFIX = "trtbuild"
@@ -28,6 +29,7 @@ class EngineSnapshot:
     prefix_cache_hits: int = 0
     preemptions: int = 0
     steps: int = 0
+    kv_offload: tuple[TierStats, ...] = ()  # the KV offload tiers' counters (none when it is off)
 
 
 class Counter:
@@ -86,6 +88,26 @@ def counter(name: str, help: str, value: float) -> list[str]:
     return sample("counter", name, help, value)
 
 
+KV_OFFLOAD_COUNTERS = {  # TierStats field -> (metric name, help); each with a tier="memory"|"disk" label
+    "hits": ("kv_offload_hits_total", "KV blocks found in the offload tier"),
+    "misses": ("kv_offload_misses_total", "KV block lookups that reached the offload tier and missed"),
+    "bytes_loaded": ("kv_offload_loaded_bytes_total", "bytes of KV blocks loaded from the offload tier"),
+    "bytes_stored": ("kv_offload_stored_bytes_total", "bytes of KV blocks stored in the offload tier"),
+    "evictions": ("kv_offload_evictions_total", "KV blocks dropped from the offload tier to stay under its cap"),
+}
+
+
+def kv_offload_lines(tiers: Sequence[TierStats]) -> list[str]:
+    """The KV offload tiers' counters, one labelled sample per tier (nothing when the tier is off)."""
+    lines: list[str] = []
+    if not tiers:
+        return lines
+    for field, (name, help) in KV_OFFLOAD_COUNTERS.items():
+        lines += [f"# HELP {PREFIX}_{name} {help}", f"# TYPE {PREFIX}_{name} counter"]
+        lines += [f'{PREFIX}_{name}{{tier="{t.name}"}} {getattr(t, field)}' for t in tiers]
+    return lines
+
+
 class ServerMetrics:
     """Everything ``GET /metrics`` reports."""
 
@@ -130,6 +152,7 @@ class ServerMetrics:
             *counter(f"{p}_prefix_cache_hits_total", "prompt tokens found in the prefix cache", snap.prefix_cache_hits),
             *counter(f"{p}_num_preemptions_total", "sequences preempted (recomputed later)", snap.preemptions),
             *counter(f"{p}_engine_steps_total", "scheduler steps", snap.steps),
+            *kv_offload_lines(snap.kv_offload),
         ]
         for metric in (
             self.ttft,

@@ -1,0 +1,267 @@
+"""The KV offload tier (``trtbuild/runtime/kv_offload/``): round trips, reload after eviction, bad files, sharing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_run_cli import assert_one_error_line, cli
+
+from trtbuild.config import KVCacheDType, QFormat, QuantConfig, RuntimeConfig
+from trtbuild.errors import ConfigError
+from trtbuild.runtime.kv_cache import PagedKVCache, bytes_per_block
+from trtbuild.runtime.kv_offload import KVOffloadConfig, KVOffloader
+from trtbuild.runtime.kv_offload.offloader import engine_fingerprint
+from trtbuild.runtime.kv_offload.tiers import HEADER, DiskTier, MemoryTier
+from trtbuild.runtime.llm import LLM, SamplingParams
+from trtbuild.serve.metrics import kv_offload_lines
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+POOL_BLOCKS = 20  # usable blocks: one 60-token prompt (15 full blocks) fits, three do not stay
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_engines):
+    return tiny_engines["llama_gqa"][2]
+
+
+@pytest.fixture(scope="module")
+def block_bytes(engine):
+    config = RuntimeConfig.load(engine)
+    return bytes_per_block(config.model, config.build.kv_block_size)
+
+
+def prompts() -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 97, 60).tolist() for _ in range(3)]
+
+
+def chat_rounds(llm: LLM, rounds: int = 2) -> list[list[int]]:
+    """Each prompt in turn, ``rounds`` times (the pool forgets the first before it comes back)."""
+    out = []
+    for _ in range(rounds):
+        for p in prompts():
+            out.append(llm.generate([p], GREEDY)[0].outputs[0].token_ids)
+            if llm.offloader is not None:
+                llm.offloader.flush()
+    return out
+
+
+def small_llm(engine, block_bytes, kv_offload=None) -> LLM:
+    return LLM(engine, kv_cache_memory=(POOL_BLOCKS + 1) * block_bytes, kv_offload=kv_offload)
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk", "both"])
+def test_eviction_then_reload_gives_the_same_tokens_and_computes_less(engine, block_bytes, tmp_path, tier):
+    base = small_llm(engine, block_bytes)
+    expected = chat_rounds(base)
+    assert base.stats.prefix_cache_hits == 0  # the pool alone keeps nothing across the rounds
+    config = KVOffloadConfig(
+        memory=1 << 20 if tier != "disk" else None,
+        disk_dir=tmp_path if tier != "memory" else None,
+        disk=1 << 20 if tier != "memory" else None,
+    )
+    llm = small_llm(engine, block_bytes, config)
+    assert chat_rounds(llm) == expected
+    stats = llm.stats
+    assert stats.kv_offload_loaded_blocks == 3 * 14  # round 2: every full block but the one the last token is in
+    assert stats.prefix_cache_hits == 3 * 14 * 4
+    assert stats.num_computed_tokens == base.stats.num_computed_tokens - 3 * 14 * 4
+    by_name = {t.name: t for t in stats.kv_offload}
+    top = by_name["memory" if tier != "disk" else "disk"]
+    assert top.hits == 3 * 14 and top.bytes_loaded == 3 * 14 * block_bytes
+    assert all(t.blocks_stored == 3 * 16 for t in stats.kv_offload)  # 67 computed tokens: 16 full blocks a prompt
+
+
+@pytest.mark.parametrize("kv", [KVCacheDType.FLOAT32, KVCacheDType.INT8, KVCacheDType.FP8])
+def test_store_and_load_round_trip_is_bit_exact(engine, tmp_path, kv):
+    """A block's bytes stored by one offloader come back identical through a fresh memory-less one (disk only)."""
+    model = RuntimeConfig.load(engine).model
+    if kv is not KVCacheDType.FLOAT32:
+        model = replace(model, quantization=QuantConfig(qformat=QFormat.INT8_WO, kv_cache_dtype=kv))
+    rng = np.random.default_rng(1)
+    caches = [PagedKVCache(model, 8, 4) for _ in range(2)]
+    for arr in (caches[0].keys, caches[0].values):
+        arr.view(np.uint8)[...] = rng.integers(0, 256, arr.nbytes, dtype=np.uint8).reshape(arr.view(np.uint8).shape)
+    config = KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20)
+    keys = [bytes([i]) * 32 for i in range(1, 8)]
+    writer = KVOffloader(config, caches[0], "fp")
+    for b, key in enumerate(keys, start=1):
+        writer.store(b, key)
+    writer.close()
+    reader = KVOffloader(config, caches[1], "fp")
+    for b, key in enumerate(keys, start=1):
+        data = reader.lookup(key)
+        assert data is not None
+        caches[1].write_block(b, data)
+    assert caches[1].keys.dtype == caches[0].keys.dtype
+    for name in ("keys", "values"):  # blocks 1..7 (block 0 is the null block, never stored)
+        assert getattr(caches[1], name)[:, 1:].tobytes() == getattr(caches[0], name)[:, 1:].tobytes()
+    assert not caches[1].keys[:, 0].any()
+    assert reader.disk.stats.hits == 7 and reader.disk.stats.bytes_loaded == 7 * caches[0].block_nbytes
+
+
+def test_pool_blocks_and_disk_files_hold_the_same_bytes(engine, block_bytes, tmp_path):
+    llm = small_llm(engine, block_bytes, KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20))
+    llm.generate([prompts()[0]], GREEDY)
+    llm.offloader.flush()
+    disk, cache = llm.offloader.disk, llm.offloader.cache
+    cached = llm.scheduler.kv_cache.pool.cached
+    assert len(cached) == 16
+    for key, block in cached.items():
+        assert disk.get(key, cache.block_nbytes).tobytes() == cache.read_block(block.block_id).tobytes()
+
+
+def test_corrupt_or_truncated_files_are_misses(engine, block_bytes, tmp_path):
+    expected = chat_rounds(small_llm(engine, block_bytes))
+    config = KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20)
+    writer = small_llm(engine, block_bytes, config)
+    chat_rounds(writer, rounds=1)
+    writer.offloader.close()
+    files = sorted(writer.offloader.disk.dir.glob("*.kv"))
+    assert len(files) == 3 * 16
+    damaged = files[::2]
+    for i, path in enumerate(damaged):
+        raw = bytearray(path.read_bytes())
+        if i % 3 == 0:
+            raw[HEADER.size + 5] ^= 0x40  # one payload bit
+        elif i % 3 == 1:
+            del raw[-7:]  # truncated
+        else:
+            raw[8] ^= 1  # the header's block hash
+        path.write_bytes(bytes(raw))
+    tier = DiskTier(tmp_path, writer.offloader.fingerprint, 1 << 20)
+    for path in damaged:
+        assert tier.get(bytes.fromhex(path.stem), block_bytes) is None
+        assert not path.exists()  # removed, to be written afresh
+    assert tier.stats.misses == len(damaged) and tier.stats.hits == 0
+    # The damaged prefixes are recomputed, the others loaded: the tokens are those of a run without the tier.
+    reader = small_llm(engine, block_bytes, config)
+    assert chat_rounds(reader) == expected
+
+
+CHILD = """
+import sys
+from trtbuild.runtime.kv_offload import KVOffloadConfig
+from trtbuild.runtime.llm import LLM, SamplingParams
+engine, directory, memory, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), eval(sys.argv[4])
+llm = LLM(engine, kv_cache_memory=memory, kv_offload=KVOffloadConfig(disk_dir=directory, disk=1 << 20))
+print(llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))[0].outputs[0].token_ids)
+"""
+
+
+def test_two_processes_share_the_disk_tier(engine, block_bytes, tmp_path):
+    """A process writes the blocks and exits (its writer drains at exit); this one loads them instead of computing."""
+    prompt = prompts()[1]
+    memory = (POOL_BLOCKS + 1) * block_bytes
+    args = [sys.executable, "-c", CHILD, str(engine), str(tmp_path), str(memory), repr(prompt)]
+    child = subprocess.run(args, capture_output=True, text=True, timeout=120, check=True)
+    llm = small_llm(engine, block_bytes, KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20))
+    tokens = llm.generate([prompt], GREEDY)[0].outputs[0].token_ids
+    assert child.stdout.strip() == str(tokens)
+    assert llm.stats.kv_offload_loaded_blocks == 14
+    assert llm.stats.num_computed_tokens == 60 - 14 * 4 + 7
+
+
+def test_two_llms_on_one_disk_tier_and_another_engine_never_mixes(engine, tiny_engines, block_bytes, tmp_path):
+    config = KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20)
+    first = small_llm(engine, block_bytes, config)
+    expected = first.generate([prompts()[2]], GREEDY)[0].outputs[0].token_ids
+    first.offloader.flush()
+    second = small_llm(engine, block_bytes, config)
+    assert second.generate([prompts()[2]], GREEDY)[0].outputs[0].token_ids == expected
+    assert second.stats.kv_offload_loaded_blocks == 14
+    other = next(e for name, (_, _, e) in tiny_engines.items() if name != "llama_gqa")
+    assert engine_fingerprint(other) != engine_fingerprint(engine)
+    third = LLM(other, kv_offload=config)
+    assert third.offloader.disk.dir != second.offloader.disk.dir
+    third.generate([[t % third.vocab_size for t in prompts()[2]]], GREEDY)
+    assert third.stats.kv_offload_loaded_blocks == 0
+
+
+KILLED_WRITER = """
+import sys
+import numpy as np
+from trtbuild.runtime.kv_offload.tiers import DiskTier
+tier = DiskTier(sys.argv[1], "fp", 1 << 40)
+data = np.random.default_rng(0).integers(0, 256, 32 << 20, dtype=np.uint8)
+for i in range(1, 10**6):
+    tier.put(i.to_bytes(32, "big"), data)
+    print(i, flush=True)
+"""
+
+
+def test_a_killed_writer_leaves_no_partial_file_visible(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "1"  # one file written; the next ones are being written
+        time.sleep(0.05)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    tier = DiskTier(tmp_path, "fp", 1 << 40)
+    visible = sorted(tier.dir.glob("*.kv"))
+    assert visible
+    for path in visible:  # every visible file is whole
+        assert tier.get(bytes.fromhex(path.stem), 32 << 20) is not None
+    assert tier.stats.misses == 0
+    # A temporary file left by the killed writer is not a block, and is removed once stale.
+    leftover = tier.dir / ".dead.kv.1.2.tmp"
+    leftover.write_bytes(b"partial")
+    os.utime(leftover, (time.time() - 3600, time.time() - 3600))
+    DiskTier(tmp_path, "fp", 1 << 40)
+    assert not leftover.exists()
+
+
+def test_tiers_stay_under_their_caps_dropping_the_least_recently_used(tmp_path):
+    block = np.zeros(1000, np.uint8)
+    memory = MemoryTier(3500)
+    for i in range(3):
+        memory.put(bytes([i]) * 32, block)
+    assert memory.get(bytes([0]) * 32) is not None  # 0 is now the most recent: 1 goes first
+    memory.put(bytes([3]) * 32, block)
+    assert memory.nbytes == 3000 and bytes([1]) * 32 not in memory and bytes([0]) * 32 in memory
+    disk = DiskTier(tmp_path, "fp", 3 * (HEADER.size + 1000))
+    for i in range(3):
+        disk.put(bytes([i]) * 32, block)
+        time.sleep(0.01)  # distinct mtimes
+    assert disk.get(bytes([0]) * 32, 1000) is not None
+    disk.put(bytes([3]) * 32, block)
+    names = {p.stem for p in disk.dir.glob("*.kv")}
+    assert names == {(bytes([i]) * 32).hex() for i in (0, 2, 3)}
+    assert disk.stats.evictions == 1
+
+
+def test_config_errors(engine, tmp_path, monkeypatch, capsys):
+    with pytest.raises(ConfigError, match="needs both a directory"):
+        KVOffloadConfig(disk_dir=tmp_path)
+    with pytest.raises(ConfigError, match="positive"):
+        KVOffloadConfig(memory=0)
+    with pytest.raises(ConfigError, match="prefix caching"):
+        LLM(engine, enable_prefix_caching=False, kv_offload=KVOffloadConfig(memory=1 << 20))
+    assert not KVOffloadConfig().enabled and LLM(engine, kv_offload=KVOffloadConfig()).offloader is None
+    code, _, err = cli(monkeypatch, capsys, "run", engine, "--prompt", "hi", "--kv-offload-dir", tmp_path)
+    assert_one_error_line(code, err, "--kv-offload-disk")
+    code, _, err = cli(monkeypatch, capsys, "run", engine, "--prompt", "hi", "--kv-offload-memory", "lots")
+    assert_one_error_line(code, err, "--kv-offload-memory: 'lots' is not a size")
+
+
+def test_bench_and_metrics_report_each_tier(engine, tmp_path, monkeypatch, capsys):
+    args = ["bench", engine, "--num-requests", "4", "--input-len", "8", "--output-len", "4", "--shared-prefix-len"]
+    args += ["32", "--kv-offload-memory", "1MiB", "--kv-offload-dir", tmp_path, "--kv-offload-disk", "1MiB"]
+    code, out, err = cli(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert "KV offload memory" in out and "KV offload disk" in out
+    llm = LLM(engine, kv_offload=KVOffloadConfig(memory=1 << 20))
+    llm.generate([prompts()[0]], GREEDY)
+    llm.offloader.flush()
+    text = "\n".join(kv_offload_lines(llm.stats.kv_offload))
+    assert 'trtbuild_kv_offload_stored_bytes_total{tier="memory"} ' in text
+    assert text.count('tier="memory"') == 5
+    assert kv_offload_lines(()) == []

@@ -1,0 +1,204 @@
+"""``KVOffloader``: stores full KV blocks into the offload tiers and loads a request's missing prefix back.
+
+Storing: when the KV-cache manager registers a full block in the prefix cache (``KVCacheManager.on_block_cached``),
+the block's bytes are copied out of the cache (one memcpy on the engine thread: the block may be overwritten once it
+is evicted, so it cannot wait) and queued; a writer thread puts them into every tier. Every block the pool could
+later evict is thereby already stored (write-through), and the disk tier outlives the process.
+
+Loading (``load_prefix``, called by the scheduler before a waiting request's prefix-cache lookup): the request's
+full blocks past its pool hits are looked up tier by tier (memory, then disk; a disk hit is copied into memory) and
+written into free blocks, which are registered in the prefix cache and left free; the lookup that follows takes them
+as ordinary hits, so the prefill computes only the rest.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import queue
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import ConfigError
+from ..block_pool import BlockHash
+from ..engine_session import EngineSession
+from ..kv_cache import PagedKVCache
+from ..kv_cache_manager import KVCacheManager
+from ..sequence import Sequence
+from .config import KVOffloadConfig
+from .tiers import DiskTier, MemoryTier, TierStats
+
+FLUSH_AT_EXIT_S = 30.0  # how long the interpreter's exit waits for queued blocks to reach the tiers
+
+
+def engine_fingerprint(engine_dir: Path) -> str:
+    """What names an engine's blocks on disk: sha256 of its ``runtime_config.json`` and ``manifest.json`` (the
+    sha256 of every engine file), so blocks of two engines, or of two builds of one, never mix."""
+    h = hashlib.sha256()
+    for name in ("runtime_config.json", "manifest.json"):
+        path = Path(engine_dir) / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"") + b"\0")
+    return h.hexdigest()[:32]
+
+
+def open_offloader(
+    session: EngineSession, engine_dir: Path, config: KVOffloadConfig | None, enable_prefix_caching: bool
+) -> KVOffloader | None:
+    """The offloader ``LLM(kv_offload=config)`` runs with; None when ``config`` enables no tier."""
+    if config is None:
+        return None
+    if not isinstance(config, KVOffloadConfig):
+        raise ConfigError(f"kv_offload must be a KVOffloadConfig, not {type(config).__name__}")
+    if not config.enabled:
+        return None
+    if not enable_prefix_caching:
+        raise ConfigError("kv_offload needs prefix caching (its blocks are found by their prefix hashes)")
+    cache = getattr(session, "cache", None)
+    if not isinstance(cache, PagedKVCache):
+        raise ConfigError("kv_offload needs an engine whose KV cache is in host memory (the onnxruntime backend)")
+    try:
+        return KVOffloader(config, cache, engine_fingerprint(engine_dir))
+    except OSError as e:
+        raise ConfigError(f"--kv-offload-dir {config.disk_dir}: {e.strerror or e}") from None
+
+
+class KVOffloader:
+    """The tiers of one ``LLM``; see the module docstring. ``flush()`` waits for queued blocks to be stored."""
+
+    def __init__(self, config: KVOffloadConfig, cache: PagedKVCache, fingerprint: str) -> None:
+        self.config = config
+        self.cache = cache
+        self.fingerprint = fingerprint
+        self.memory = MemoryTier(config.memory) if config.memory is not None else None
+        self.disk = DiskTier(config.disk_dir, fingerprint, config.disk) if config.disk_dir is not None else None
+        self.tiers: list[MemoryTier | DiskTier] = [t for t in (self.memory, self.disk) if t is not None]
+        self.loaded_blocks = 0  # blocks written back into the pool
+        self._pending: dict[BlockHash, np.ndarray] = {}  # queued, not yet in every tier (lookups see them)
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[BlockHash, np.ndarray] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="kv-offload-writer", daemon=True)
+        self._writer.start()
+        self._closed = False
+        atexit.register(_flush_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------------------------------------ storing
+
+    def store(self, block_id: int, block_hash: BlockHash) -> None:
+        """Queue block ``block_id`` (full, computed, registered under ``block_hash``) for the tiers."""
+        if self._closed:
+            return
+        with self._lock:
+            if block_hash in self._pending:
+                return
+        if self.memory is not None and block_hash in self.memory and self.disk is None:
+            return
+        data = self.cache.read_block(block_id)
+        with self._lock:
+            self._pending[block_hash] = data
+        self._queue.put((block_hash, data))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                key, data = item
+                for tier in self.tiers:
+                    tier.put(key, data)
+                with self._lock:
+                    self._pending.pop(key, None)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        """Wait until every queued block is in the tiers."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Store what is queued and stop the writer thread."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._writer.join()
+
+    # ------------------------------------------------------------------------------------------------ loading
+
+    def lookup(self, key: BlockHash) -> np.ndarray | None:
+        """The block's bytes from the first tier that has it (a queued block counts as a memory hit)."""
+        with self._lock:
+            data = self._pending.get(key)
+        if data is not None:
+            return data
+        nbytes = self.cache.block_nbytes
+        if self.memory is not None:
+            data = self.memory.get(key)
+            if data is not None:
+                return data
+        if self.disk is not None:
+            data = self.disk.get(key, nbytes)
+            if data is not None and self.memory is not None:
+                self.memory.put(key, data)
+            return data
+        return None
+
+    def load_prefix(self, kv: KVCacheManager, seq: Sequence) -> int:
+        """Load ``seq``'s full blocks missing from the pool (after its pool hits, up to the first tier miss) into
+        free blocks registered in the prefix cache; returns how many were loaded.
+
+        Loads only while the pool keeps room for the blocks the rest of the request needs, and never evicts the
+        request's own pool hits (they are held while loading). The last token is never covered (as the lookup's).
+        """
+        if not kv.enable_prefix_caching or seq.block_ids:
+            return 0
+        pool, num_full = kv.pool, (seq.num_tokens - 1) // kv.block_size
+        hashes = kv.block_hashes(seq, num_full)
+        hits = []
+        for h in hashes:
+            block = pool.get_cached_block(h)
+            if block is None:
+                break
+            hits.append(block)
+        if len(hits) == num_full:
+            return 0
+        rest = kv.num_blocks_for(seq.num_tokens) - num_full  # blocks past the full ones, whatever is loaded
+        room = pool.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0) - rest
+        if room <= 0:
+            return 0
+        pool.touch(hits)  # so that taking free blocks below cannot evict them
+        loaded = []
+        try:
+            for h in hashes[len(hits) : len(hits) + room]:
+                data = self.lookup(h)
+                if data is None:
+                    break
+                [block] = pool.get_new_blocks(1)
+                loaded.append(block)
+                self.cache.write_block(block.block_id, data)
+                pool.cache_full_block(block, h)
+        finally:
+            pool.free_blocks(reversed(hits + loaded))  # last block first: the prefix's tail is evicted first
+        self.loaded_blocks += len(loaded)
+        return len(loaded)
+
+    # ------------------------------------------------------------------------------------------------ stats
+
+    def stats(self) -> tuple[TierStats, ...]:
+        """A copy of every tier's counters, top tier first."""
+        return tuple(TierStats(**vars(t.stats)) for t in self.tiers)
+
+    def reset_stats(self) -> None:
+        for t in self.tiers:
+            t.stats = TierStats(t.stats.name)
+        self.loaded_blocks = 0
+
+
+def _flush_at_exit(ref: weakref.ref[KVOffloader]) -> None:
+    offloader = ref()
+    if offloader is not None and not offloader._closed:
+        offloader._closed = True
+        offloader._queue.put(None)
+        offloader._writer.join(FLUSH_AT_EXIT_S)
