@@ -99,10 +99,11 @@ def test_concurrent_greedy_equals_each_alone(tiny_engines, name):
     assert not llm.scheduler.has_unfinished()
 
 
-def test_greedy_matches_transformers(tiny_engines):
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3"])
+def test_greedy_matches_transformers(tiny_engines, name):
     import torch
 
-    model, _, engine_dir = tiny_engines["llama_gqa"]
+    model, _, engine_dir = tiny_engines[name]
     llm = LLM(engine_dir)
     prompts, _ = mixed_requests(llm.vocab_size, n=4, seed=3)
     outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))

@@ -61,6 +61,9 @@ CASES = {
     "int4_awq_zp_g128": Case(QFormat.INT4_AWQ, group=128, zero_points=True),  # one partial group of 64 or 96
     # static: at the default MatMulNBits level (which dynamic int8 runs at) the head's activations are int8 too
     "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=(), activations=STATIC),
+    # Qwen3: per-head q/k norms (float) between the quantized qkv and the (int8) cache; head_dim 16 != 48 / 4
+    "qwen3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="qwen3"),
+    "qwen3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="qwen3"),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
@@ -174,6 +177,7 @@ class ImportedSession:
 # and rowwise, int8 activations static (+ a quantized tied head) and dynamic: every quantized op of the graph.
 TORCH_CASES = [
     "int8_wo+kv_int8",
+    "qwen3_int8_wo+kv_int8",
     "int4_awq_g64_partial",
     "int4_awq_zp_g64_partial",
     "fp8+kv_fp8",

@@ -1,7 +1,8 @@
-"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family only).
+"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family and Qwen3).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
 ``mlp.gate_up`` -> gate/up_proj rows). ``LINEARS`` is the one table of which HF modules make each canonical linear.
+Qwen3's per-head q/k norms are not linears: they stay float (``NORMS``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from ..config import MlpKind, ModelConfig, NormKind, PositionKind
 from ..errors import TrtbuildError
 
 # Architectures quantize accepts -> transformers model_type.
-MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
 
 # Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) fused into it, in row order.
 LINEARS: dict[str, tuple[str, ...]] = {
@@ -24,6 +30,12 @@ LINEARS: dict[str, tuple[str, ...]] = {
     "attn.out": ("self_attn.o_proj",),
     "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.down": ("mlp.down_proj",),
+}
+
+# Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3).
+NORMS: dict[str, str] = {
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
 }
 
 
@@ -59,7 +71,8 @@ def hf_modules(prefix: str) -> list[str]:
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config``)."""
+    """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config`` and
+    ``models.qwen3.qwen3_config``)."""
     assert cfg.rope is not None
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope.theta}
     if cfg.rope.scaling != 1.0:
@@ -89,6 +102,8 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         out["sliding_window"] = None
     if cfg.architecture == "Qwen2ForCausalLM":
         out["use_sliding_window"] = False
+    if cfg.architecture == "Qwen3ForCausalLM":
+        out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False)
     return out
 
 
@@ -113,6 +128,9 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
                     sd[f"{h}self_attn.{m}_proj.{suffix}"] = part.clone()
             if f"{p}attn.out.{suffix}" in weights:
                 sd[f"{h}self_attn.o_proj.{suffix}"] = t(f"{p}attn.out.{suffix}")
+        for name, hf_name in NORMS.items():
+            if p + name in weights:
+                sd[h + hf_name] = t(p + name)
         gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
         sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
         sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
