@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from trtbuild.errors import ConfigError
 from trtbuild.runtime.kv_cache import PagedKVCache, bytes_per_block
 from trtbuild.runtime.kv_offload import KVOffloadConfig, KVOffloader
 from trtbuild.runtime.kv_offload.offloader import engine_fingerprint
+from trtbuild.runtime.kv_offload.redis_tier import RespConnection, parse_redis_url
 from trtbuild.runtime.kv_offload.tiers import HEADER, DiskTier, MemoryTier
 from trtbuild.runtime.llm import LLM, SamplingParams
 from trtbuild.serve.metrics import kv_offload_lines
@@ -265,3 +268,61 @@ def test_bench_and_metrics_report_each_tier(engine, tmp_path, monkeypatch, capsy
     assert 'trtbuild_kv_offload_stored_bytes_total{tier="memory"} ' in text
     assert text.count('tier="memory"') == 5
     assert kv_offload_lines(()) == []
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A redis-server of our own on a free port (skipped where none is installed)."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    workdir = tmp_path_factory.mktemp("redis")
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            try:
+                RespConnection("127.0.0.1", port, 0).call(b"PING")
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_replicas_share_blocks_through_redis(engine, block_bytes, redis_url):
+    expected = chat_rounds(small_llm(engine, block_bytes))
+    config = KVOffloadConfig(url=redis_url)
+    first = small_llm(engine, block_bytes, config)
+    assert chat_rounds(first, rounds=1) == expected[:3]
+    first.offloader.close()
+    assert first.stats.kv_offload[0].blocks_stored == 3 * 16
+    # A second replica (no memory, no disk) loads every prefix from the server and gives the same tokens.
+    second = small_llm(engine, block_bytes, config)
+    assert chat_rounds(second, rounds=1) == expected[:3]
+    [remote] = second.stats.kv_offload
+    assert remote.name == "redis" and remote.hits == 3 * 14 and second.stats.kv_offload_loaded_blocks == 3 * 14
+    # A value that is not a whole block of that key is a miss.
+    tier = second.offloader.remote
+    key = next(iter(second.scheduler.kv_cache.pool.cached))
+    conn = RespConnection(*parse_redis_url(redis_url))
+    raw = conn.call(b"GET", tier.key(key))
+    assert tier.get(key, block_bytes) is not None
+    for bad in (raw[:-1], raw[:-1] + bytes([raw[-1] ^ 1]), b""):
+        conn.call(b"SET", tier.key(key), bad)
+        assert tier.get(key, block_bytes) is None
+
+
+def test_redis_url_errors(engine):
+    with pytest.raises(ConfigError, match="expected redis://HOST"):
+        KVOffloadConfig(url="http://localhost:6379")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    with pytest.raises(ConfigError, match="cannot reach the server"):
+        LLM(engine, kv_offload=KVOffloadConfig(url=f"redis://127.0.0.1:{port}"))

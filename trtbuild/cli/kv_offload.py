@@ -16,7 +16,12 @@ import click
 from ..runtime.kv_offload.config import KVOffloadConfig
 from .options import ByteSize
 
-_TYPES = {"memory": ByteSize(), "disk": ByteSize(), "disk_dir": click.Path(path_type=Path, file_okay=False)}
+_TYPES = {
+    "memory": ByteSize(),
+    "disk": ByteSize(),
+    "disk_dir": click.Path(path_type=Path, file_okay=False),
+    "url": str,
+}
 
 
 def kv_offload_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -32,6 +32,15 @@ class KVOffloadConfig:
         metadata={"flag": "--kv-offload-disk", "help": "disk KV offload tier size cap (e.g. 20GiB), LRU"},
     )
 
+    url: str | None = field(
+        default=None,
+        metadata={
+            "flag": "--kv-offload-url",
+            "help": "Redis / Valkey server of a remote KV offload tier shared by replicas, redis://HOST[:PORT][/DB] "
+            "(bound its memory with the server's maxmemory + allkeys-lru) [default: off]",
+        },
+    )
+
     def __post_init__(self) -> None:
         for name in ("memory", "disk"):
             value = getattr(self, name)
@@ -43,7 +52,11 @@ class KVOffloadConfig:
             )
         if self.disk_dir is not None:
             object.__setattr__(self, "disk_dir", Path(self.disk_dir))
+        if self.url is not None:
+            from .redis_tier import parse_redis_url
+
+            parse_redis_url(self.url)
 
     @property
     def enabled(self) -> bool:
-        return self.memory is not None or self.disk_dir is not None
+        return self.memory is not None or self.disk_dir is not None or self.url is not None

@@ -19,6 +19,7 @@ import queue
 import threading
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from ..kv_cache_manager import KVCacheManager
 from ..sequence import Sequence
 from .config import KVOffloadConfig
 from .tiers import DiskTier, MemoryTier, TierStats
+
+if TYPE_CHECKING:
+    from .redis_tier import RedisTier
 
 FLUSH_AT_EXIT_S = 30.0  # how long the interpreter's exit waits for queued blocks to reach the tiers
 
@@ -74,7 +78,14 @@ class KVOffloader:
         self.fingerprint = fingerprint
         self.memory = MemoryTier(config.memory) if config.memory is not None else None
         self.disk = DiskTier(config.disk_dir, fingerprint, config.disk) if config.disk_dir is not None else None
-        self.tiers: list[MemoryTier | DiskTier] = [t for t in (self.memory, self.disk) if t is not None]
+        self.remote = None
+        if config.url is not None:
+            from .redis_tier import RedisTier
+
+            self.remote = RedisTier(config.url, fingerprint)
+        self.tiers: list[MemoryTier | DiskTier | RedisTier] = [
+            t for t in (self.memory, self.disk, self.remote) if t is not None
+        ]
         self.loaded_blocks = 0  # blocks written back into the pool
         self._pending: dict[BlockHash, np.ndarray] = {}  # queued, not yet in every tier (lookups see them)
         self._lock = threading.Lock()
@@ -93,7 +104,7 @@ class KVOffloader:
         with self._lock:
             if block_hash in self._pending:
                 return
-        if self.memory is not None and block_hash in self.memory and self.disk is None:
+        if self.memory is not None and block_hash in self.memory and self.tiers == [self.memory]:
             return
         data = self.cache.read_block(block_id)
         with self._lock:
@@ -138,11 +149,13 @@ class KVOffloader:
             data = self.memory.get(key)
             if data is not None:
                 return data
-        if self.disk is not None:
-            data = self.disk.get(key, nbytes)
-            if data is not None and self.memory is not None:
-                self.memory.put(key, data)
-            return data
+        for tier in (self.disk, self.remote):
+            if tier is not None:
+                data = tier.get(key, nbytes)
+                if data is not None:
+                    if self.memory is not None:
+                        self.memory.put(key, data)
+                    return data
         return None
 
     def load_prefix(self, kv: KVCacheManager, seq: Sequence) -> int:

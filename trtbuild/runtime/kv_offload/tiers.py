@@ -143,7 +143,7 @@ class DiskTier:
         tmp = self.dir / f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             with open(tmp, "wb") as f:
-                f.write(HEADER.pack(MAGIC, key, payload.nbytes, zlib.crc32(payload)))
+                f.write(encode_block(key, payload))
                 f.write(payload)
             os.replace(tmp, path)
         except OSError:
@@ -195,18 +195,27 @@ class DiskTier:
             self.stats.evictions += 1
 
 
+def encode_block(key: BlockHash, payload: memoryview) -> bytes:
+    """The header a stored block starts with (a disk file, a Redis value); the payload follows it."""
+    return HEADER.pack(MAGIC, key, payload.nbytes, zlib.crc32(payload))
+
+
+def decode_block(raw: bytes, key: BlockHash, nbytes: int) -> np.ndarray | None:
+    """The ``nbytes`` payload of a stored block ``key`` (header + payload), or None when it is not exactly that."""
+    if len(raw) != HEADER.size + nbytes:
+        return None
+    magic, stored_key, length, crc = HEADER.unpack_from(raw)
+    if magic != MAGIC or stored_key != key or length != nbytes:
+        return None
+    if zlib.crc32(memoryview(raw)[HEADER.size :]) != crc:
+        return None
+    return np.frombuffer(raw, dtype=np.uint8, offset=HEADER.size)
+
+
 def _read_block_file(path: Path, key: BlockHash, nbytes: int) -> np.ndarray | None:
     try:
         with open(path, "rb") as f:
             raw = f.read(HEADER.size + nbytes + 1)
     except OSError:
         return None
-    if len(raw) != HEADER.size + nbytes:
-        return None
-    magic, stored_key, length, crc = HEADER.unpack_from(raw)
-    if magic != MAGIC or stored_key != key or length != nbytes:
-        return None
-    payload = memoryview(raw)[HEADER.size :]
-    if zlib.crc32(payload) != crc:
-        return None
-    return np.frombuffer(raw, dtype=np.uint8, offset=HEADER.size)
+    return decode_block(raw, key, nbytes)

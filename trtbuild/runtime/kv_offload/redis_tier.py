@@ -1,0 +1,139 @@
+"""The remote tier: blocks in a Redis / Valkey server, so replicas on several machines share them.
+
+Speaks the Redis protocol (RESP2: ``GET``, ``SET``, ``PING``) over a plain socket, one connection per thread (the
+writer thread stores while the engine thread looks up): no client package. Keys are
+``trtkv:<engine fingerprint>:<block hash hex>``; values are a disk file's bytes (header with the block hash, length
+and crc32, then the payload), so a truncated or foreign value is a miss. The server bounds the memory: run it with
+``maxmemory`` and ``maxmemory-policy allkeys-lru``. A server that stops answering turns lookups into misses and drops
+stores (the next call reconnects).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ...errors import ConfigError
+from ..block_pool import BlockHash
+from .tiers import TierStats, decode_block, encode_block
+
+TIMEOUT_S = 5.0
+
+
+def parse_redis_url(url: str) -> tuple[str, int, int]:
+    """(host, port, database) of ``redis://HOST[:PORT][/DB]``; ``ConfigError`` otherwise."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or 6379
+        db = int(parts.path.strip("/") or 0)
+    except ValueError:
+        port = db = -1
+    if parts.scheme != "redis" or not parts.hostname or port < 0 or db < 0 or parts.query:
+        raise ConfigError(f"--kv-offload-url {url!r}: expected redis://HOST[:PORT][/DB]")
+    return parts.hostname, port, db
+
+
+class RedisError(Exception):
+    """The server answered an error, or the connection broke."""
+
+
+class RespConnection:
+    """One connection speaking RESP2; ``call`` sends a command and returns its reply (bytes, int, None, list)."""
+
+    def __init__(self, host: str, port: int, db: int) -> None:
+        self.sock = socket.create_connection((host, port), timeout=TIMEOUT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.reader = self.sock.makefile("rb")
+        if db:
+            self.call(b"SELECT", str(db).encode())
+
+    def call(self, *args: bytes | memoryview) -> object:
+        chunks = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            chunks += [b"$%d\r\n" % len(arg), arg, b"\r\n"]
+        self.sock.sendall(b"".join(chunks))
+        return self._reply()
+
+    def _reply(self) -> object:
+        line = self.reader.readline()
+        if not line.endswith(b"\r\n"):
+            raise RedisError("connection closed")
+        kind, rest = line[:1], line[1:-2]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            raise RedisError(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            data = self.reader.read(n + 2)
+            if len(data) != n + 2:
+                raise RedisError("connection closed")
+            return data[:-2]
+        if kind == b"*":
+            return [self._reply() for _ in range(int(rest))]
+        raise RedisError(f"unexpected reply {line[:20]!r}")
+
+    def close(self) -> None:
+        self.reader.close()
+        self.sock.close()
+
+
+class RedisTier:
+    """Blocks under ``trtkv:<fingerprint>:`` in the server at ``url`` (see the module docstring)."""
+
+    def __init__(self, url: str, fingerprint: str) -> None:
+        self.url = url
+        self.address = parse_redis_url(url)
+        self.prefix = f"trtkv:{fingerprint}:".encode()
+        self.stats = TierStats("redis")
+        self._local = threading.local()
+        self._lock = threading.Lock()  # the counters
+        try:
+            self._call(b"PING")
+        except (OSError, RedisError) as e:
+            raise ConfigError(f"--kv-offload-url {url}: cannot reach the server ({e})") from None
+
+    def key(self, key: BlockHash) -> bytes:
+        return self.prefix + key.hex().encode()
+
+    def _call(self, *args: bytes | memoryview) -> object:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = RespConnection(*self.address)
+        try:
+            return conn.call(*args)
+        except (OSError, RedisError, ValueError):
+            conn.close()
+            self._local.conn = None
+            raise
+
+    def get(self, key: BlockHash, nbytes: int) -> np.ndarray | None:
+        try:
+            raw = self._call(b"GET", self.key(key))
+        except (OSError, RedisError, ValueError):
+            raw = None
+        data = decode_block(raw, key, nbytes) if isinstance(raw, bytes) else None
+        with self._lock:
+            if data is None:
+                self.stats.misses += 1
+            else:
+                self.stats.hits += 1
+                self.stats.bytes_loaded += nbytes
+        return data
+
+    def put(self, key: BlockHash, data: np.ndarray) -> None:
+        payload = memoryview(np.ascontiguousarray(data).view(np.uint8).reshape(-1))
+        try:
+            self._call(b"SET", self.key(key), encode_block(key, payload) + payload.tobytes())
+        except (OSError, RedisError, ValueError):
+            return
+        with self._lock:
+            self.stats.blocks_stored += 1
+            self.stats.bytes_stored += payload.nbytes
