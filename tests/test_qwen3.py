@@ -34,6 +34,10 @@ def test_config_and_layout():
     assert tensors["layers.0.attn.out.weight"] == (48, 64)
     biased = model_config_from_hf(qwen3_hf(attention_bias=True), DType.FLOAT32)
     assert biased.qkv_bias and biased.attn_out_bias
+    # the window on, but every layer below max_window_layers: full attention throughout, as in transformers
+    assert model_config_from_hf(
+        qwen3_hf(use_sliding_window=True, sliding_window=32, max_window_layers=2), DType.FLOAT32
+    )
     no_head_dim = qwen3_hf()
     del no_head_dim["head_dim"]
     assert model_config_from_hf(no_head_dim, DType.FLOAT32).head_size == 128  # transformers' Qwen3Config default
@@ -50,8 +54,8 @@ def test_checkpoint_config_without_qk_norm_still_reads():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), "sliding-window"),
-        (dict(layer_types=["full_attention", "sliding_attention"]), "sliding-window"),
+        (dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), "1 of 2 layers use sliding-window"),
+        (dict(layer_types=["full_attention", "sliding_attention"]), "1 of 2 layers use sliding-window"),
         (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "rope type 'yarn'"),
         (dict(hidden_act="gelu"), "hidden_act"),
         (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),

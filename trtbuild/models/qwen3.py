@@ -23,11 +23,17 @@ def qwen3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
     head_size = int(hf.get("head_dim") or QWEN3_DEFAULT_HEAD_DIM)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
-    layer_types = hf.get("layer_types") or ["full_attention"] * layers
-    if hf.get("use_sliding_window") or any(kind != "full_attention" for kind in layer_types):
-        raise ValueError("sliding-window attention layers are not supported (only full_attention layers)")
+    # transformers' Qwen3Config: without layer_types, layers from max_window_layers on slide when the window is on
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
+    first_sliding = int(hf.get("max_window_layers", 28)) if window is not None else layers
+    layer_types = hf.get("layer_types") or [
+        "sliding_attention" if i >= first_sliding else "full_attention" for i in range(layers)
+    ]
     if len(layer_types) != layers:
         raise ValueError(f"layer_types names {len(layer_types)} layers, num_hidden_layers is {layers}")
+    sliding = sum(kind != "full_attention" for kind in layer_types)
+    if sliding:
+        raise ValueError(f"{sliding} of {layers} layers use sliding-window attention, which is not supported")
     if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:  # transformers' default Qwen3 rotary ignores it
         raise ValueError("partial_rotary_factor is not supported for Qwen3 (rotary spans head_dim)")
     eos = hf.get("eos_token_id")
