@@ -15,7 +15,7 @@ without a GPU; its figures mean nothing); ``--device cpu`` alone runs the correc
 
 Cases (``<runtime>`` is ``torch-compile`` or ``aot-inductor``; an AOTInductor build whose package does not run in
 its child-process check falls back to torch-compile, and the line says so in ``runtime`` and ``warnings``):
-- ``correctness/<model>/<runtime>``: tiny random Llama / Qwen2 / GPT-2 (transformers configs built here) as
+- ``correctness/<model>/<runtime>``: tiny random Llama / Qwen2 / Qwen3 / GPT-2 (transformers configs built here) as
   float32 engines: max abs logits error vs transformers on the GPU over a ragged prefill (with a chunk) plus
   8 decode steps, with and without CUDA graphs; limit 1e-3.
 - ``bf16_greedy/llama``: the tiny Llama as a bfloat16 engine: greedy tokens vs transformers bfloat16 (match rate).
@@ -57,6 +57,11 @@ TINY = {
         model_type="qwen2", hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=6,
         num_key_value_heads=2, vocab_size=503, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=1e6,
         tie_word_embeddings=True, initializer_range=0.05, use_sliding_window=False,
+    ),
+    "qwen3": dict(  # per-head q/k RMSNorm, head_dim 32 != 96 / 4
+        model_type="qwen3", hidden_size=96, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=499, max_position_embeddings=512, rms_norm_eps=1e-6,
+        rope_theta=1e6, tie_word_embeddings=False, initializer_range=0.05,
     ),
     "gpt2": dict(
         model_type="gpt2", n_embd=96, n_head=4, n_layer=2, n_positions=512, vocab_size=509, initializer_range=0.05,
@@ -546,7 +551,7 @@ def cases(smoke_speed: bool, skip_speed: bool) -> dict[str, Callable[[Path], dic
         out["speed/llm_decode_b1"] = speed_llm_decode_b1
         if DEVICE == "cuda":
             out["speed/default_kv_pool"] = speed_default_kv_pool
-    for name in ("qwen2", "gpt2"):
+    for name in ("qwen2", "qwen3", "gpt2"):
         out[f"correctness/{name}/torch-compile"] = lambda w, n=name: case_correctness(n, "torch-compile", w)
     out["correctness/llama/aot-inductor"] = lambda w: case_correctness("llama", "aot-inductor", w)
     out["bf16_greedy/llama"] = case_bf16_greedy
