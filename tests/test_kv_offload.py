@@ -326,3 +326,23 @@ def test_redis_url_errors(engine):
         port = s.getsockname()[1]  # nothing listens there once closed
     with pytest.raises(ConfigError, match="cannot reach the server"):
         LLM(engine, kv_offload=KVOffloadConfig(url=f"redis://127.0.0.1:{port}"))
+
+
+def test_an_unused_llm_and_its_writer_go_away(engine, tmp_path):
+    import gc
+    import threading
+    import weakref
+
+    def writers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "kv-offload-writer" and t.is_alive()}
+
+    before = writers()
+    llm = LLM(engine, kv_offload=KVOffloadConfig(memory=1 << 20, disk_dir=tmp_path, disk=1 << 20))
+    assert len(writers() - before) == 1
+    llm.generate([prompts()[0]], GREEDY)
+    ref = weakref.ref(llm.offloader)
+    del llm
+    gc.collect()
+    assert ref() is None
+    assert len(list(tmp_path.glob("*/*.kv"))) == 16  # queued blocks were written before the writer stopped
+    assert writers() <= before

@@ -13,7 +13,6 @@ as ordinary hits, so the prefill computes only the rest.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import queue
 import threading
@@ -90,16 +89,20 @@ class KVOffloader:
         self._pending: dict[BlockHash, np.ndarray] = {}  # queued, not yet in every tier (lookups see them)
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[BlockHash, np.ndarray] | None] = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="kv-offload-writer", daemon=True)
-        self._writer.start()
-        self._closed = False
-        atexit.register(_flush_at_exit, weakref.ref(self))
+        # The writer holds no reference to the offloader, so that an unused LLM (and its cache) can be collected:
+        # the finalizer (also run at the interpreter's exit) drains the queue and stops the thread.
+        writer = threading.Thread(
+            target=_write_loop, args=(self._queue, self.tiers, self._pending, self._lock), daemon=True
+        )
+        writer.name = "kv-offload-writer"
+        writer.start()
+        self._stop = weakref.finalize(self, _stop_writer, self._queue, writer)
 
     # ------------------------------------------------------------------------------------------------ storing
 
     def store(self, block_id: int, block_hash: BlockHash) -> None:
         """Queue block ``block_id`` (full, computed, registered under ``block_hash``) for the tiers."""
-        if self._closed:
+        if not self._stop.alive:
             return
         with self._lock:
             if block_hash in self._pending:
@@ -111,30 +114,13 @@ class KVOffloader:
             self._pending[block_hash] = data
         self._queue.put((block_hash, data))
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                key, data = item
-                for tier in self.tiers:
-                    tier.put(key, data)
-                with self._lock:
-                    self._pending.pop(key, None)
-            finally:
-                self._queue.task_done()
-
     def flush(self) -> None:
         """Wait until every queued block is in the tiers."""
         self._queue.join()
 
     def close(self) -> None:
-        """Store what is queued and stop the writer thread."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._writer.join()
+        """Store what is queued and stop the writer thread (later ``store`` calls do nothing)."""
+        self._stop()
 
     # ------------------------------------------------------------------------------------------------ loading
 
@@ -209,9 +195,27 @@ class KVOffloader:
         self.loaded_blocks = 0
 
 
-def _flush_at_exit(ref: weakref.ref[KVOffloader]) -> None:
-    offloader = ref()
-    if offloader is not None and not offloader._closed:
-        offloader._closed = True
-        offloader._queue.put(None)
-        offloader._writer.join(FLUSH_AT_EXIT_S)
+def _write_loop(
+    jobs: queue.Queue[tuple[BlockHash, np.ndarray] | None],
+    tiers: list[MemoryTier | DiskTier | RedisTier],
+    pending: dict[BlockHash, np.ndarray],
+    lock: threading.Lock,
+) -> None:
+    """The writer thread: put each queued block into every tier, until a None."""
+    while True:
+        item = jobs.get()
+        try:
+            if item is None:
+                return
+            key, data = item
+            for tier in tiers:
+                tier.put(key, data)
+            with lock:
+                pending.pop(key, None)
+        finally:
+            jobs.task_done()
+
+
+def _stop_writer(jobs: queue.Queue[tuple[BlockHash, np.ndarray] | None], writer: threading.Thread) -> None:
+    jobs.put(None)
+    writer.join(FLUSH_AT_EXIT_S)
