@@ -64,6 +64,7 @@ CASES = {
     # Qwen3: per-head q/k norms (float) between the quantized qkv and the (int8) cache; head_dim 16 != 48 / 4
     "qwen3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="qwen3"),
     "qwen3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="qwen3"),
+    "qwen3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="qwen3", activations=STATIC),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
