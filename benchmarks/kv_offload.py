@@ -15,6 +15,8 @@ Both have the same small pool, which holds one request's prefix but not all of t
   taking turns, on a pool of ``--chat-pool-blocks`` (84: one 20-turn conversation fits, three evict each other from
   about turn 7); every turn resends the whole conversation; turn 1 is left out. A second row keeps only the turns
   whose prefix the recompute side's pool had evicted (it found under half the prompt in its prefix cache).
+- process: a second process opened on the offload side's disk tier answers a new question on a document this
+  process computed; its TTFT against this process's recompute of the same prompt.
 - restart (with document): a third LLM opened on the offload side's disk tier alone (a new ``serve``, or another
   process) answers a new question on document A: its TTFT against the recompute side's for the same prompt.
 
@@ -28,6 +30,8 @@ import argparse
 import json
 import math
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,6 +43,15 @@ from trtbuild.runtime.kv_offload import KVOffloadConfig
 from trtbuild.runtime.llm import LLM, RequestMetrics, SamplingParams
 
 QUESTION_LEN, USER_LEN, REPLY_LEN = 16, 48, 16
+CHILD = """
+import json, sys
+from trtbuild.runtime.kv_offload import KVOffloadConfig
+from trtbuild.runtime.llm import LLM, SamplingParams
+engine, directory, threads, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+llm = LLM(engine, num_threads=threads, kv_offload=KVOffloadConfig(disk_dir=directory, disk=8 << 30))
+out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+print(json.dumps({"ttft": out[0].outputs[0].metrics.ttft, "disk_hits": llm.stats.kv_offload[0].hits}))
+"""
 
 
 def main() -> None:
@@ -51,7 +64,9 @@ def main() -> None:
     ap.add_argument("--chat-turns", type=int, default=20)
     ap.add_argument("--chat-conversations", type=int, default=3)
     ap.add_argument("--chat-pool-blocks", type=int, default=84)
-    ap.add_argument("--workloads", default="document,chat", help="comma-separated: document (and restart), chat")
+    ap.add_argument(
+        "--workloads", default="document,chat", help="comma-separated: document (and restart), chat, process"
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     config = RuntimeConfig.load(args.engine)
@@ -108,6 +123,31 @@ def main() -> None:
             t.name: {"hits": t.hits, "misses": t.misses} for t in sides["offload"].stats.kv_offload
         }
         del sides, restarted
+    if "process" in workloads:
+        # a second process on the same disk tier: this one computes a document (storing it), the child answers a
+        # new question on it; against this process's recompute of the child's prompt
+        sides = open_sides(args.pool_blocks)
+        doc, question = tokens(args.doc_len), tokens(QUESTION_LEN)
+        ask(sides["offload"], doc + tokens(QUESTION_LEN), REPLY_LEN)
+        sides["offload"].offloader.close()
+        child = [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(args.engine),
+            str(disk_dir),
+            str(args.threads),
+            json.dumps(doc + question),
+        ]
+        other = json.loads(subprocess.run(child, capture_output=True, text=True, check=True).stdout)
+        cold = ask(sides["recompute"], doc + question, REPLY_LEN).ttft
+        figures["process"] = {
+            "recompute_ttft_ms": round(cold * 1000, 1),
+            "offload_ttft_ms": round(other["ttft"] * 1000, 1),
+            "ratio": round(other["ttft"] / cold, 3),
+            "disk_hits": other["disk_hits"],
+        }
+        del sides
     if "chat" in workloads:
         sides = open_sides(args.chat_pool_blocks)
         chats: list[list[int]] = [[] for _ in range(args.chat_conversations)]
@@ -186,20 +226,19 @@ def print_table(figures: dict[str, dict], args: argparse.Namespace) -> None:
                 f"| {label} | {f['requests']} | {f['recompute_ttft_ms']} | {f['offload_ttft_ms']} | "
                 f"{f['ttft_ratio']}x | {f['recompute_tpot_ms']} | {f['offload_tpot_ms']} |"
             )
-    if "restart" in figures:
-        r = figures["restart"]
-        print(
-            f"| restart: new LLM on the disk tier, known document | 1 | {r['recompute_ttft_ms']} | "
-            f"{r['offload_ttft_ms']} | {r['ratio']}x | | |"
-        )
+    for name, label in (
+        ("restart", "restart: new LLM on the disk tier, known document"),
+        ("process", "second process on the disk tier, known document"),
+    ):
+        if name in figures:
+            r = figures[name]
+            print(f"| {label} | 1 | {r['recompute_ttft_ms']} | {r['offload_ttft_ms']} | {r['ratio']}x | | |")
     for name in ("document_tiers", "chat_tiers"):
         if name in figures:
             print(f"\n{name}: {figures[name]}")
 
 
 def progress(line: str) -> None:
-    import sys
-
     print(line, file=sys.stderr, flush=True)
 
 
