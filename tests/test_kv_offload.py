@@ -266,7 +266,7 @@ def test_bench_and_metrics_report_each_tier(engine, tmp_path, monkeypatch, capsy
     llm.offloader.flush()
     text = "\n".join(kv_offload_lines(llm.stats.kv_offload))
     assert 'trtbuild_kv_offload_stored_bytes_total{tier="memory"} ' in text
-    assert text.count('tier="memory"') == 5
+    assert text.count('tier="memory"') == 6
     assert kv_offload_lines(()) == []
 
 
@@ -346,3 +346,14 @@ def test_an_unused_llm_and_its_writer_go_away(engine, tmp_path):
     assert ref() is None
     assert len(list(tmp_path.glob("*/*.kv"))) == 16  # queued blocks were written before the writer stopped
     assert writers() <= before
+
+
+def test_a_failing_disk_drops_stores_and_the_engine_goes_on(engine, block_bytes, tmp_path):
+    expected = chat_rounds(small_llm(engine, block_bytes))
+    llm = small_llm(engine, block_bytes, KVOffloadConfig(memory=1 << 20, disk_dir=tmp_path, disk=1 << 20))
+    shutil.rmtree(llm.offloader.disk.dir)  # the directory goes away under the running engine
+    assert chat_rounds(llm) == expected  # flush() returns: the writer survived
+    memory, disk = llm.stats.kv_offload
+    # round 1: 16 blocks a prompt; round 2: the 2 recomputed past the loaded ones (never stored, so tried again)
+    assert disk.blocks_stored == 0 and disk.store_errors == 3 * 16 + 3 * 2
+    assert memory.hits == 3 * 14

@@ -94,6 +94,7 @@ KV_OFFLOAD_COUNTERS = {  # TierStats field -> (metric name, help); each with a t
     "bytes_loaded": ("kv_offload_loaded_bytes_total", "bytes of KV blocks loaded from the offload tier"),
     "bytes_stored": ("kv_offload_stored_bytes_total", "bytes of KV blocks stored in the offload tier"),
     "evictions": ("kv_offload_evictions_total", "KV blocks dropped from the offload tier to stay under its cap"),
+    "store_errors": ("kv_offload_store_errors_total", "KV blocks the offload tier failed to store"),
 }
 
 

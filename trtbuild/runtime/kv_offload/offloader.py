@@ -209,7 +209,10 @@ def _write_loop(
                 return
             key, data = item
             for tier in tiers:
-                tier.put(key, data)
+                try:
+                    tier.put(key, data)
+                except Exception:  # a store that fails is a store dropped: the writer must go on (flush waits)
+                    tier.stats.store_errors += 1
             with lock:
                 pending.pop(key, None)
         finally:

@@ -43,6 +43,7 @@ class TierStats:
     blocks_stored: int = 0
     bytes_stored: int = 0
     evictions: int = 0  # blocks dropped to stay under the cap
+    store_errors: int = 0  # stores that failed (e.g. the disk directory removed or full): the block was not stored
 
 
 class MemoryTier:
@@ -148,6 +149,8 @@ class DiskTier:
             os.replace(tmp, path)
         except OSError:
             tmp.unlink(missing_ok=True)
+            with self._lock:
+                self.stats.store_errors += 1
             return
         with self._lock:
             self.stats.blocks_stored += 1
