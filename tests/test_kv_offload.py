@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -357,3 +361,47 @@ def test_a_failing_disk_drops_stores_and_the_engine_goes_on(engine, block_bytes,
     # round 1: 16 blocks a prompt; round 2: the 2 recomputed past the loaded ones (never stored, so tried again)
     assert disk.blocks_stored == 0 and disk.store_errors == 3 * 16 + 3 * 2
     assert memory.hits == 3 * 14
+
+
+def serve_once(engine: Path, disk_dir: Path, prompt: list[int]) -> tuple[str, str]:
+    """Start ``trtbuild serve`` on the disk tier, complete ``prompt`` greedily, read /metrics, SIGTERM it:
+    (the completion's text, the KV offload lines of /metrics)."""
+    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", "--no-access-log"]
+    command += ["--kv-offload-dir", str(disk_dir), "--kv-offload-disk", "1MiB"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = ""
+        while "serving" not in line:
+            line = proc.stderr.readline()
+            assert line, "the server exited before serving"
+        base = re.search(r"(http://\S+)/v1", line).group(1)
+        deadline = time.monotonic() + 30
+        while True:  # the socket listens before the app's startup completes
+            try:
+                urllib.request.urlopen(base + "/health", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        body = {"model": engine.name, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        request = urllib.request.Request(
+            base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        text = json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][0]["text"]
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        return text, "\n".join(ln for ln in metrics.splitlines() if "kv_offload" in ln and not ln.startswith("#"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
+
+
+def test_serve_restarted_on_the_disk_tier_loads_what_it_stored(engine, tmp_path):
+    prompt = prompts()[0]
+    text, metrics = serve_once(engine, tmp_path, prompt)
+    assert 'trtbuild_kv_offload_stored_bytes_total{tier="disk"} 0' not in metrics
+    again, metrics = serve_once(engine, tmp_path, prompt)
+    assert again == text
+    assert 'trtbuild_kv_offload_hits_total{tier="disk"} 14' in metrics.splitlines()
