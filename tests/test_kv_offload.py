@@ -405,3 +405,44 @@ def test_serve_restarted_on_the_disk_tier_loads_what_it_stored(engine, tmp_path)
     again, metrics = serve_once(engine, tmp_path, prompt)
     assert again == text
     assert 'trtbuild_kv_offload_hits_total{tier="disk"} 14' in metrics.splitlines()
+
+
+@pytest.fixture(scope="module", params=[KVCacheDType.INT8, KVCacheDType.FP8], ids=["kv_int8", "kv_fp8"])
+def quantized_kv_engine(request, tmp_path_factory):
+    """A tiny engine whose KV cache is int8 / fp8 (int8 weight-only linears), quantized and built once."""
+    from quantize_helpers import calib_file, tiny_checkpoint
+
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig
+    from trtbuild.quantize.quantize import quantize
+
+    root = tmp_path_factory.mktemp(f"kv-{request.param.value}")
+    _, ckpt = tiny_checkpoint(root)
+    qcfg = QuantConfig(
+        qformat=QFormat.INT8_WO,
+        kv_cache_dtype=request.param,
+        calib_dataset=str(calib_file(root)),
+        calib_size=2,
+        calib_seq_len=24,
+    )
+    quantize(ckpt, root / "qckpt", qcfg, progress=False)
+    build_engine(root / "qckpt", root / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
+    return root / "engine"
+
+
+def test_quantized_kv_cache_engine_reloads_its_blocks_bit_exact(quantized_kv_engine, tmp_path):
+    """With an int8 / fp8 KV cache the tier keeps the codes as they are: the pool's blocks and the disk files hold the
+    same bytes, and eviction -> reload gives the tokens of a run without the tier."""
+    engine = quantized_kv_engine
+    config = RuntimeConfig.load(engine)
+    per_block = bytes_per_block(config.model, config.build.kv_block_size)
+    expected = chat_rounds(small_llm(engine, per_block))
+    llm = small_llm(engine, per_block, KVOffloadConfig(disk_dir=tmp_path, disk=1 << 20))
+    assert llm.offloader.cache.keys.dtype == (np.int8 if config.model.kv_cache_dtype is KVCacheDType.INT8 else np.uint8)
+    assert chat_rounds(llm) == expected
+    assert llm.stats.kv_offload_loaded_blocks == 3 * 14
+    disk, cache = llm.offloader.disk, llm.offloader.cache
+    cached = llm.scheduler.kv_cache.pool.cached
+    assert cached
+    for key, block in cached.items():
+        assert disk.get(key, per_block).tobytes() == cache.read_block(block.block_id).tobytes()
