@@ -15,7 +15,8 @@ Both have the same small pool, which holds one request's prefix but not all of t
   taking turns, on a pool of ``--chat-pool-blocks`` (84: one 20-turn conversation fits, three evict each other from
   about turn 7); every turn resends the whole conversation; turn 1 is left out. A second row keeps only the turns
   whose prefix the recompute side's pool had evicted (it found under half the prompt in its prefix cache).
-- process: a second process opened on the offload side's disk tier answers a new question on a document this
+- process: a second process opened on the offload side's disk tier (or with ``--remote redis://...``, both sides on
+  that Redis server alone) answers a new question on a document this
   process computed; its TTFT against this process's recompute of the same prompt.
 - restart (with document): a third LLM opened on the offload side's disk tier alone (a new ``serve``, or another
   process) answers a new question on document A: its TTFT against the recompute side's for the same prompt.
@@ -48,7 +49,9 @@ import json, sys
 from trtbuild.runtime.kv_offload import KVOffloadConfig
 from trtbuild.runtime.llm import LLM, SamplingParams
 engine, directory, threads, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
-llm = LLM(engine, num_threads=threads, kv_offload=KVOffloadConfig(disk_dir=directory, disk=8 << 30))
+remote = directory.startswith("redis://")
+tier = KVOffloadConfig(url=directory) if remote else KVOffloadConfig(disk_dir=directory, disk=8 << 30)
+llm = LLM(engine, num_threads=threads, kv_offload=tier)
 out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
 print(json.dumps({"ttft": out[0].outputs[0].metrics.ttft, "disk_hits": llm.stats.kv_offload[0].hits}))
 """
@@ -67,12 +70,15 @@ def main() -> None:
     ap.add_argument(
         "--workloads", default="document,chat", help="comma-separated: document (and restart), chat, process"
     )
+    ap.add_argument("--remote", default=None, help="redis://HOST:PORT: the offload side uses only this Redis tier")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     config = RuntimeConfig.load(args.engine)
     per_block = bytes_per_block(config.model, config.build.kv_block_size)
     disk_dir = Path(tempfile.mkdtemp(prefix="kv-offload-bench-"))
     offload = KVOffloadConfig(memory=4 << 30, disk_dir=disk_dir, disk=8 << 30)
+    if args.remote:
+        offload = KVOffloadConfig(url=args.remote)
     rng = np.random.default_rng(0)
     vocab = config.model.vocab_size
 
@@ -135,7 +141,7 @@ def main() -> None:
             "-c",
             CHILD,
             str(args.engine),
-            str(disk_dir),
+            args.remote or str(disk_dir),
             str(args.threads),
             json.dumps(doc + question),
         ]
@@ -228,7 +234,7 @@ def print_table(figures: dict[str, dict], args: argparse.Namespace) -> None:
             )
     for name, label in (
         ("restart", "restart: new LLM on the disk tier, known document"),
-        ("process", "second process on the disk tier, known document"),
+        ("process", f"second process on the {'Redis' if args.remote else 'disk'} tier, known document"),
     ):
         if name in figures:
             r = figures[name]
