@@ -125,7 +125,8 @@ class KVOffloader:
     # ------------------------------------------------------------------------------------------------ loading
 
     def lookup(self, key: BlockHash) -> np.ndarray | None:
-        """The block's bytes from the first tier that has it (a queued block counts as a memory hit)."""
+        """The block's bytes from the first tier that has it; a block still queued for the writer is found in the
+        queue (counted in no tier's hits). A hit below the memory tier is copied into it."""
         with self._lock:
             data = self._pending.get(key)
         if data is not None:
