@@ -260,7 +260,8 @@ def case_bf16_greedy(work: Path) -> dict[str, Any]:
 
 
 def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) -> Path:
-    """A round-to-nearest int8 (per channel) or int4 (blocked) weight-only checkpoint of the float ``src``."""
+    """A round-to-nearest int8 (per channel) or int4 (blocked) weight-only checkpoint of the float ``src``, the LM
+    head int8 per channel as ``trtbuild quantize`` makes it by default."""
     from dataclasses import replace
 
     import torch
@@ -269,6 +270,7 @@ def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) ->
     from trtbuild.checkpoint import load_checkpoint
     from trtbuild.config import QFormat, QuantConfig
     from trtbuild.configio import to_dict
+    from trtbuild.quantize.formats import Numeric, linear_format
     from trtbuild.quantize.int4 import pack_int4
     from trtbuild.quantize.layout import quantized_linears
 
@@ -276,9 +278,10 @@ def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) ->
     qcfg = replace(cfg, quantization=QuantConfig(qformat=QFormat(qformat), group_size=group))
     out = {k: torch.from_numpy(v) for k, v in weights.items()}
     for prefix in quantized_linears(qcfg):
-        w = torch.from_numpy(weights.pop(prefix + ".weight"))
-        del out[prefix + ".weight"]
-        if qformat == "int8_wo":
+        name = prefix + ".weight"  # a tied LM head has none: it gets its own quantized copy of the embedding
+        w = torch.from_numpy(weights.pop(name) if name in weights else weights["embed.weight"])
+        out.pop(name, None)
+        if linear_format(qcfg.quantization, prefix).weights is Numeric.INT8:  # int8_wo, and the LM head in every format
             scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
             out[prefix + ".weight"] = torch.round(w / scale[:, None]).clamp(-128, 127).to(torch.int8)
         else:
