@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_run_cli import assert_one_error_line, cli
+from test_serve import start_serve
 
 from trtbuild.config import KVCacheDType, QFormat, QuantConfig, RuntimeConfig
 from trtbuild.errors import ConfigError
@@ -366,23 +366,10 @@ def test_a_failing_disk_drops_stores_and_the_engine_goes_on(engine, block_bytes,
 def serve_once(engine: Path, disk_dir: Path, prompt: list[int]) -> tuple[str, str]:
     """Start ``trtbuild serve`` on the disk tier, complete ``prompt`` greedily, read /metrics, SIGTERM it:
     (the completion's text, the KV offload lines of /metrics)."""
-    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", "--no-access-log"]
-    command += ["--kv-offload-dir", str(disk_dir), "--kv-offload-disk", "1MiB"]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    flags = ["--no-access-log", "--kv-offload-dir", str(disk_dir), "--kv-offload-disk", "1MiB"]
+    proc, v1, _ = start_serve(engine, *flags)
+    base = v1.removesuffix("/v1")
     try:
-        line = ""
-        while "serving" not in line:
-            line = proc.stderr.readline()
-            assert line, "the server exited before serving"
-        base = re.search(r"(http://\S+)/v1", line).group(1)
-        deadline = time.monotonic() + 30
-        while True:  # the socket listens before the app's startup completes
-            try:
-                urllib.request.urlopen(base + "/health", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
         body = {"model": engine.name, "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
         request = urllib.request.Request(
             base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}

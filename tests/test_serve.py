@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -321,28 +322,40 @@ def test_unknown_chat_role_gets_openai_400(url, client):
 # ------------------------------------------------------------------------------------------- the CLI process
 
 
+def start_serve(engine: Path, *flags: str) -> tuple[subprocess.Popen, str, list[str]]:
+    """``trtbuild serve ENGINE --port 0 FLAGS``, started and answering GET /v1/models: (the process, its base URL ending
+    in ``/v1``, the stderr lines read up to the "serving" one). The caller stops it; a start that fails kills it."""
+    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", *flags]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = [proc.stderr.readline()]
+        while "serving" not in lines[-1]:
+            lines.append(proc.stderr.readline())
+            assert lines[-1], "the server exited before serving"
+        base = re.search(r"(http://\S+/v1)", lines[-1]).group(1)
+        deadline = time.monotonic() + 30
+        while True:  # the socket listens before the app's startup completes
+            try:
+                urllib.request.urlopen(base + "/models", timeout=5)
+                return proc, base, lines
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        proc.stderr.close()
+        raise
+
+
 @pytest.mark.parametrize("grace", [120.0, 0.0])
 def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, grace):
     """SIGTERM: new connections are refused; the open stream finishes within the grace period (or is cut when the
     grace is 0); the process exits 0."""
-    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0"]
-    command += ["--served-model-name", MODEL, "--shutdown-grace", str(grace), "--max-num-seqs", "1"]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    flags = ["--served-model-name", MODEL, "--shutdown-grace", str(grace), "--max-num-seqs", "1"]
+    proc, base, _ = start_serve(engine, *flags)
     try:
-        line = ""
-        while "serving" not in line:
-            line = proc.stderr.readline()
-            assert line, "the server exited before serving"
-        base = re.search(r"(http://\S+/v1)", line).group(1)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
-        deadline = time.monotonic() + 30
-        while True:  # the socket listens before the app's startup completes
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
         # With --max-num-seqs 1 the n completions run one after another (n x 120 steps): time to signal. Without a
         # grace period, 100 of them (12,000 steps) cannot all finish before the shutdown cuts them.
         n = 10 if grace else 100
@@ -375,24 +388,9 @@ def test_cli_sigterm_stops_admitting_finishes_or_aborts_then_exits_0(engine, gra
 def _serve_and_log(engine: Path, *flags: str) -> list[str]:
     """Run ``trtbuild serve``, send a completion, a streamed chat, a bad request and a 404, stop it with SIGTERM;
     its stderr lines."""
-    command = [sys.executable, "-m", "trtbuild.cli", "serve", str(engine), "--port", "0", "--served-model-name", MODEL]
-    proc = subprocess.Popen([*command, *flags], stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    proc, base, lines = start_serve(engine, "--served-model-name", MODEL, *flags)
     try:
-        lines = [proc.stderr.readline()]
-        while "serving" not in lines[-1]:
-            lines.append(proc.stderr.readline())
-            assert lines[-1], "the server exited before serving"
-        base = re.search(r"(http://\S+/v1)", lines[-1]).group(1)
         client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
         client.completions.create(model=MODEL, prompt="the cat", max_tokens=5, extra_body={"ignore_eos": True})
         stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                                 max_tokens=4, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
