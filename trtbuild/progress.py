@@ -25,6 +25,31 @@ def interactive(stream: TextIO | None = None) -> bool:
     return bool(getattr(stream, "isatty", lambda: False)())
 
 
+class StatusLine:
+    """One terminal line redrawn in place (the bars and status lines here share it): ``draw(text)`` overwrites it,
+    padding over what a longer text left, ``clear()`` erases it. ``stream`` None: stderr, looked up at each write."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+        self._width = 0  # of the text on the line now (0: the line is clear)
+
+    def draw(self, text: str) -> None:
+        if not text:
+            self.clear()
+            return
+        out = sys.stderr if self._stream is None else self._stream
+        out.write("\r" + text + " " * max(0, self._width - len(text)))
+        out.flush()
+        self._width = len(text)
+
+    def clear(self) -> None:
+        if self._width:
+            out = sys.stderr if self._stream is None else self._stream
+            out.write("\r" + " " * self._width + "\r")
+            out.flush()
+            self._width = 0
+
+
 class Progress:
     """A progress bar over ``total`` units; ``update(n)`` as work completes, ``close()`` (or ``with``) at the end.
 
@@ -44,7 +69,7 @@ class Progress:
         self.work_left: float | None = None  # of work_unit, at most
         self._start = time.perf_counter()
         self._drawn = 0.0
-        self._width = 0
+        self._line = StatusLine()
 
     def update(self, n: int = 1, *, work: float | None = None, work_left: float | None = None) -> None:
         self.count += n
@@ -55,7 +80,7 @@ class Progress:
         now = time.perf_counter()
         if self.enabled and (now - self._drawn >= REDRAW_S or self.count >= self.total):
             self._drawn = now
-            self._draw(self.line(now - self._start))
+            self._line.draw(self.line(now - self._start))
 
     def line(self, elapsed: float) -> str:
         """The bar's text after ``elapsed`` seconds: count, bar, rate and the estimated time left."""
@@ -73,18 +98,9 @@ class Progress:
         bar = "#" * filled + "." * (BAR_WIDTH - filled)
         return f"{self.desc}  {self.count}/{self.total} [{bar}] {shown}{eta}"
 
-    def _draw(self, text: str) -> None:
-        pad = " " * max(0, self._width - len(text))
-        sys.stderr.write("\r" + text + pad)
-        sys.stderr.flush()
-        self._width = len(text)
-
     def close(self) -> None:
         """Clear the bar's line (the command prints its own summary)."""
-        if self.enabled and self._width:
-            sys.stderr.write("\r" + " " * self._width + "\r")
-            sys.stderr.flush()
-            self._width = 0
+        self._line.clear()
 
     def __enter__(self) -> Progress:
         return self
@@ -123,15 +139,12 @@ class Elapsed:
         self.enabled = interactive() if enabled is None else enabled
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="elapsed", daemon=True)
-        self._width = 0
+        self._line = StatusLine()
 
     def _loop(self) -> None:
         start = time.perf_counter()
         while not self._stop.wait(self.interval):
-            text = f"{self.desc}  {clock(time.perf_counter() - start)}"
-            sys.stderr.write("\r" + text + " " * max(0, self._width - len(text)))
-            sys.stderr.flush()
-            self._width = len(text)
+            self._line.draw(f"{self.desc}  {clock(time.perf_counter() - start)}")
 
     def __enter__(self) -> Elapsed:
         if self.enabled:
@@ -142,6 +155,4 @@ class Elapsed:
         if self.enabled:
             self._stop.set()
             self._thread.join()
-            if self._width:
-                sys.stderr.write("\r" + " " * self._width + "\r")
-                sys.stderr.flush()
+            self._line.clear()

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from ..progress import clock, interactive
+from ..progress import StatusLine, clock, interactive
 from .plan import Stage
 
 INTERVAL_S = 1.0
@@ -35,7 +35,7 @@ class Heartbeat:
         self._previous = previous
         self._running: dict[str, tuple[Stage, float, float | None]] = {}  # id -> (stage, start, last run's seconds)
         self._lock = threading.Lock()
-        self._width = 0
+        self._status = StatusLine(self.stream)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -62,22 +62,11 @@ class Heartbeat:
 
     def clear(self) -> None:
         """Erase the status line (before a report line is written)."""
-        if self.enabled and self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
-            self.stream.flush()
-            self._width = 0
+        self._status.clear()
 
     def draw(self) -> None:
-        if not self.enabled:
-            return
-        text = self.line()
-        if not text:
-            self.clear()
-            return
-        pad = " " * max(0, self._width - len(text))
-        self.stream.write("\r" + text + pad)
-        self.stream.flush()
-        self._width = len(text)
+        if self.enabled:
+            self._status.draw(self.line())
 
     def close(self) -> None:
         self._stop.set()
