@@ -19,7 +19,7 @@ compared with the float model's. Two implementations of the same casts:
   a random factor in [1, 2) (the E4M3 grid moved, nothing clipped): the spread of the rounding draw;
 - ``mo:``: modelopt's quantizers (``FP8_DEFAULT_CFG``; its weight quantizer with ``axis: 0``;
   ``FP8_PER_CHANNEL_PER_TOKEN_CFG``), calibrated as ``trtbuild quantize`` does (``calibrate.modelopt_config`` +
-  ``mtq.quantize`` + ``calibrate.unify_fused_groups``), then also the checkpoint tensors ``formats.export_linear``
+  ``mtq.quantize`` + ``calibrate.unify_fused_groups``), then also the checkpoint tensors ``export.export_linear``
   writes for them, dequantized back into the model (``ckpt:``, with ``--checkpoint``), so the export step is checked
   too.
 
@@ -264,12 +264,14 @@ def apply_modelopt(model: Any, cfg: Any, axis: int | None, acts: str | None, sam
 
 def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
     """``base`` (a float model) with the weights and static input scales of the checkpoint tensors that
-    ``formats.export_linear`` makes from the calibrated modelopt ``model``: what the engine's Q/DQ graph computes."""
+    ``export.export_linear`` makes from the calibrated modelopt ``model``: what the engine's Q/DQ graph computes."""
     import torch
 
+    from trtbuild.checkpoint.formats import FORMATS
+    from trtbuild.checkpoint.layout import canonical_linears
     from trtbuild.config import QFormat
-    from trtbuild.quantize.formats import FORMATS, export_linear
-    from trtbuild.quantize.hf_model import canonical_linears, hf_modules
+    from trtbuild.quantize.export import export_linear
+    from trtbuild.quantize.hf_model import hf_modules
 
     spec = FORMATS[QFormat.FP8]
     static = model.get_submodule(hf_modules(canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled
@@ -309,7 +311,7 @@ def main() -> None:
 
     import torch
 
-    from trtbuild.checkpoint import load_checkpoint
+    from trtbuild.checkpoint.files import load_checkpoint
     from trtbuild.config import DType, EvalConfig, QFormat, QuantConfig
     from trtbuild.convert.convert import convert
     from trtbuild.demo import smollm2_gguf_path

@@ -267,12 +267,11 @@ def quantize_checkpoint(src: Path, dst: Path, qformat: str, group: int = 128) ->
     import torch
     from safetensors.torch import save_file
 
-    from trtbuild.checkpoint import load_checkpoint
+    from trtbuild.checkpoint.files import load_checkpoint
+    from trtbuild.checkpoint.formats import Numeric, linear_format, pack_int4
+    from trtbuild.checkpoint.layout import quantized_linears
     from trtbuild.config import QFormat, QuantConfig
     from trtbuild.configio import to_dict
-    from trtbuild.quantize.formats import Numeric, linear_format
-    from trtbuild.quantize.int4 import pack_int4
-    from trtbuild.quantize.layout import quantized_linears
 
     cfg, weights = load_checkpoint(src)
     qcfg = replace(cfg, quantization=QuantConfig(qformat=QFormat(qformat), group_size=group))

@@ -38,7 +38,7 @@ def main() -> None:
         import modelopt.torch.quantization as mtq
 
     from trtbuild.calibration_data import Split, load_documents, token_windows, tokenize_documents
-    from trtbuild.checkpoint import load_checkpoint
+    from trtbuild.checkpoint.files import load_checkpoint
     from trtbuild.config import DType
     from trtbuild.convert.convert import convert
     from trtbuild.demo import smollm2_gguf_path

@@ -11,10 +11,10 @@ from safetensors.numpy import load_file
 from tiny_models import TINY_CONFIGS, make_hf_model
 
 from trtbuild.backends.onnxruntime.lowering import lower_for_onnxruntime
-from trtbuild.checkpoint import load_checkpoint
+from trtbuild.checkpoint.files import load_checkpoint
+from trtbuild.checkpoint.layout import expected_tensors
 from trtbuild.config import BuildConfig, DType, EngineIO, ModelConfig
 from trtbuild.convert.convert import convert
-from trtbuild.convert.layout import expected_tensors
 from trtbuild.graph.emit import emit_portable_graph
 from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE
 

@@ -19,11 +19,10 @@ import pytest
 
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
-from trtbuild.checkpoint import load_checkpoint
+from trtbuild.checkpoint.files import load_any_checkpoint, load_checkpoint
 from trtbuild.config import BuildConfig, CpuLinear, DType, EngineIO, ModelConfig, QFormat
 from trtbuild.convert.convert import convert
 from trtbuild.graph.emit import emit_portable_graph
-from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.runtime.batch import StepBatch
 
 T = gguf.GGMLQuantizationType

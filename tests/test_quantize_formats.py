@@ -21,8 +21,8 @@ from tiny_models import hf_logits
 from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
+from trtbuild.checkpoint.files import load_any_checkpoint
 from trtbuild.config import ActivationScales, BuildConfig, CpuLinear, KVCacheDType, QFormat, QuantConfig, RuntimeConfig
-from trtbuild.quantize.layout import load_any_checkpoint
 from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
 
@@ -526,8 +526,8 @@ def test_zero_point_int4_round_trips_through_matmulnbits(quantized, name, tmp_pa
     and uint4 zero point), becomes one ``MatMulNBits`` with zero points computing ``x @ ((q - zp) * s).T``."""
     from onnx import TensorProto
 
+    from trtbuild.checkpoint.graph import emit_quantized_linear
     from trtbuild.graph.builder import GraphBuilder
-    from trtbuild.quantize.formats import emit_quantized_linear
 
     cfg, weights = load_any_checkpoint(quantized[name][1])
     group = cfg.quantization.group_size

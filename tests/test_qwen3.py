@@ -10,10 +10,10 @@ from tiny_models import TINY_CONFIGS, make_hf_model
 
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
+from trtbuild.checkpoint.layout import expected_tensors
 from trtbuild.config import BuildConfig, DType, ModelConfig
 from trtbuild.configio import from_dict, to_dict
 from trtbuild.convert.convert import convert
-from trtbuild.convert.layout import expected_tensors
 from trtbuild.errors import ConvertError
 from trtbuild.models import model_config_from_hf
 

@@ -249,7 +249,7 @@ def test_real_emitted_graph(arch: str, tmp_path: Path) -> None:
     pytest.importorskip("transformers", reason="building the tiny checkpoint needs transformers")
     from tiny_models import make_hf_model
 
-    from trtbuild.checkpoint import load_checkpoint
+    from trtbuild.checkpoint.files import load_checkpoint
     from trtbuild.config import DType, EngineIO
     from trtbuild.convert.convert import convert
     from trtbuild.graph.emit import emit_portable_graph

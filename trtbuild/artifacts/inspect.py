@@ -20,7 +20,7 @@ from ..errors import TrtbuildError
 from .manifest import MANIFEST
 
 SMALL_TENSOR_BYTES = 64  # text output: engine constants smaller than this are counted, not listed
-WEIGHTS_FILE = "rank0.safetensors"  # trtbuild.checkpoint.WEIGHTS_FILE (not imported: that module needs numpy only)
+WEIGHTS_FILE = "rank0.safetensors"  # checkpoint.files.WEIGHTS_FILE (not imported: that module imports this one)
 
 
 FILE_KINDS = {  # by suffix, for messages about a file given where a directory belongs

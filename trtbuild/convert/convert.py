@@ -9,7 +9,6 @@ copy of the model. Every source tensor must be consumed by a rule and every expe
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -19,22 +18,18 @@ from pathlib import Path
 import torch
 
 from ..artifacts.atomic import atomic_output_dir
+from ..checkpoint.dtypes import torch_dtype
+from ..checkpoint.files import copy_tokenizer_files, save_checkpoint
+from ..checkpoint.formats import FORMATS, Numeric, pack_int4
+from ..checkpoint.layout import canonical_linears, expected_quantized_tensors, expected_tensors
 from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import model_config_from_hf
-from .layout import expected_tensors
 from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
-
-
-def copy_tokenizer_files(src: Path, dest: Path) -> None:
-    """Copy the ``TOKENIZER_FILES`` that ``src`` has into ``dest`` (each stage passes them along)."""
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copyfile(src / name, dest / name)
+# TEMPORARY(issue 40): backends import copy_tokenizer_files from this module; once they import it from
+# trtbuild.checkpoint.files, this comment goes (convert uses the import itself).
 
 
 @dataclass(frozen=True)
@@ -89,7 +84,7 @@ def convert(
 ) -> ConvertResult:
     """Convert ``src`` into a checkpoint at ``out`` (written atomically), float tensors in ``dtype`` (default: the
     source's, ``source_dtype``). A GGUF file's Q8_0 / Q4_0 / Q4_1 tensors stay quantized (a quantized checkpoint,
-    ``quantize.layout``) unless ``dequantize``; other quantized types are dequantized
+    ``checkpoint.layout``) unless ``dequantize``; other quantized types are dequantized
     (``ConvertResult.dequantized``)."""
     start = time.perf_counter()
     reader = open_source(src)
@@ -99,11 +94,8 @@ def convert(
         tensors = _convert_tensors(reader, cfg, keep_blocks=not dequantize, dequantized=dequantized)
         cfg, tensors = _blocks_as_checkpoint(cfg, tensors, dequantized)
         with atomic_output_dir(out, overwrite=overwrite) as tmp:
-            from safetensors.torch import save_file
-
-            save_file(tensors, str(tmp / "rank0.safetensors"), metadata={"format": "pt"})
             cfg = _with_generation_eos(cfg, reader)
-            cfg.save(tmp)
+            save_checkpoint(tmp, cfg, tensors)
             _write_tokenizer(reader, tmp)
     finally:
         reader.close()
@@ -119,7 +111,7 @@ def _convert_tensors(
     """Canonical name -> tensor (float in ``cfg.dtype``, or a GGUF ``BlockTensor`` where ``keep_blocks``); GGUF
     tensors of a quantized type not kept are recorded in ``dequantized`` (type -> source names)."""
     expected = expected_tensors(cfg)
-    target_dtype = TORCH_DTYPES[cfg.dtype]
+    target_dtype = torch_dtype(cfg.dtype)
     out: dict[str, Tensor] = {}
     pending: dict[str, Tensor] = {}
     source_of: dict[str, str] = {}  # canonical part -> source name (for the dequantized line)
@@ -207,12 +199,7 @@ def _blocks_as_checkpoint(
     cfg: ModelConfig, tensors: dict[str, Tensor], dequantized: dict[str, list[str]]
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """The checkpoint config and tensors of ``tensors``: a float checkpoint when no ``BlockTensor`` is among them,
-    else a quantized one whose ``QuantConfig`` says which linear has which block format (``quantize.layout``)."""
-    from ..quantize.formats import FORMATS, Numeric
-    from ..quantize.hf_model import canonical_linears
-    from ..quantize.int4 import pack_int4
-    from ..quantize.layout import expected_quantized_tensors
-
+    else a quantized one whose ``QuantConfig`` says which linear has which block format (``checkpoint.layout``)."""
     formats = {n.removesuffix(".weight"): t.qformat for n, t in tensors.items() if isinstance(t, BlockTensor)}
     if not formats:
         return cfg, tensors  # type: ignore[return-value]  (all float)

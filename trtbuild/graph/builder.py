@@ -53,7 +53,7 @@ class GraphBuilder:
         op_type: str,
         inputs: Sequence[str],
         *,
-        outputs: int | Sequence[str] = 1,
+        outputs: int | Sequence[str],
         name: str | None = None,
         domain: str = "",
         **attrs: object,

@@ -13,6 +13,7 @@ import math
 import numpy as np
 import onnx
 
+from ..checkpoint.graph import emit_quantized_linear
 from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind
 from ..plugins.paged_attention import DOMAIN, OP_TYPE, rotary_cos_sin_cache
 from .builder import FLOAT, INT64, GraphBuilder
@@ -28,8 +29,8 @@ Weights = dict[str, np.ndarray]
 
 
 def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, io: EngineIO) -> onnx.ModelProto:
-    """The model as the compiler IR; ``weights`` are float32 canonical tensors (see ``convert.layout``), plus the
-    quantized tensors of a quantized checkpoint (``quantize.layout``): those linears become Q/DQ + MatMul and a
+    """The model as the compiler IR; ``weights`` are float32 canonical tensors (see ``checkpoint.layout``), plus
+    the quantized tensors of a quantized checkpoint (``checkpoint.layout``): those linears become Q/DQ + MatMul and a
     quantized KV cache gets its scales and dtype on the plugin node."""
     g = GraphBuilder(build.opset, name=cfg.architecture)
     hkv, d = cfg.num_kv_heads, cfg.head_size
@@ -113,9 +114,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
 
 
 def _linear(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
-    if prefix + ".weight_scale" in weights:  # a quantized checkpoint's linear: Q/DQ (trtbuild.quantize.formats)
-        from ..quantize.formats import emit_quantized_linear
-
+    if prefix + ".weight_scale" in weights:  # a quantized checkpoint's linear: Q/DQ (trtbuild.checkpoint.graph)
         assert cfg.quantization is not None
         return emit_quantized_linear(g, weights, x, prefix, cfg.quantization)
     w = g.initializer(prefix + ".weight", np.ascontiguousarray(weights[prefix + ".weight"].T))

@@ -1,8 +1,9 @@
 """Stage ``trtbuild quantize``: a checkpoint -> a quantized checkpoint (modelopt calibration, canonical names).
 
+The quantized checkpoint's contract (formats, tensors, loading) is ``trtbuild.checkpoint``'s; this package makes one:
 - ``hf_model.py``: rebuild the transformers model from a checkpoint (the model modelopt calibrates);
 - ``calibrate.py``: modelopt ``mtq.quantize`` with the format's config, fused-group unification, KV-cache ranges;
-- ``formats.py``: one handler per ``QFormat``: the quantized tensors offline, and the graph that uses them;
-- ``layout.py``: which tensors a quantized checkpoint holds; loading one for ``build``;
+- ``int4.py``, ``awq.py``, ``fp8.py``: trtbuild's own int4 quantization, AWQ search and fp8 rowwise scale search;
+- ``export.py``: the calibrated model -> the quantized checkpoint's tensors;
 - ``quantize.py``: the stage.
 """

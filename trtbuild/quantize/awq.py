@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.layout import excluded_linears
 from ..config import ModelConfig, QFormat, QuantConfig
-from .hf_model import LINEARS, excluded_linears
+from .hf_model import LINEARS
 from .int4 import Int4Weight, fake_quantize, group_ranges, grouped, install, quantize_weight
 
 SCALE_GRID = [i / 10 for i in range(10)]  # alpha of s = mean|x| ** alpha, then refined to the nearest 0.05

@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.formats import FORMATS, Numeric, activation_block, dynamic_activations, static_activations
+from ..checkpoint.layout import canonical_linears, excluded_linears
 from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
-from .formats import FORMATS, Numeric, activation_block, dynamic_activations, static_activations
-from .hf_model import canonical_linears, excluded_linears, hf_modules
+from .hf_model import hf_modules
 
 KV_NUM_BITS = {KVCacheDType.INT8: 8, KVCacheDType.FP8: (4, 3)}
 
@@ -174,7 +175,8 @@ def _forget_block_shape(quantizer: Any, args: Any) -> None:
 
 
 def quantize_lm_head(model: Any) -> None:
-    """Quantize the LM head as int8 weight-only, per output channel (``formats.HEAD_FORMAT``), in every format.
+    """Quantize the LM head as int8 weight-only, per output channel (``checkpoint.formats.HEAD_FORMAT``), in every
+    format.
 
     The vocabulary projection is the most precision-sensitive linear and, on small models, the largest one read
     per decoded token (SmolLM2-135M: 49152 x 576, 108 MiB in float32, ~40% of an int8 decode step). int8 keeps

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ..checkpoint.formats import Numeric
+from ..checkpoint.layout import canonical_linears, excluded_linears
 from ..config import ModelConfig, QuantConfig
-from .formats import Numeric
-from .hf_model import canonical_linears, excluded_linears, hf_modules
+from .hf_model import hf_modules
 
 STEPS = 16  # candidate grid offsets per binade
 

@@ -1,18 +1,18 @@
 """A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family and Qwen3).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
-``mlp.gate_up`` -> gate/up_proj rows). ``LINEARS`` is the one table of which HF modules make each canonical linear.
+``mlp.gate_up`` -> gate/up_proj rows). ``LINEARS`` is the one table of which HF modules make each canonical linear
+(``checkpoint.layout.LAYER_LINEARS``, in the same order).
 Qwen3's per-head q/k norms are not linears: they stay float (``NORMS``).
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from ..checkpoint.layout import LAYER_LINEARS
 from ..config import MlpKind, ModelConfig, NormKind, PositionKind
 from ..errors import TrtbuildError
 
@@ -31,6 +31,7 @@ LINEARS: dict[str, tuple[str, ...]] = {
     "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.down": ("mlp.down_proj",),
 }
+assert tuple(LINEARS) == LAYER_LINEARS  # one canonical linear per entry, in the checkpoint's layer order
 
 # Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3).
 NORMS: dict[str, str] = {
@@ -49,17 +50,6 @@ def check_quantizable(cfg: ModelConfig) -> None:
         raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm/MLP/position layout")
     if cfg.rope is not None and cfg.rope.rotary_dim != cfg.head_size:
         raise TrtbuildError("quantize: partial rotary embedding is not supported")
-
-
-def canonical_linears(cfg: ModelConfig) -> list[str]:
-    """Every linear of ``cfg``, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``). A tied
-    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy."""
-    return [*(f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LINEARS), "lm_head"]
-
-
-def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
-    """Canonical linears matching any of ``patterns`` (fnmatch), which stay in float."""
-    return [name for name in canonical_linears(cfg) if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
 def hf_modules(prefix: str) -> list[str]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..checkpoint.formats import pack_int4
+
 SYMMETRIC_BOUND = 7.0
 UNSIGNED_MAX = 15.0
 TINY = 1e-8  # smallest scale: an all-zero group quantizes to zeros instead of dividing by zero
@@ -117,14 +119,6 @@ def install(module: Any, q: Int4Weight, group: int) -> None:
     if q.pre_quant_scale is not None:
         pqs = q.pre_quant_scale.to(module.weight.dtype)
         module.register_forward_pre_hook(lambda _m, args: (args[0] * pqs, *args[1:]))
-
-
-def pack_int4(q: Any) -> Any:
-    """int8 ``[out, in]`` in [-8, 7] -> uint8 ``[out, in/2]`` (even column in the low nibble)."""
-    import torch
-
-    u = (q & 0x0F).view(q.shape[0], q.shape[1] // 2, 2).to(torch.uint8)
-    return (u[..., 0] | (u[..., 1] << 4)).contiguous()
 
 
 def export_int4_linear(modules: list[Any], prefix: str) -> dict[str, Any]:

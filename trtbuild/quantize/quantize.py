@@ -4,8 +4,9 @@
 2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``);
-5. export every quantized linear (``formats.py``), fold pre-quant scales (``layout.py`` says where), add KV scales;
-6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files.
+5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
+6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
+   (``checkpoint.files``).
 """
 
 from __future__ import annotations
@@ -20,24 +21,14 @@ from typing import Any
 import numpy as np
 
 from ..artifacts.atomic import atomic_output_dir, scratch_dir
-from ..checkpoint import WEIGHTS_FILE, load_checkpoint
-from ..config import DType, KVCacheDType, ModelConfig, QFormat, QuantConfig
-from ..convert.convert import TORCH_DTYPES, copy_tokenizer_files
+from ..checkpoint.files import WEIGHTS_FILE, copy_tokenizer_files, load_checkpoint, save_checkpoint
+from ..checkpoint.formats import FORMATS, activation_block, dynamic_activations
+from ..checkpoint.layout import canonical_linears, excluded_linears
+from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConfigError, TrtbuildError
-from .calibrate import KV_NUM_BITS, calibrate, modelopt_reads_tokens
-from .formats import (
-    FORMATS,
-    Numeric,
-    activation_block,
-    dynamic_activations,
-    export_linear,
-    linear_format,
-    static_activations,
-)
-from .hf_model import build_hf_model, canonical_linears, check_quantizable, excluded_linears, hf_modules
-from .layout import UNFOLDED_PRE_QUANT_SCALE
-
-KV_BOUND = {KVCacheDType.INT8: Numeric.INT8.bound, KVCacheDType.FP8: Numeric.FP8.bound}
+from .calibrate import calibrate, modelopt_reads_tokens
+from .export import export_tensors
+from .hf_model import build_hf_model, check_quantizable
 
 
 @dataclass(frozen=True)
@@ -80,10 +71,7 @@ def quantize(
         new_cfg = replace(cfg, quantization=qcfg_out)
         tensors = export_tensors(model, new_cfg, weights)
         with atomic_output_dir(out, overwrite=overwrite) as tmp:
-            from safetensors.torch import save_file
-
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-            new_cfg.save(tmp)
+            save_checkpoint(tmp, new_cfg, tensors)
             copy_tokenizer_files(ckpt_dir, tmp)
     return QuantizeResult(
         new_cfg,
@@ -165,52 +153,3 @@ def calibration_samples(ckpt_dir: Path, qcfg: QuantConfig, cache_dir: Path | Non
     docs = load_documents(qcfg.calib_dataset, Split.CALIBRATION, cache_dir=cache_dir)
     ids = tokenize_documents(ckpt_dir / "tokenizer.json", docs, qcfg.calib_size * qcfg.calib_seq_len)
     return token_windows(ids, qcfg.calib_size, qcfg.calib_seq_len)
-
-
-def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The quantized checkpoint's tensors: float tensors in ``cfg.dtype``, quantized linears per ``formats.py``."""
-    import torch
-
-    from .layout import quantized_linears
-
-    q = cfg.quantization
-    assert q is not None
-    spec = FORMATS[q.qformat]
-    dtype = TORCH_DTYPES[cfg.dtype]
-    floats = {name: torch.from_numpy(np.array(w, dtype=np.float32)) for name, w in weights.items()}
-    tensors: dict[str, Any] = {}
-    for prefix in quantized_linears(cfg):
-        modules = [model.get_submodule(m) for m in hf_modules(prefix)]
-        tensors.update(export_linear(linear_format(q, prefix), modules, prefix, static_activations(q)))
-        floats.pop(prefix + ".weight", None)  # a tied lm_head has no tensor of its own: the quantized one is new
-    i = cfg.intermediate_size
-    for n in range(cfg.num_layers):
-        p = f"layers.{n}."
-        for linear, norm in (("attn.qkv", "input_norm"), ("mlp.gate_up", "post_attn_norm")):
-            pqs = tensors.pop(f"{p}{linear}.pre_quant_scale", None)
-            if pqs is not None:
-                floats[f"{p}{norm}.weight"] *= pqs
-        pqs = tensors.pop(p + "mlp.down.pre_quant_scale", None)
-        if pqs is not None:  # down's input is silu(gate) * up: scale the up rows of gate_up
-            if p + "mlp.gate_up.weight" in floats:
-                floats[p + "mlp.gate_up.weight"][i:] *= pqs[:, None]
-            else:
-                scale = tensors[p + "mlp.gate_up.weight_scale"]
-                assert scale.ndim >= 1, "per-tensor weight scales cannot absorb a pre-quant scale"
-                scale[i:] *= pqs if scale.ndim == 1 else pqs[:, None]
-    if spec.smoothing:  # a module whose smoothing search gave up has no pre-quant scale: use ones
-        for prefix in quantized_linears(cfg):
-            if prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
-                width = model.get_submodule(hf_modules(prefix)[0]).in_features
-                tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
-    if q.kv_cache_dtype in KV_NUM_BITS:
-        for n in range(cfg.num_layers):
-            attn = model.get_submodule(f"model.layers.{n}.self_attn")
-            for kv in ("k", "v"):
-                amax = getattr(attn, f"{kv}_bmm_quantizer").amax
-                if amax is None:
-                    raise TrtbuildError(f"calibration produced no {kv} range for layer {n} (no calibration data?)")
-                scale = amax.detach().float().reshape(()) / KV_BOUND[q.kv_cache_dtype]
-                tensors[f"layers.{n}.attn.{kv}_scale"] = scale.clone()
-    tensors.update({name: t.to(dtype).contiguous() for name, t in floats.items()})
-    return {name: t.contiguous() for name, t in tensors.items()}
