@@ -1,17 +1,37 @@
-"""Huge pages for a session's weights (``backends/onnxruntime/huge_pages.py``): the range arithmetic, and that
-Linux really backs memory that appeared in a window with 2 MB pages."""
+"""Huge pages for a session's weights (``backends/onnxruntime/huge_pages.py``): the range arithmetic, that Linux
+really backs memory that appeared in a window with 2 MB pages, and that SmolLM2's logits do not change with them
+(skipped with the reason where this machine cannot give huge pages: then both sessions would be the same)."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
 import os
+import subprocess
+import sys
 
 import pytest
 
 from trtbuild.backends.onnxruntime import huge_pages as hp
 
 MB = 1 << 20
+
+
+def huge_pages_unavailable() -> str | None:
+    """Why this machine cannot put memory on transparent huge pages, or None where it can: THP switched off
+    (``[never]``) or absent, as ``huge_pages.supported()`` reads it, or the kernel refusing ``madvise``'s
+    ``MADV_HUGEPAGE`` on a fresh 4 MB anonymous mapping, which is how a session asks."""
+    if not hp.supported():
+        mode = hp.THP_MODE.read_text().strip() if hp.THP_MODE.exists() else "absent"
+        return f"no transparent huge pages on this machine ({hp.THP_MODE}: {mode})"
+    region = mmap.mmap(-1, 4 * MB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    advised = hp.advise_huge_pages([(start, start + 4 * MB)])
+    region.close()
+    return None if advised else "this kernel refuses madvise(MADV_HUGEPAGE) on anonymous memory"
+
+
+NO_HUGE_PAGES = huge_pages_unavailable()
 
 
 def test_subtract_keeps_only_what_is_new():
@@ -44,3 +64,29 @@ def test_memory_that_appeared_in_the_window_goes_to_huge_pages():
     assert hp.huge_page_bytes(mine) >= 2 * MB
     assert region[:4] == b"\1\1\1\1" and region[-1:] == b"\1"  # the contents survive the collapse
     region.close()
+
+
+HUGE_PAGES_CHECK = """
+import sys
+import numpy as np
+from trtbuild.backends.onnxruntime.session import OrtSession
+from trtbuild.runtime.batch import StepBatch
+batch = StepBatch.build([[1, 504, 3458, 28, 1790, 30]], [0], [[1, 2, 3]], all_logits=True)
+session = OrtSession(sys.argv[1], kv_cache_memory=32 << 20)
+assert session.huge_page_bytes > 400 << 20, session.huge_page_bytes  # the float32 weights, prepacked: 538 MB
+logits = session.step(batch)
+small = OrtSession(sys.argv[1], kv_cache_memory=32 << 20, huge_pages=False)
+assert small.huge_page_bytes == 0
+np.testing.assert_array_equal(small.step(batch), logits)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(NO_HUGE_PAGES is not None, reason=f"{NO_HUGE_PAGES}: both sessions would be on small pages")
+def test_huge_pages_change_no_logit(smollm2):
+    """The weights on huge pages (the default where Linux allows it) give bit-identical logits. In a fresh
+    process: here torch's freed memory would be reused for the weights, old memory that the session's window
+    does not see (huge_pages.py)."""
+    _, _, engine = smollm2
+    done = subprocess.run([sys.executable, "-c", HUGE_PAGES_CHECK, str(engine)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
