@@ -35,28 +35,53 @@ def llama_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
     window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "MistralForCausalLM") else None
     if window:
         max_pos = min(max_pos, int(window))  # beyond the window, full attention would differ from the model
+    return llama_layout_config(
+        arch,
+        hf,
+        dtype,
+        head_size=head_size,
+        max_position_embeddings=max_pos,
+        qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
+        attn_out_bias=bool(hf.get("attention_bias", False)) and arch != "Qwen2ForCausalLM",
+    )
+
+
+def llama_layout_config(
+    arch: str,
+    hf: dict[str, Any],
+    dtype: DType,
+    *,
+    head_size: int,
+    max_position_embeddings: int,
+    qkv_bias: bool,
+    attn_out_bias: bool,
+    qk_norm: bool = False,
+) -> ModelConfig:
+    """The ``ModelConfig`` of a model in the Llama layout (RMSNorm, SwiGLU MLP without bias, RoPE) from its
+    transformers ``config.json`` (``hf``); what a family reads its own way comes in as the keyword arguments."""
     eos = hf.get("eos_token_id")
-    qkv_bias = arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False))
+    heads = int(hf["num_attention_heads"])
     return ModelConfig(
         architecture=arch,
         dtype=dtype,
         vocab_size=int(hf["vocab_size"]),
-        hidden_size=hidden,
+        hidden_size=int(hf["hidden_size"]),
         num_layers=int(hf["num_hidden_layers"]),
         num_heads=heads,
         num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_size=head_size,
         intermediate_size=int(hf["intermediate_size"]),
-        max_position_embeddings=max_pos,
+        max_position_embeddings=max_position_embeddings,
         norm=NormKind.RMS,
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         mlp=MlpKind.SWIGLU,
         position=PositionKind.ROPE,
         rope=rope_from_hf(hf, head_size),
         qkv_bias=qkv_bias,
-        attn_out_bias=bool(hf.get("attention_bias", False)) and arch != "Qwen2ForCausalLM",
+        attn_out_bias=attn_out_bias,
         mlp_bias=False,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [int(eos)]),
+        qk_norm=qk_norm,
     )

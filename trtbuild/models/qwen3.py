@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind
-from .llama import rope_from_hf
+from ..config import DType, ModelConfig
+from .llama import llama_layout_config
 from .registration import register_architecture
 
 QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config.head_dim when config.json does not give one
@@ -19,7 +19,7 @@ QWEN3_DEFAULT_HEAD_DIM = 128  # transformers' Qwen3Config.head_dim when config.j
 
 @register_architecture("Qwen3ForCausalLM")
 def qwen3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
-    hidden, heads, layers = int(hf["hidden_size"]), int(hf["num_attention_heads"]), int(hf["num_hidden_layers"])
+    layers = int(hf["num_hidden_layers"])
     head_size = int(hf.get("head_dim") or QWEN3_DEFAULT_HEAD_DIM)
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
@@ -36,29 +36,14 @@ def qwen3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
         raise ValueError(f"{sliding} of {layers} layers use sliding-window attention, which is not supported")
     if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:  # transformers' default Qwen3 rotary ignores it
         raise ValueError("partial_rotary_factor is not supported for Qwen3 (rotary spans head_dim)")
-    eos = hf.get("eos_token_id")
     bias = bool(hf.get("attention_bias", False))  # q, k, v and o alike
-    return ModelConfig(
-        architecture=arch,
-        dtype=dtype,
-        vocab_size=int(hf["vocab_size"]),
-        hidden_size=hidden,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+    return llama_layout_config(
+        arch,
+        hf,
+        dtype,
         head_size=head_size,
-        intermediate_size=int(hf["intermediate_size"]),
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
-        norm=NormKind.RMS,
-        norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        mlp=MlpKind.SWIGLU,
-        position=PositionKind.ROPE,
-        rope=rope_from_hf(hf, head_size),
         qkv_bias=bias,
         attn_out_bias=bias,
-        mlp_bias=False,
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [int(eos)]),
         qk_norm=True,
     )
