@@ -41,13 +41,8 @@ def load_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]
         from ..artifacts.inspect import not_a_directory
 
         raise BuildError(not_a_directory(ckpt_dir, "checkpoint directory", "run `trtbuild convert` first"))
-    try:
-        cfg = ModelConfig.load(ckpt_dir)
-    except ConfigError as e:
-        raise BuildError(f"{ckpt_dir}: invalid checkpoint config: {e}") from None
-    path = ckpt_dir / WEIGHTS_FILE
-    if not path.is_file():
-        raise BuildError(f"{ckpt_dir}: missing {WEIGHTS_FILE}")
+    cfg = _config(ckpt_dir)
+    path = _weights_file(ckpt_dir)
     from safetensors import safe_open
 
     weights: dict[str, np.ndarray] = {}
@@ -75,15 +70,10 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
     points, which load as ``ml_dtypes.uint4`` ``[out, groups]``)."""
     if not (ckpt_dir / "config.json").is_file():
         return load_checkpoint(ckpt_dir)  # its errors name what is missing
-    try:
-        cfg = ModelConfig.load(ckpt_dir)
-    except ConfigError as e:
-        raise BuildError(f"{ckpt_dir}: invalid checkpoint config: {e}") from None
+    cfg = _config(ckpt_dir)
     if cfg.quantization is None:
         return load_checkpoint(ckpt_dir)
-    path = ckpt_dir / WEIGHTS_FILE
-    if not path.is_file():
-        raise BuildError(f"{ckpt_dir}: missing {WEIGHTS_FILE}")
+    path = _weights_file(ckpt_dir)
     import torch
     from safetensors import safe_open
 
@@ -120,3 +110,17 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
     if extra:
         raise BuildError(f"{path}: unexpected tensor {extra[0]}")
     return cfg, weights
+
+
+def _config(ckpt_dir: Path) -> ModelConfig:
+    try:
+        return ModelConfig.load(ckpt_dir)
+    except ConfigError as e:
+        raise BuildError(f"{ckpt_dir}: invalid checkpoint config: {e}") from None
+
+
+def _weights_file(ckpt_dir: Path) -> Path:
+    path = ckpt_dir / WEIGHTS_FILE
+    if not path.is_file():
+        raise BuildError(f"{ckpt_dir}: missing {WEIGHTS_FILE}")
+    return path

@@ -68,7 +68,7 @@ class FormatSpec:
     offset: bool = False  # unsigned codes and a float ``weight_offset`` per group: w = q * scale + offset (Q4_1)
 
 
-DYNAMIC_INT8_BLOCK = 16  # what MatMulNBits quantizes its int8 activations by (backends/onnxruntime/weights.py)
+DYNAMIC_INT8_BLOCK = 16  # what MatMulNBits quantizes its int8 activations by (backends/onnxruntime/build/weights.py)
 
 FORMATS: dict[QFormat, FormatSpec] = {
     QFormat.INT8_SQ: FormatSpec(

@@ -1,12 +1,12 @@
 """The quantized formats in the portable graph: checkpoint tensors (``formats.py``) -> standard Q/DQ ONNX nodes.
 
-Each format becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the
-activation (dynamic scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21
-blocked along the row), ``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21
-``block_size`` along axis 0 for int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (static
-int8) and ``MatMulNBits`` (int8_wo, int4; dynamic int8 after ``backends/onnxruntime/weights.py`` hands the activation
-quantization to the kernel, which does exactly that per block of 16); per-token int8 becomes ``MatMulInteger``
-(``onnxruntime.weights.integer_gemms_per_token``); fp8 Q/DQ runs emulated in float.
+Each format becomes standard ONNX: ``[Mul] -> QuantizeLinear -> DequantizeLinear`` on the activation (dynamic
+scales: ``Reshape -> Abs -> ReduceMax -> Div`` computes them, and the Q/DQ pair is opset-21 blocked along the row),
+``DequantizeLinear`` on the ``[in, out]`` weight (``axis=1`` per channel; opset-21 ``block_size`` along axis 0 for
+int4), ``MatMul``. onnxruntime fuses these into ``MatMulIntegerToFloat`` (static int8) and ``MatMulNBits`` (int8_wo,
+int4; dynamic int8 after ``backends/onnxruntime/build/weights.py`` hands the activation quantization to the kernel,
+which does exactly that per block of 16); per-token int8 becomes ``MatMulInteger`` (``integer_gemms_per_token`` in
+the same file); fp8 Q/DQ runs emulated in float.
 
 The builder ``g`` is a ``trtbuild.graph.builder.GraphBuilder`` (typed ``Any``: ``trtbuild.graph`` imports this
 module, not the other way round). Called by ``trtbuild.graph.emit`` for each linear that has a ``weight_scale``.
@@ -82,7 +82,8 @@ def emit_weight_offset(g: Any, wd: str, offset: np.ndarray, group: int, prefix: 
 def emit_dynamic_quantization(g: Any, x: str, numeric: Numeric, block: int, width: int, name: str) -> str:
     """``x`` ``[tokens, width]`` through symmetric Q/DQ with scales computed from its own values: per block of
     ``block`` in-features of each token, ``s = max(amax / bound, tiny)`` (an all-zero block stays zero); the nodes
-    are named ``{name}.*``, the Q node ``{name}.q`` (``backends/onnxruntime/weights.py`` finds them by these names)."""
+    are named ``{name}.*``, the Q node ``{name}.q`` (``backends/onnxruntime/build/weights.py`` finds them by these
+    names)."""
     assert width % block == 0, (name, width, block)  # quantize.check_request refuses other widths
     blocks = g.op("Reshape", [x, g.const([-1, width // block, block])], name=name + ".blocks")
     amax = g.op("ReduceMax", [g.op("Abs", [blocks], name=name + ".abs"), g.const([-1])], name=name + ".amax")
