@@ -1,7 +1,7 @@
 """Why does an AOTInductor CUDA package segfault at load on the GPU machine? One child process per hypothesis.
 
 Every probe compiles (where it needs to) and loads a plain ``Linear(64, 64) + ReLU`` package, in its own
-``python -X faulthandler`` child (``trtbuild.backends.torch.isolate``), so a segfault is one JSON line with its
+``python -X faulthandler`` child (``trtbuild.backends.torch.build.isolate``), so a segfault is one JSON line with its
 exit status and the fault's last lines, and the run goes on. Independent probes run in parallel (the machine's
 cores compile at once). Run on the GPU machine, from the repository root, after installing the project there
 (docs/gpu.md)::
@@ -39,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from trtbuild.backends.torch.isolate import IsolatedRun, report, run_isolated
+from trtbuild.backends.torch.build.isolate import IsolatedRun, report, run_isolated
 
 START = time.perf_counter()
 HERE = Path(__file__).resolve().parent
@@ -127,7 +127,7 @@ def environment(device: str) -> dict[str, Any]:
     """Versions and paths, gathered in a child (importing torch with CUDA can crash too)."""
     code = r"""
 import json, os, platform, shutil, subprocess, sys
-from trtbuild.backends.torch.isolate import report
+from trtbuild.backends.torch.build.isolate import report
 def run(*cmd):
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-3:]
@@ -246,7 +246,7 @@ def torch_wheel_cuda_home(work: Path) -> tuple[str | None, str]:
 
 def triton_cuda_home(work: Path) -> tuple[str | None, str]:
     """The CUDA home the build makes where torch finds none (``writer.triton_cuda_home``), forced here."""
-    from trtbuild.backends.torch.writer import triton_cuda_home as make_home
+    from trtbuild.backends.torch.build.writer import triton_cuda_home as make_home
 
     home = make_home(work / "cuda-home-triton")
     if home is None:

@@ -90,7 +90,7 @@ def linear_model(k: int, n: int, copies: int, block: int | None, bits: int = 8) 
 def native_model(k: int, n: int, copies: int, block: int, bits: int) -> onnx.ModelProto:
     """``copies`` products on trtbuild's native ``QLinear`` (int8: per channel, activation blocks of ``block``;
     int4: groups and activation blocks of ``block``)."""
-    from trtbuild.backends.onnxruntime.native_linear import pack_weight, pad_scales, qlinear_node
+    from trtbuild.backends.onnxruntime.build.native_linear import pack_weight, pad_scales, qlinear_node
 
     rng = np.random.default_rng(0)
     inits, nodes = [], []

@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import load_file
 from tiny_models import TINY_CONFIGS, make_hf_model
 
-from trtbuild.backends.onnxruntime.lowering import lower_for_onnxruntime
+from trtbuild.backends.onnxruntime.build.lowering import lower_for_onnxruntime
 from trtbuild.checkpoint.files import load_checkpoint
 from trtbuild.checkpoint.layout import expected_tensors
 from trtbuild.config import BuildConfig, DType, EngineIO, ModelConfig

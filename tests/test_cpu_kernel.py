@@ -11,8 +11,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from trtbuild.backends.onnxruntime.build.native import single_node_model
 from trtbuild.backends.onnxruntime.kernel_library import library_path
-from trtbuild.backends.onnxruntime.native import single_node_model
 from trtbuild.plugins.paged_attention import (
     KV_FLOAT,
     KV_FP8,

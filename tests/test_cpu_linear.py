@@ -17,8 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtbuild.backends.onnxruntime.kernel_library import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
-from trtbuild.backends.onnxruntime.native_linear import (
+from trtbuild.backends.onnxruntime.build.native_linear import (
     LinearSimd,
     cpu_linear_simd,
     pack_weight,
@@ -26,6 +25,7 @@ from trtbuild.backends.onnxruntime.native_linear import (
     qlinear_node,
     qlinear_reference,
 )
+from trtbuild.backends.onnxruntime.kernel_library import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
 
 CASES = [  # rows, in, out, bits, group, block
     (1, 576, 960, 8, 576, 576),  # per token, decode

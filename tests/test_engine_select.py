@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trtbuild.backends.engine_select import (
+from trtbuild.artifacts.engine_select import (
     EngineEntry,
     LocalFacts,
     detect_local_facts,
@@ -16,8 +16,8 @@ from trtbuild.backends.engine_select import (
     parse_arch,
     select_engine,
 )
-from trtbuild.backends.tensorrt.engines import build_tensorrt_engines, resolve_archs
-from trtbuild.backends.tensorrt.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
+from trtbuild.artifacts.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_cap, ptx_number
+from trtbuild.backends.tensorrt.build.engines import build_tensorrt_engines, resolve_archs
 from trtbuild.config import BuildConfig
 from trtbuild.errors import BuildError, EngineError
 from trtbuild.plugins.paged_attention import tensorrt_plugin

@@ -196,7 +196,7 @@ def test_engine_logits_match_the_dequantized_float_engine(mixed, tmp_path, cpu_l
 def test_native_lowering_takes_the_exact_codes_scales_and_offsets(mixed):
     """Each GGUF linear's ``QLinear`` holds the checkpoint's integers and GGUF's scales / offsets (the kernel's
     arithmetic on them is ``qlinear_reference``'s, bit for bit: tests/test_cpu_linear.py)."""
-    from trtbuild.backends.onnxruntime.native_linear import native_linears, pack_weight, pad_scales
+    from trtbuild.backends.onnxruntime.build.native_linear import native_linears, pack_weight, pad_scales
 
     _, ckpt, _ = mixed
     cfg, weights = load_any_checkpoint(ckpt)

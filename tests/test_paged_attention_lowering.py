@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from trtbuild.backends.onnxruntime.lowering import lower_for_onnxruntime
+from trtbuild.backends.onnxruntime.build.lowering import lower_for_onnxruntime
 from trtbuild.config import EngineIO
 from trtbuild.graph.builder import FLOAT, INT64, GraphBuilder
 from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs, paged_attention, rotary_cos_sin_cache

@@ -18,7 +18,7 @@ import torch
 from quantize_helpers import calib_file, tiny_checkpoint
 from tiny_models import hf_logits
 
-from trtbuild.backends.onnxruntime.native_linear import LinearSimd, cpu_linear_simd
+from trtbuild.backends.onnxruntime.build.native_linear import LinearSimd, cpu_linear_simd
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.checkpoint.files import load_any_checkpoint
@@ -158,9 +158,9 @@ class ImportedSession:
     """The torch backend's imported module (what ``torch.export`` traces), run eagerly as a session."""
 
     def __init__(self, ckpt) -> None:
+        from trtbuild.backends.build_request import portable_graph
         from trtbuild.backends.torch.importer import PortableModule
-        from trtbuild.backends.torch.writer import cache_dtype
-        from trtbuild.build import portable_graph
+        from trtbuild.backends.torch.ops import cache_dtype
 
         cfg, build, io, graph = portable_graph(ckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
         self.module = PortableModule(graph, io, torch.float32)
@@ -376,7 +376,7 @@ def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
     """The portable graph keeps per-channel int8 weights; the onnxruntime engine quantizes their activations in
     blocks of 16 in-features: QLinear's activation blocks, or (onnxruntime's kernels) the weight restated in blocks
     of 16 (same codes, scale repeated), which MatMulNBits also uses for its activations."""
-    from trtbuild.build import portable_graph
+    from trtbuild.backends.build_request import portable_graph
 
     _, qckpt, engine = quantized["int8_wo"]
     _, _, _, portable = portable_graph(qckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
@@ -469,8 +469,8 @@ def test_quantized_lm_head_is_int8_weight_only(quantized, name, tmp_path):
 
 def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
     """onnxruntime runs a partial last group (above); the TensorRT lowering takes whole groups only."""
-    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
-    from trtbuild.build import portable_graph
+    from trtbuild.backends.build_request import portable_graph
+    from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt
     from trtbuild.errors import BuildError
 
     build = BuildConfig(max_seq_len=128, kv_block_size=4)
@@ -484,8 +484,8 @@ def test_tensorrt_lowering_refuses_partial_int4_groups(quantized):
 def test_tensorrt_lowering_refuses_dynamic_activation_scales(quantized):
     """TensorRT's int8 / fp8 Q/DQ GEMMs need constant per-tensor activation scales: static ones lower, dynamic ones
     are refused with one line naming the flag."""
-    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
-    from trtbuild.build import portable_graph
+    from trtbuild.backends.build_request import portable_graph
+    from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt
     from trtbuild.errors import BuildError
 
     build = BuildConfig(max_seq_len=128, kv_block_size=4)
@@ -551,8 +551,8 @@ def test_zero_point_int4_round_trips_through_matmulnbits(quantized, name, tmp_pa
 
 
 def test_tensorrt_lowering_refuses_zero_points(quantized):
-    from trtbuild.backends.tensorrt.lowering import lower_for_tensorrt
-    from trtbuild.build import portable_graph
+    from trtbuild.backends.build_request import portable_graph
+    from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt
     from trtbuild.errors import BuildError
 
     build = BuildConfig(max_seq_len=128, kv_block_size=4)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from trtbuild.backends.tensorrt.lowering import (
+from trtbuild.backends.tensorrt.build.lowering import (
     NO_ROPE_TABLE,
     PLUGIN_DOMAIN,
     cache_aliases,

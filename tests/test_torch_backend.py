@@ -20,10 +20,11 @@ from test_cli_errors import assert_clean_failure, run_cli
 from test_end_to_end import check_prefill_and_decode
 from test_llm import mixed_requests
 
+from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
 from trtbuild.backends.torch.importer import PortableModule
 from trtbuild.backends.torch.session import TorchSession
-from trtbuild.build import build_engine, portable_graph
+from trtbuild.build import build_engine
 from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, TorchRuntime
 from trtbuild.errors import BuildError, EngineError
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
@@ -233,14 +234,14 @@ def test_cuda_without_gpu_is_one_line(tiny_engines, tmp_path):
 
 def test_isolated_run_reports_a_segfault_and_goes_on():
     """A child that segfaults is an exit status (-11) and its fault's Python stack, not a dead parent."""
-    from trtbuild.backends.torch.isolate import report, run_isolated
+    from trtbuild.backends.torch.build.isolate import report, run_isolated
 
     crash = run_isolated("import ctypes\nprint('before')\nctypes.string_at(0)", timeout=60)
     assert not crash.ok and crash.rc == -11
     assert "before" in crash.trace and any("Segmentation fault" in line for line in crash.trace)
     assert crash.summary().startswith("segmentation fault (exit status -11)")
     assert report is not None
-    code = "import sys\nfrom trtbuild.backends.torch.isolate import report\nreport({'n': int(sys.argv[1])})"
+    code = "import sys\nfrom trtbuild.backends.torch.build.isolate import report\nreport({'n': int(sys.argv[1])})"
     done = run_isolated(code, args=["7"], timeout=60)
     assert done.ok and done.results == [{"n": 7}]
     slow = run_isolated("import time\ntime.sleep(30)", timeout=2)
@@ -250,7 +251,7 @@ def test_isolated_run_reports_a_segfault_and_goes_on():
 def test_aoti_package_that_does_not_run_falls_back_to_torch_compile(tiny_engines, tmp_path, monkeypatch):
     """Where the package's child-process check fails (here: the child really segfaults), the build writes the
     torch-compile engine instead and says so in one warning line; the engine it leaves runs."""
-    from trtbuild.backends.torch import isolate, writer
+    from trtbuild.backends.torch.build import isolate, writer
 
     def crashing_check(*args, **kwargs):
         return isolate.run_isolated("import ctypes\nctypes.string_at(0)", timeout=60)

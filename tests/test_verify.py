@@ -13,10 +13,10 @@ import pytest
 import yaml
 from tiny_models import make_hf_model
 
+from trtbuild.artifacts.engine_select import local_compute_capability
 from trtbuild.artifacts.inspect import inspect_path, render_text
 from trtbuild.artifacts.manifest import cpu_target, manifest_digest, package_versions
 from trtbuild.artifacts.verify import LocalVersions, verify_artifacts, verify_engine_dir
-from trtbuild.backends.engine_select import local_compute_capability
 from trtbuild.errors import TrtbuildError
 from trtbuild.pipeline.plan import make_plan
 from trtbuild.pipeline.runner import run_pipeline

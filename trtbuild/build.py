@@ -9,8 +9,8 @@ ENGINE_DIR layout::
     engines/torch-<target>/model.pt2         torch: AOTInductor package for cuda-sm{XY} or cpu-<isa> (docs/gpu.md)
     tokenizer.json, tokenizer_config.json, chat_template.jinja   copied from the checkpoint when present
 
-Each backend writes its own engines (``trtbuild/backends/<backend>/build.py``, found through
-``trtbuild.backends.BACKENDS``); what they share is ``trtbuild.backends.common``.
+Each backend writes its own engines (``build_engine_dir`` of ``trtbuild/backends/<backend>/build/``, found through
+``trtbuild.backends.BUILD_MODULES``); what they share is ``trtbuild.backends.build_request``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .backends.common import BuildRequest, BuildResult, op_counts, portable_graph
+from .backends import build_engine_dir
+from .backends.build_request import BuildRequest, BuildResult
 from .config import Backend, BuildConfig, PerplexityGate, TensorRTConfig, TorchConfig
 from .errors import BuildError
 
-__all__ = ["BuildRequest", "BuildResult", "build_engine", "op_counts", "portable_graph"]
+__all__ = ["BuildRequest", "BuildResult", "build_engine"]
 
 
 def build_engine(
@@ -41,8 +42,6 @@ def build_engine(
     when its perplexity rose too far the build raises ``BuildError`` and leaves no engine directory.
     ``tensorrt`` / ``torch`` hold the options of those backends (given with another backend, they are an error).
     """
-    from .backends import backend_entry
-
     start = time.perf_counter()
     if build.backend is not Backend.TENSORRT and tensorrt is not None and tensorrt != TensorRTConfig():
         raise BuildError("TensorRT options (--arch, --hardware-compatibility, ...) need --backend tensorrt")
@@ -54,7 +53,7 @@ def build_engine(
         Path(ckpt_dir), Path(engine_dir), build, overwrite, gate, tensorrt or TensorRTConfig(), torch or TorchConfig(),
         start, _check_gate,
     )  # fmt: skip
-    return backend_entry(build.backend).build(request)
+    return build_engine_dir(request)
 
 
 def _check_gate(engine_dir: Path, gate: PerplexityGate) -> dict[str, float]:

@@ -101,7 +101,7 @@ class TargetSpec:
             if self.arch == _ORT_ARCH:
                 raise ValueError("tensorrt targets need a GPU arch (sm80, sm90, ... or native)")
             if self.arch != _NATIVE_ARCH:
-                from .backends.engine_select import parse_arch
+                from .artifacts.engine_select import parse_arch
 
                 parse_arch(self.arch)  # ValueError names the expected spelling
 

@@ -7,6 +7,10 @@ plugin version it was built with, and only on a driver that loads the PTX ISA of
 manifest lists one :class:`EngineEntry` per engine under ``"engines"``; :func:`select_engine` checks each against the
 :class:`LocalFacts` and raises :class:`~trtbuild.errors.EngineError` naming every engine, why it does not fit,
 and the ``trtbuild build`` command that makes one that does.
+
+It belongs to the engine directory's contract (the manifest's engine entries), so it lives with the manifest: the
+builds write entries (``backends/*/build/``), ``verify.py`` and the sessions read them, and none of those imports
+another for it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError
-from .tensorrt.ptx import driver_cuda_version, max_ptx_for_cuda, ptx_number
+from .ptx import driver_cuda_version, max_ptx_for_cuda, ptx_number
 
 HARDWARE_COMPATIBILITY = ("none", "ampere+")
 AMPERE = (8, 0)

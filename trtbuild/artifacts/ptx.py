@@ -3,7 +3,8 @@
 Triton writes PTX in the ISA of its bundled ptxas (8.8 for sm_80, 9.x for sm_90a with Triton 3.9), which a driver
 older than that CUDA release refuses at engine run time (``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``). The TensorRT
 backend caps the ISA at what the build machine's driver loads (or at ``--ptx-version``) and records the ISA of the
-embedded kernel in the manifest, so engine selection can tell a too-old driver apart from other mismatches.
+embedded kernel in the manifest, so engine selection (``engine_select.py``) can tell a too-old driver apart from
+other mismatches; the cap is ``backends/tensorrt/build/engines.py``'s.
 """
 
 from __future__ import annotations

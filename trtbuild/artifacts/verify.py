@@ -222,7 +222,7 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 
 def _check_versions_and_target(manifest: dict[str, Any], local: LocalVersions, report: Report) -> None:
-    from ..backends.engine_select import entries_from_manifest
+    from .engine_select import entries_from_manifest
 
     built = manifest.get("versions", {})
     try:
@@ -242,7 +242,7 @@ def _check_versions_and_target(manifest: dict[str, Any], local: LocalVersions, r
             report.problems.append(f"built for {entry.target}, this machine is {local.cpu_target}")
     trt = [e for e in entries if e.backend == "tensorrt"]
     if trt:
-        from ..backends.engine_select import detect_local_facts, mismatches
+        from .engine_select import detect_local_facts, mismatches
 
         facts = detect_local_facts()
         if facts.compute_capability is None:

@@ -1,9 +1,10 @@
-"""What every backend's build function receives and returns, and the steps the backends share.
+"""What every backend's build receives and returns, and the steps the backends' builds share.
 
-A backend's build function (``BackendEntry.build``) takes a ``BuildRequest``, loads the checkpoint into the
-portable graph (``portable_graph``), lowers that for its engines and writes the engine directory atomically, with
-``checkpoint_digests`` and ``op_counts`` in its manifest; it returns a ``BuildResult``. ``trtbuild.build.build_engine``
-checks the options and makes the request. Nothing here imports a backend, the registry or ``trtbuild.build``.
+``trtbuild.build.build_engine`` checks the options, makes a ``BuildRequest`` and hands it to the backend's
+``build_engine_dir`` (``trtbuild.build.BUILD_MODULES``), which loads the checkpoint into the portable graph
+(``portable_graph``), lowers that for its engines and writes the engine directory atomically, with
+``checkpoint_digests`` and ``op_counts`` in its manifest; it returns a ``BuildResult``. Nothing here imports a
+backend or ``trtbuild.build``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import onnx
 
 from ..artifacts.manifest import sha256_file
-from ..checkpoint import WEIGHTS_FILE
+from ..checkpoint.files import WEIGHTS_FILE, load_any_checkpoint
 from ..config import BuildConfig, EngineIO, ModelConfig, PerplexityGate, TensorRTConfig, TorchConfig
 from ..graph.emit import emit_portable_graph
 
@@ -36,10 +37,11 @@ class BuildResult:
 
 @dataclass(frozen=True)
 class BuildRequest:
-    """One ``trtbuild build``: what every backend's build function (``trtbuild.backends.BACKENDS``) receives.
+    """One ``trtbuild build``: what every backend's ``build_engine_dir`` receives.
 
-    ``check_gate`` evaluates a finished engine against ``gate`` (``build_engine`` passes ``trtbuild.eval``'s): the
-    evaluation opens engines through the registry, which imports the backends, so a backend does not import it.
+    ``check_gate`` evaluates a finished engine against ``gate`` (``build_engine`` passes ``trtbuild.eval``'s): ``eval``
+    sits a layer above the backends' builds (``tests/test_layering.py``), so a build is handed it rather than
+    importing it.
     """
 
     ckpt_dir: Path
@@ -61,8 +63,6 @@ def op_counts(model: onnx.ModelProto) -> dict[str, int]:
 
 def portable_graph(ckpt_dir: Path, build: BuildConfig) -> tuple[ModelConfig, BuildConfig, EngineIO, onnx.ModelProto]:
     """Load a (float or quantized) checkpoint and emit its portable graph; ``max_seq_len`` is capped by the model."""
-    from ..quantize.layout import load_any_checkpoint
-
     model_cfg, weights = load_any_checkpoint(ckpt_dir)
     if build.max_seq_len > model_cfg.max_position_embeddings:
         build = replace(build, max_seq_len=model_cfg.max_position_embeddings)

@@ -1,8 +1,8 @@
 """``EngineSession``: the interface every backend's session has (``trtbuild.runtime.session.open_session`` opens one).
 
 A session owns the KV cache memory (``num_blocks`` blocks of ``kv_block_size`` slots per layer); the block
-manager/scheduler above it only hand out block ids. This module imports no backend and not the registry, so the
-registry (``trtbuild.backends``) can name the type that its entries' ``open`` return.
+manager/scheduler above it only hand out block ids. The backends' sessions implement this protocol (each
+``trtbuild.backends.<backend>.session``, registered in ``session.SESSION_MODULES``); this module imports none.
 """
 
 from __future__ import annotations

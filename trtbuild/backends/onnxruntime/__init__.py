@@ -1,11 +1,11 @@
 """The onnxruntime backend: the CPU engine ``engines/onnxruntime-cpu/model.onnx`` and its session.
 
-- ``lowering.py``: each paged-attention plugin node as ~20 standard ONNX ops (``CpuAttention.LOWERED``);
-- ``native.py``: or as one node of the native C++ kernel library, compiled at first use (``CpuAttention.NATIVE``);
-- ``weights.py``: quantized linears restated for onnxruntime's kernels (``MatMulNBits``, ``MatMulInteger``);
-- ``build.py``: the backend's build function (``trtbuild.backends.BACKENDS``);
-- ``session.py``: ``OrtSession``, the ``EngineSession`` that runs a step.
+- ``build/``: the build (``build_engine_dir``) and its graph rewrites, in order in ``build/passes.py``;
+- ``session.py``: ``OrtSession``, the ``EngineSession`` that runs a step (``open_session``);
+- ``huge_pages.py``: the session's weights on transparent huge pages (and the arena layout the build writes);
+- ``kernel_library.py``: the native C++ kernel library, compiled at first use, that engines with native ops load.
 
-Nothing is imported here, so naming the package loads no onnxruntime; ``import onnxruntime`` in its modules is
-absolute, so it is the real package, not this one.
+The run-time modules import nothing from ``build/`` (``tests/test_layering.py``). Nothing is imported here, so
+naming the package loads no onnxruntime; ``import onnxruntime`` in its modules is absolute, so it is the real
+package, not this one.
 """

@@ -27,7 +27,7 @@ import functools
 import json
 import mmap
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -143,12 +143,40 @@ class ArenaTensor:
 
 def read_arena_layout(model_path: Path) -> list[ArenaTensor] | None:
     """The weights ``WeightArena`` holds for the engine at ``model_path``, from its build's ``native_weights.json``;
-    None for an engine built before that file existed (``OrtSession`` then reads the graph with ``onnx``)."""
+    None for an engine built before that file existed (``OrtSession`` then reads the graph: ``graph_arena_layout``)."""
     layout = model_path.with_name(ARENA_LAYOUT)
     if not layout.is_file():
         return None
     entries = json.loads(layout.read_text())["tensors"]
     return [ArenaTensor(**{**e, "shape": tuple(e["shape"])}) for e in entries]
+
+
+def graph_arena_layout(model_path: Path) -> list[ArenaTensor]:
+    """Where the weights of the engine's ``WEIGHT_OPS`` nodes lie in its external data, read from the graph at
+    ``model_path`` with ``onnx`` (imported here only: the build writes this as ``native_weights.json``, so that
+    the runtime needs no ``onnx``; an engine built before that file existed is read this way)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from .kernel_library import WEIGHT_OPS
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    external = {t.name: t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    names = {i for n in model.graph.node if (n.domain, n.op_type) in WEIGHT_OPS for i in n.input if i in external}
+    layout = []
+    for name in sorted(names):
+        tensor = external[name]
+        info = {e.key: e.value for e in tensor.external_data}
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
+        offset, length = int(info.get("offset", 0)), int(info["length"])
+        layout.append(ArenaTensor(name, info["location"], offset, length, dtype, tuple(tensor.dims)))
+    return layout
+
+
+def write_arena_layout(model_path: Path) -> None:
+    """Write ``native_weights.json`` beside the engine's model file (``graph_arena_layout``: the build's part)."""
+    text = json.dumps({"tensors": [asdict(t) for t in graph_arena_layout(model_path)]}, indent=1)
+    model_path.with_name(ARENA_LAYOUT).write_text(text + "\n")
 
 
 class WeightArena:

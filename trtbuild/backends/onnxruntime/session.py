@@ -7,6 +7,7 @@ and values into those arrays itself; a lowered one returns them and the session 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import time
@@ -32,11 +33,12 @@ from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 from . import huge_pages as hp
 
 
-def open_onnxruntime(
+def open_session(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> OrtSession:
-    """The backend's ``BackendEntry.open``: an ``OrtSession`` over ``engine_dir`` (``kv_cache_memory`` None: sized
-    for the engine's limits within a share of the available memory, ``kv_cache.default_cpu_kv_cache_memory``)."""
+    """The backend's ``open_session`` (``runtime.session.SESSION_MODULES``): an ``OrtSession`` over ``engine_dir``
+    (``kv_cache_memory`` None: sized for the engine's limits within a share of the available memory,
+    ``kv_cache.default_cpu_kv_cache_memory``)."""
     if kv_cache_memory is None:
         config = RuntimeConfig.load(engine_dir)
         kv_cache_memory = default_cpu_kv_cache_memory(config.model, config.build, available_memory())
@@ -186,10 +188,6 @@ def _arena_layout(model_path: Path) -> list[hp.ArenaTensor]:
     layout = hp.read_arena_layout(model_path)
     if layout is not None:
         return layout
-    try:
-        import onnx
-    except ImportError:
+    if importlib.util.find_spec("onnx") is None:
         return []
-    from .native_linear import weight_arena_layout
-
-    return weight_arena_layout(onnx.load(str(model_path), load_external_data=False))
+    return hp.graph_arena_layout(model_path)

@@ -17,20 +17,21 @@ from typing import Any
 
 import numpy as np
 
+from ...artifacts.engine_select import detect_local_facts, select_engine
 from ...artifacts.manifest import read_manifest
 from ...config import RuntimeConfig
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY, num_blocks_for_memory
-from ..engine_select import detect_local_facts, select_engine
 
 
-def open_tensorrt(
+def open_session(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> TensorRTSession:
-    """The backend's ``BackendEntry.open``: a ``TensorRTSession`` with as many KV blocks as ``kv_cache_memory`` holds
-    (None: ``DEFAULT_KV_CACHE_MEMORY``; ``num_threads`` and ``profile_kernels`` do not apply)."""
+    """The backend's ``open_session`` (``runtime.session.SESSION_MODULES``): a ``TensorRTSession`` with as many KV
+    blocks as ``kv_cache_memory`` holds (None: ``DEFAULT_KV_CACHE_MEMORY``; ``num_threads`` and ``profile_kernels``
+    do not apply)."""
     config = RuntimeConfig.load(engine_dir)
     memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
     blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, memory)

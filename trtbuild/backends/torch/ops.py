@@ -13,6 +13,7 @@ AOTInductor calls the op through its proxy executor, so a process running a torc
 import torch
 from torch import Tensor
 
+from ...config import KVCacheDType, ModelConfig
 from ...plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs
 from ...plugins.paged_attention.reference import FP8_MAX
 
@@ -32,6 +33,11 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
         first, second = head.chunk(2, dim=-1)
         rotated = torch.cat((first * c - second * s, second * c + first * s), dim=-1)
     return torch.cat((rotated, tail), dim=-1)
+
+
+def cache_dtype(model: ModelConfig, dtype: torch.dtype) -> torch.dtype:
+    """Storage dtype of a torch engine's KV cache: the compute dtype, or the quantized cache's int8 / float8."""
+    return {KVCacheDType.INT8: torch.int8, KVCacheDType.FP8: torch.float8_e4m3fn}.get(model.kv_cache_dtype, dtype)
 
 
 def quantize_kv(x: Tensor, scale: Tensor, kv_cache_dtype: int) -> Tensor:

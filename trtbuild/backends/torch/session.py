@@ -19,33 +19,39 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+# torch's OpenMP threads spin briefly and then sleep, as onnxruntime's do, instead of spinning for long: on a loaded
+# 2-core machine that took a SmolLM2 CPU engine from 0.15-0.22x to ~0.3x onnxruntime's speed, and cost nothing quiet
+# (docs/gpu.md). Read when OpenMP starts, so set before torch is imported: a process that imported torch already
+# keeps its own.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
 import numpy as np
 import torch
 
 from ...artifacts.manifest import read_manifest
+from ...checkpoint.dtypes import torch_dtype
 from ...config import RuntimeConfig, TorchConfig, TorchRuntime
 from ...configio import from_dict
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
-from . import ops  # noqa: F401  (registers torch.ops.trtbuild.paged_attention, which the package calls)
+from . import ops  # registers torch.ops.trtbuild.paged_attention, which the package calls
 from .decode_graphs import DecodeGraphs
 from .memory import default_kv_cache_memory
 from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
 from .target import entry_device, entry_runtime, select_torch_engine
-from .writer import TORCH_DTYPES, cache_dtype
 
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 log = logging.getLogger(__name__)
 
 
-def open_torch(
+def open_session(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> TorchSession:
-    """The backend's ``BackendEntry.open``: a ``TorchSession`` over ``engine_dir`` (``profile_kernels`` does not
-    apply)."""
+    """The backend's ``open_session`` (``runtime.session.SESSION_MODULES``): a ``TorchSession`` over
+    ``engine_dir`` (``profile_kernels`` does not apply)."""
     return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
 
 
@@ -84,8 +90,8 @@ class TorchSession(EngineSession):
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or cpu_threads())
         model, build = self.config.model, self.config.build
-        compute = TORCH_DTYPES[torch_cfg.dtype]
-        dtype = cache_dtype(model, compute)
+        compute = torch_dtype(torch_cfg.dtype)
+        dtype = ops.cache_dtype(model, compute)
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
         per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         path = engine_dir / self.entry.path

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ...artifacts.engine_select import EngineEntry, arch_name, entries_from_manifest
 from ...config import TorchDevice, TorchRuntime
 from ...errors import BuildError, EngineError
-from ..engine_select import EngineEntry, arch_name, entries_from_manifest
 
 
 def local_target(device: TorchDevice) -> str:

@@ -1,26 +1,34 @@
-"""The onnxruntime backend's build: portable graph -> onnxruntime lowering -> ``engines/onnxruntime-cpu/model.onnx``."""
+"""The onnxruntime backend's build: portable graph -> ``passes.PASSES`` -> ``engines/onnxruntime-cpu/model.onnx``.
+
+The passes (``passes.py``, each in its own module with its contract): attention as the native kernel
+(``native.py``) or as standard ops (``lowering.py``), quantized linears restated for onnxruntime's kernels
+(``weights.py``) or the native ``QLinear`` (``native_linear.py``), the tied int8 embedding (``embedding.py``);
+what they share to edit a graph is ``graph_edit.py``. Nothing in the session (``..session``) imports this package.
+"""
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import asdict, replace
 
 import onnx
 
-from ...artifacts.atomic import atomic_output_dir
-from ...artifacts.manifest import cpu_target, write_manifest
-from ...config import CpuAttention, CpuLinear, RuntimeConfig
-from ...configio import to_dict
-from ...convert.convert import copy_tokenizer_files
-from ...errors import BuildError, EngineError
-from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ....artifacts.atomic import atomic_output_dir
+from ....artifacts.manifest import cpu_target, write_manifest
+from ....config import RuntimeConfig
+from ....configio import to_dict
+from ....checkpoint.files import copy_tokenizer_files
+from ....errors import BuildError, EngineError
+from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ..huge_pages import write_arena_layout
+from ..kernel_library import library_path
+from .passes import Target, run_passes, settle_options
 
 ORT_ENGINE = "engines/onnxruntime-cpu/model.onnx"
 
 
-def build_onnxruntime(req: BuildRequest) -> BuildResult:
-    """The onnxruntime backend: portable graph -> onnxruntime lowering -> ``engines/onnxruntime-cpu/model.onnx``.
+def build_engine_dir(req: BuildRequest) -> BuildResult:
+    """The onnxruntime backend's entry in ``trtbuild.build.BUILD_MODULES``: portable graph -> ``PASSES`` ->
+    ``engines/onnxruntime-cpu/model.onnx``.
 
     With ``req.gate`` the finished engine is checked (``req.check_gate``) before the directory is moved into place.
     """
@@ -30,45 +38,14 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
     if gate is not None and req.check_gate is None:
         raise BuildError("a build request with an accuracy gate needs its check_gate (build_engine passes it)")
     model_cfg, build, io, portable = portable_graph(ckpt_dir, req.build)
-    from .embedding import shared_int8_embedding
-    from .huge_pages import ARENA_LAYOUT
-    from .kernel_library import WEIGHT_OPS, library_path
-    from .lowering import lower_for_onnxruntime
-    from .native import fuse_swiglu, lower_to_native, native_supports
-    from .native_linear import LinearSimd, cpu_linear_simd, native_linears, weight_arena_layout
-    from .weights import (
-        hand_activations_to_kernel,
-        integer_gemms_per_token,
-        offset_linears,
-        reblock_int8_weights,
-        unsigned_static_int8_weights,
-    )
-
     # What the engine holds is recorded: a fallback here is written into its runtime config.
-    if build.cpu_attention is CpuAttention.NATIVE and native_supports(portable, build.kv_block_size) is not None:
-        build = replace(build, cpu_attention=CpuAttention.LOWERED)
-    if build.cpu_linear is CpuLinear.NATIVE and cpu_linear_simd() is LinearSimd.NONE:
-        build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
-    if build.cpu_attention is CpuAttention.NATIVE:
-        lowered = lower_to_native(portable)
-    else:
-        lowered = lower_for_onnxruntime(portable, io)
-    engine = shared_int8_embedding(hand_activations_to_kernel(lowered))
-    if build.cpu_linear is CpuLinear.NATIVE:
-        engine = native_linears(engine)
-        if not any((n.domain, n.op_type) in WEIGHT_OPS for n in engine.graph.node):  # a float model: nothing to run
-            build = replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
-    if model_cfg.quantization is not None:  # GGUF Q4_1 linears QLinear did not take
-        engine = offset_linears(engine, model_cfg.quantization.group_size)
+    build = settle_options(portable, build)
+    engine, build = run_passes(portable, Target(build, model_cfg, io))
     if build.uses_native_cpu_library:
         try:
             library_path()  # compiled now, so that a machine without a compiler fails here rather than at run time
         except EngineError as e:
             raise BuildError(str(e)) from None
-    native = build.uses_native_cpu_library  # the engine loads the native library: its row ops too
-    if native:
-        engine = fuse_swiglu(engine)
-    engine = reblock_int8_weights(unsigned_static_int8_weights(integer_gemms_per_token(engine, native)))
     portable_counts, engine_counts = op_counts(portable), op_counts(engine)
     del portable
     with atomic_output_dir(engine_dir, overwrite=req.overwrite) as tmp:
@@ -83,9 +60,7 @@ def build_onnxruntime(req: BuildRequest) -> BuildResult:
             size_threshold=1024,
         )
         if build.uses_native_cpu_library:  # the runtime's huge-page arena, readable without onnx
-            layout = weight_arena_layout(onnx.load(str(path), load_external_data=False))
-            text = json.dumps({"tensors": [asdict(t) for t in layout]}, indent=1)
-            path.with_name(ARENA_LAYOUT).write_text(text + "\n")
+            write_arena_layout(path)
         RuntimeConfig(model=model_cfg, build=build, engine_file=ORT_ENGINE, io=io).save(tmp)
         copy_tokenizer_files(ckpt_dir, tmp)
         gate_result = None

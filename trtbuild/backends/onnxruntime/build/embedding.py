@@ -11,6 +11,10 @@ this pass stores the codes once, as ``MatMulNBits``' 8-bit weight (uint8 ``[voca
   floats as the portable graph's (``(u - 128) * s`` is exact in float32),
 
 so the engine holds the vocabulary's codes once (SmolLM2-135M: 28 MB, against 113 MB in float32).
+
+Pass contract (``passes.PASSES``: ``shared-int8-embedding``): the tied head's ``DequantizeLinear -> Gemm`` ->
+``com.microsoft::MatMulNBits``, the embedding's ``Gather -> DequantizeLinear`` -> ``Gather -> Cast -> Sub -> Mul ->
+Reshape`` of the same uint8 codes; every other node is kept.
 """
 
 from __future__ import annotations
@@ -19,13 +23,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .weights import _replace_nodes
+from .graph_edit import node_attrs, replace_nodes
 
 ZERO_POINT = 128  # MatMulNBits' default 8-bit zero point: the uint8 code is the int8 one + this
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def shared_int8_embedding(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -35,13 +35,13 @@ def shared_int8_embedding(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {out: n for n in graph.node for out in n.output}
-    for head in [n for n in graph.node if n.op_type == "Gemm" and _attrs(n).get("transB") == 1]:
+    for head in [n for n in graph.node if n.op_type == "Gemm" and node_attrs(n).get("transB") == 1]:
         dq = producer.get(head.input[1])
         if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) != 2 or len(head.input) != 2:
             continue
         codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
-        block = _attrs(dq).get("block_size", 0)
-        if codes is None or scale is None or codes.data_type != TensorProto.INT8 or _attrs(dq).get("axis") != 1:
+        block = node_attrs(dq).get("block_size", 0)
+        if codes is None or scale is None or codes.data_type != TensorProto.INT8 or node_attrs(dq).get("axis") != 1:
             continue
         vocab, hidden = codes.dims
         if block <= 0 or hidden % block or list(scale.dims) != [vocab, hidden // block]:
@@ -104,6 +104,6 @@ def _lower(
         ]
         dead.add(rows_dq.name)
     graph.initializer.extend(new_inits)
-    _replace_nodes(graph, dead, replacements)
+    replace_nodes(graph, dead, replacements)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))

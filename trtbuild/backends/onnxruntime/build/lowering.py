@@ -22,6 +22,9 @@ the graph already quantized (``QuantizeLinear``) and enter attention dequantized
 gathered cache blocks are dequantized after the gather, so only the context that is read is converted.
 onnxruntime's CPU ``Gather`` has no float8 kernel, so an fp8 cache is declared ``uint8`` here (its bit patterns:
 the same bytes) and decoded through a 256-entry table of E4M3FN values.
+
+Pass contract (``passes.PASSES``: ``lowered-attention``): ``trtbuild::PagedAttention`` nodes -> standard opset-23
+ops plus two ``new_keys`` / ``new_values`` graph outputs per layer; every other node is kept.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ...config import ORT_LOWERED_NODE_PREFIX, EngineIO
-from ...graph.builder import GraphBuilder
-from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
+from ....config import ORT_LOWERED_NODE_PREFIX, EngineIO
+from ....graph.builder import GraphBuilder
+from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
+from .graph_edit import node_attr
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelProto:
@@ -99,14 +103,7 @@ def _opset(model: onnx.ModelProto) -> int:
 
 
 def _kv_cache_dtype(node: onnx.NodeProto) -> int:
-    return next((int(helper.get_attribute_value(a)) for a in node.attribute if a.name == "kv_cache_dtype"), KV_FLOAT)
-
-
-def _attr(node: onnx.NodeProto, name: str) -> int | float:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    raise KeyError(f"{node.name}: missing attribute {name}")
+    return int(node_attr(node, "kv_cache_dtype", KV_FLOAT))
 
 
 def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_cache: str, cos_sin: str) -> dict:
@@ -178,8 +175,8 @@ def _dequantize_cache(b: GraphBuilder, blocks: str, scale: str, kv_type: int, na
 
 def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, new_values: str) -> None:
     c, p = b.const, node.name
-    hq, hkv, d = int(_attr(node, "num_heads")), int(_attr(node, "num_kv_heads")), int(_attr(node, "head_size"))
-    scale, interleaved = float(_attr(node, "scale")), bool(_attr(node, "rotary_interleaved"))
+    hq, hkv, d = (int(node_attr(node, name)) for name in ("num_heads", "num_kv_heads", "head_size"))
+    scale, interleaved = float(node_attr(node, "scale")), bool(node_attr(node, "rotary_interleaved"))
     qkv, key_cache, value_cache = node.input[0], node.input[1], node.input[2]
     cos_sin = node.input[6] if len(node.input) > 6 else ""
     if cos_sin:  # one RotaryEmbedding over q and k together: the same angles for every head of a token

@@ -12,6 +12,10 @@ the graph has no ``new_keys`` / ``new_values`` outputs and the session stores no
 (``plugins/paged_attention/cpu_swiglu.inc``): one pass over the gate/up rows and no intermediate tensor, where
 onnxruntime ran ``Split``, ``QuickGelu`` (its fusion of the sigmoid product) and ``Mul`` (2.6 ms a layer at a
 2048-token prefill chunk of SmolLM2, 1.3 ms fused).
+
+Pass contracts (``passes.PASSES``): ``native-attention``: ``trtbuild::PagedAttention`` -> ``trtbuild.cpu::
+PagedAttention`` (the cache outputs dropped); ``fuse-swiglu``: ``Split, Sigmoid, Mul, Mul`` -> ``trtbuild.cpu::
+SwiGLU``. Every other node is kept.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from collections import defaultdict
 import onnx
 from onnx import helper, numpy_helper
 
-from ...config import ORT_LOWERED_NODE_PREFIX
-from ...plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
-from .kernel_library import (
+from ....config import ORT_LOWERED_NODE_PREFIX
+from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
+from ..kernel_library import (
     MAX_BLOCK_SIZE,
     MAX_GQA_GROUP,
     MAX_GROUP_X_HEAD_SIZE,
@@ -31,19 +35,11 @@ from .kernel_library import (
     NATIVE_DOMAIN,
     SWIGLU_OP,
 )
+from .graph_edit import node_attr
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.
 CACHE_ELEM_TYPES = {KV_FLOAT: onnx.TensorProto.FLOAT, KV_INT8: onnx.TensorProto.INT8, KV_FP8: onnx.TensorProto.UINT8}
-
-
-def _attr(node: onnx.NodeProto, name: str, default: int | float | None = None) -> int | float:
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    if default is None:
-        raise KeyError(f"{node.name}: missing attribute {name}")
-    return default
 
 
 def native_supports(model: onnx.ModelProto, block_size: int) -> str | None:
@@ -51,7 +47,7 @@ def native_supports(model: onnx.ModelProto, block_size: int) -> str | None:
     for node in model.graph.node:
         if node.domain != DOMAIN or node.op_type != OP_TYPE:
             continue
-        hq, hkv, d = (int(_attr(node, n)) for n in ("num_heads", "num_kv_heads", "head_size"))
+        hq, hkv, d = (int(node_attr(node, n)) for n in ("num_heads", "num_kv_heads", "head_size"))
         too_big = max(hq // hkv, hkv) * d > MAX_GROUP_X_HEAD_SIZE or d > MAX_HEAD_SIZE
         if hq // hkv > MAX_GQA_GROUP or too_big:
             return f"{hq // hkv} query heads per KV head of size {d}"
@@ -72,10 +68,10 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(node)
             continue
         cache_outs.update(node.output[1:])
-        kv_type = int(_attr(node, "kv_cache_dtype", KV_FLOAT))
+        kv_type = int(node_attr(node, "kv_cache_dtype", KV_FLOAT))
         if kv_type == KV_FP8:
             fp8_caches.update(node.input[1:3])
-        attrs = {a: _attr(node, a) for a in ("num_heads", "num_kv_heads", "head_size", "scale")}
+        attrs = {a: node_attr(node, a) for a in ("num_heads", "num_kv_heads", "head_size", "scale")}
         inputs = list(node.input[:9])
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -86,7 +82,7 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
                 [node.output[0]],
                 name=ORT_LOWERED_NODE_PREFIX + node.name,
                 domain=NATIVE_DOMAIN,
-                rotary_interleaved=int(_attr(node, "rotary_interleaved", 0)),
+                rotary_interleaved=int(node_attr(node, "rotary_interleaved", 0)),
                 kv_cache_dtype=kv_type,
                 **attrs,
             )
@@ -131,7 +127,7 @@ def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
         if split.domain or len(split.input) != 2 or len(split.output) != 2 or split.input[1] not in inits:
             return False
         sizes = numpy_helper.to_array(inits[split.input[1]])
-        return int(_attr(split, "axis", 0)) == -1 and sizes.shape == (2,) and sizes[0] == sizes[1]
+        return int(node_attr(split, "axis", 0)) == -1 and sizes.shape == (2,) and sizes[0] == sizes[1]
 
     fused: dict[int, onnx.NodeProto | None] = {}  # id(node) -> its replacement (None: dropped)
     orphans: set[str] = set()  # the fused splits' size inputs

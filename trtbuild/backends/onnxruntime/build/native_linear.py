@@ -24,6 +24,10 @@ kernel sums pairs of products in saturating int16 (``vpmaddubsw``), which is why
 take uint8 weights (``weights.WEIGHT_ZERO_POINT``).
 ``qlinear_reference`` states the op's arithmetic in numpy; ``tests/test_cpu_linear.py`` holds the kernel to it.
 Weights with zero points and any other Q/DQ stay with onnxruntime's kernels.
+
+Pass contract (``passes.PASSES``: ``native-linears``, after ``activations-to-kernel``): int8 / int4 weight
+``DequantizeLinear -> MatMul`` (and a per-token ``QuantizeLinear``'s nodes, a Q4_1 offset's ``Reshape -> Add ->
+Reshape``) -> ``trtbuild.cpu::QLinear``; every other node is kept.
 """
 
 from __future__ import annotations
@@ -35,29 +39,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .huge_pages import ArenaTensor
-from .kernel_library import NATIVE_DOMAIN, QLINEAR_OP, WEIGHT_OPS
-from .weights import ACTIVATION_BLOCK, _dynamic_linears, _emitted_quantization, _replace_nodes, offset_weight
+from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
+from .graph_edit import dynamic_linears, emitted_quantization, node_attrs, replace_nodes
+from .weights import ACTIVATION_BLOCK, offset_weight
 
 PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
 ZERO_POINT = {8: 128, 4: 8}  # the unsigned weight code is c + ZERO_POINT[bits]
 STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
-
-
-def weight_arena_layout(model: onnx.ModelProto) -> list[ArenaTensor]:
-    """Where the weights of ``model``'s ``WEIGHT_OPS`` nodes lie in its external data (``model`` loaded without
-    it), for the runtime's huge-page arena; the build writes this as ``native_weights.json``, so that the runtime
-    needs no ``onnx`` to read it."""
-    external = {t.name: t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
-    names = {i for n in model.graph.node if (n.domain, n.op_type) in WEIGHT_OPS for i in n.input if i in external}
-    layout = []
-    for name in sorted(names):
-        tensor = external[name]
-        info = {e.key: e.value for e in tensor.external_data}
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type)).name
-        offset, length = int(info.get("offset", 0)), int(info["length"])
-        layout.append(ArenaTensor(name, info["location"], offset, length, dtype, tuple(tensor.dims)))
-    return layout
 
 
 class LinearSimd(enum.Enum):
@@ -170,10 +158,6 @@ def qlinear_node(
     )
 
 
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _weight_form(
     dq: onnx.NodeProto, inits: dict[str, onnx.TensorProto], *, unsigned: bool = False
 ) -> tuple[int, int, np.ndarray] | None:
@@ -186,7 +170,7 @@ def _weight_form(
     if weight is None or scale is None or len(weight.dims) != 2:
         return None
     k, n = weight.dims
-    attrs = _attrs(dq)
+    attrs = node_attrs(dq)
     per_channel = attrs.get("axis") == 1 and "block_size" not in attrs and list(scale.dims) == [n]
     if weight.data_type == TensorProto.INT8 and per_channel and not unsigned:
         return 8, k, numpy_helper.to_array(scale)
@@ -239,16 +223,16 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         if replaced[dq.name] == consumers[dq.output[0]]:  # no reader left (a shared weight: after its last one)
             dead.add(dq.name)
 
-    for node, q, weight_dq, x in _dynamic_linears(graph):  # per-token int8 activations: one block per row
+    for node, q, weight_dq, x in dynamic_linears(graph):  # per-token int8 activations: one block per row
         form = _weight_form(weight_dq, inits)
-        qattrs = _attrs(q)
+        qattrs = node_attrs(q)
         if form is None or form[0] != 8 or qattrs.get("output_dtype") != TensorProto.INT8:
             continue
         k = form[1]  # an int8 weight's group: all its in-features
         if qattrs.get("block_size") != k:
             continue
         replace(node, weight_dq, x, form, block=k)
-        dead |= _emitted_quantization(graph, q)
+        dead |= emitted_quantization(graph, q)
     for node in graph.node:  # weight-only: float activations
         if node.op_type != "MatMul" or node.name in replacements or node.input[0] in dequantized:
             continue
@@ -270,7 +254,7 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     if not replacements:
         return model
     graph.initializer.extend(packed)
-    _replace_nodes(graph, dead, replacements)
+    replace_nodes(graph, dead, replacements)
     if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
     return model

@@ -18,54 +18,27 @@ W8A8 per token (``--activation-scales per_token``) is what MatMulNBits cannot do
 the row's length only by accident); ``integer_gemms_per_token`` states it as onnxruntime's uint8 x int8 integer GEMM
 instead, which is also 2-3x faster than MatMulNBits' 8-bit kernel on a few dozen rows or more (prefill chunks,
 batched decodes) and as fast on one.
+
+Pass contracts (``passes.PASSES``), each in place, every other node kept:
+``activations-to-kernel``: a dynamic int8 activation Q/DQ per block of 16 -> removed (the MatMul reads the floats);
+``offset-linears``: uint4 ``DequantizeLinear -> Reshape -> Add -> Reshape -> MatMul`` -> two ``MatMulNBits`` + ``Add``;
+``integer-gemms-per-token``: a per-token activation Q/DQ + int8 weight ``MatMul`` -> ``MatMulInteger`` between row
+ops (``trtbuild.cpu::QuantizeRows`` / ``RescaleRows`` with the native library, standard ops without);
+``unsigned-static-int8-weights``: int8 weights of static W8A8 linears -> uint8 with zero point 128;
+``reblock-int8-weights``: per-channel int8 weight ``DequantizeLinear`` -> blocked along in-features.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
+from ..kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
+
+from .graph_edit import dynamic_linears, emitted_quantization, node_attrs, replace_nodes
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
-
-
-def _dynamic_linears(
-    graph: onnx.GraphProto,
-) -> Iterator[tuple[onnx.NodeProto, onnx.NodeProto, onnx.NodeProto, str]]:
-    """Each ``MatMul`` whose activation comes through a run-time Q/DQ as ``formats.emit_dynamic_quantization``
-    emits it (``x -> Reshape -> ... -> QuantizeLinear '{name}.q' -> DequantizeLinear -> Reshape``): (the MatMul,
-    that Q node, the producer of its weight input, ``x``: the float rows before the blocks reshape)."""
-    producer = {out: n for n in graph.node for out in n.output}
-    for node in list(graph.node):
-        if node.op_type != "MatMul":
-            continue
-        rows, weight_dq = producer.get(node.input[0]), producer.get(node.input[1])
-        dq = producer.get(rows.input[0]) if rows is not None and rows.op_type == "Reshape" else None
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        if q is not None and q.op_type == "QuantizeLinear" and q.name.endswith(".q") and weight_dq is not None:
-            yield node, q, weight_dq, producer[q.input[0]].input[0]
-
-
-def _emitted_quantization(graph: onnx.GraphProto, q: onnx.NodeProto) -> set[str]:
-    """The nodes ``emit_dynamic_quantization`` made around its Q node ``q``: named {base}blocks, ..., {base}rows."""
-    base = q.name[: -len("q")]
-    return {n.name for n in graph.node if n.name.startswith(base)}
-
-
-def _replace_nodes(graph: onnx.GraphProto, dead: set[str], replacements: dict[str, list[onnx.NodeProto]]) -> None:
-    """Drop the ``dead`` nodes, put each ``replacements`` list in its node's place, and drop the initializers no
-    node reads any more (onnxruntime warns about them)."""
-    nodes = [r for n in graph.node if n.name not in dead for r in replacements.get(n.name, [n])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-    used = {i for n in nodes for i in n.input}
-    kept = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(kept)
 
 
 def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) -> onnx.ModelProto:
@@ -74,16 +47,16 @@ def hand_activations_to_kernel(model: onnx.ModelProto, block: int = ACTIVATION_B
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     dead: set[str] = set()
-    for node, q, weight_dq, x in _dynamic_linears(graph):
-        attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
+    for node, q, weight_dq, x in dynamic_linears(graph):
+        attrs = node_attrs(q)
         weight = inits.get(weight_dq.input[0])
         if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != block:
             continue
         if weight is None or weight.data_type != TensorProto.INT8:
             continue
         node.input[0] = x
-        dead |= _emitted_quantization(graph, q)
-    _replace_nodes(graph, dead, {})
+        dead |= emitted_quantization(graph, q)
+    replace_nodes(graph, dead, {})
     return model
 
 
@@ -100,7 +73,7 @@ def reblock_int8_weights(model: onnx.ModelProto, block: int = ACTIVATION_BLOCK) 
         if node.op_type != "DequantizeLinear" or node.output[0] not in matmul_weights or len(node.input) > 2:
             continue
         weight, scale = inits.get(node.input[0]), inits.get(node.input[1])
-        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attrs = node_attrs(node)
         if weight is None or scale is None or weight.data_type != TensorProto.INT8 or len(weight.dims) != 2:
             continue
         if attrs.get("axis") != 1 or "block_size" in attrs or list(scale.dims) != [weight.dims[1]]:
@@ -149,7 +122,7 @@ def unsigned_static_int8_weights(model: onnx.ModelProto) -> onnx.ModelProto:
         node.input.append(zero_point.name)
     if added:
         graph.initializer.extend(t for pair in added.values() for t in pair)
-        _replace_nodes(graph, set(), {})  # drops the int8 codes no node reads any more
+        replace_nodes(graph, set(), {})  # drops the int8 codes no node reads any more
     return model
 
 
@@ -180,14 +153,13 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     replacements: dict[str, list[onnx.NodeProto]] = {}  # MatMul name -> the nodes that take its place
     dead: set[str] = set()
     unsigned_weights: dict[str, onnx.TensorProto] = {}  # int8 weight name -> its uint8 form (WEIGHT_ZERO_POINT)
-    for node, q, weight_dq, x in _dynamic_linears(graph):
+    for node, q, weight_dq, x in dynamic_linears(graph):
         if weight_dq.op_type != "DequantizeLinear" or len(weight_dq.input) > 2:
             continue
         weight, wscale = inits.get(weight_dq.input[0]), inits.get(weight_dq.input[1])
         if weight is None or wscale is None or weight.data_type != TensorProto.INT8 or len(weight.dims) != 2:
             continue
-        attrs = {a.name: helper.get_attribute_value(a) for a in q.attribute}
-        wattrs = {a.name: helper.get_attribute_value(a) for a in weight_dq.attribute}
+        attrs, wattrs = node_attrs(q), node_attrs(weight_dq)
         if attrs.get("output_dtype") != TensorProto.INT8 or attrs.get("block_size") != weight.dims[0]:
             continue  # int8 per block of 16: MatMulNBits (hand_activations_to_kernel)
         if wattrs.get("axis") != 1 or "block_size" in wattrs or list(wscale.dims) != [weight.dims[1]]:
@@ -195,12 +167,12 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
         emit = _native_int8_rows if native else _standard_int8_rows
         unsigned = unsigned_weights.setdefault(weight.name, _unsigned(weight))
         replacements[node.name] = emit(node.name + ".int8", x, unsigned.name, wscale.name, node.output[0])
-        dead |= _emitted_quantization(graph, q) | {weight_dq.name}
+        dead |= emitted_quantization(graph, q) | {weight_dq.name}
     if not replacements:
         return model
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     graph.initializer.extend(unsigned_weights.values())
-    _replace_nodes(graph, dead, replacements)
+    replace_nodes(graph, dead, replacements)
     if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
     return model
@@ -275,7 +247,7 @@ def offset_linears(model: onnx.ModelProto, block: int) -> onnx.ModelProto:
             continue
         dq, offset, pattern = found
         codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
-        attrs = {a.name: helper.get_attribute_value(a) for a in dq.attribute}
+        attrs = node_attrs(dq)
         if codes is None or scale is None or codes.data_type != TensorProto.UINT4 or attrs.get("block_size") != block:
             continue
         k, n = codes.dims
@@ -303,7 +275,7 @@ def offset_linears(model: onnx.ModelProto, block: int) -> onnx.ModelProto:
     if not replacements:
         return model
     graph.initializer.extend(added.values())
-    _replace_nodes(graph, dead, replacements)
+    replace_nodes(graph, dead, replacements)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model

@@ -1,4 +1,5 @@
-"""The TensorRT backend's build: portable graph -> TensorRT lowering -> one engine per GPU arch (docs/tensorrt.md)."""
+"""The TensorRT backend's build: portable graph -> TensorRT lowering (``lowering.py``) -> one engine per GPU arch
+(``engines.py``; docs/tensorrt.md). The session (``..session``) imports nothing from this package."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ from pathlib import Path
 
 import onnx
 
-from ...artifacts.atomic import atomic_output_dir
-from ...artifacts.manifest import write_manifest
-from ...config import RuntimeConfig
-from ...configio import to_dict
-from ...convert.convert import copy_tokenizer_files
-from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ....artifacts.atomic import atomic_output_dir
+from ....artifacts.manifest import write_manifest
+from ....config import RuntimeConfig
+from ....configio import to_dict
+from ....checkpoint.files import copy_tokenizer_files
+from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 
-def build_tensorrt(req: BuildRequest) -> BuildResult:
-    """The tensorrt backend: portable graph -> TensorRT lowering -> one engine per GPU arch (see docs/tensorrt.md)."""
+def build_engine_dir(req: BuildRequest) -> BuildResult:
+    """The tensorrt backend's entry in ``trtbuild.build.BUILD_MODULES``: portable graph -> TensorRT lowering -> one
+    engine per GPU arch (see docs/tensorrt.md)."""
     from .engines import build_tensorrt_engines, require_tensorrt
 
     ckpt_dir, engine_dir, build, trt, overwrite, start = (

@@ -26,11 +26,18 @@ from types import ModuleType
 import onnx
 from google.protobuf.message import DecodeError
 
-from ...config import BuildConfig
-from ...errors import BuildError
-from ..engine_select import AMPERE, HARDWARE_COMPATIBILITY, EngineEntry, arch_name, local_compute_capability, parse_arch
+from ....artifacts.engine_select import (
+    AMPERE,
+    HARDWARE_COMPATIBILITY,
+    EngineEntry,
+    arch_name,
+    local_compute_capability,
+    parse_arch,
+)
+from ....artifacts.ptx import driver_cuda_version, ptx_cap
+from ....config import BuildConfig
+from ....errors import BuildError
 from .lowering import cache_aliases, lower_for_tensorrt, profile_shapes
-from .ptx import driver_cuda_version, ptx_cap
 
 INSTALL_HINT = "pip install 'trtbuild[tensorrt]' --extra-index-url https://pypi.nvidia.com"
 PLUGIN_IMPLS = ("auto", "aot", "jit")
@@ -69,7 +76,7 @@ def build_tensorrt_engines(
     targets = resolve_archs(archs, local, hardware_compatibility)
     assert local is not None  # resolve_archs refuses a machine without a GPU
 
-    from ...plugins.paged_attention import tensorrt_plugin
+    from ....plugins.paged_attention import tensorrt_plugin
 
     aot_supported = tensorrt_plugin.register()
     if plugin_impl == "aot" and not aot_supported:

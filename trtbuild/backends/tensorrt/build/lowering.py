@@ -34,9 +34,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ...config import BuildConfig
-from ...errors import BuildError
-from ...plugins.paged_attention import DOMAIN, OP_TYPE
+from ....config import BuildConfig
+from ....errors import BuildError
+from ....plugins.paged_attention import DOMAIN, OP_TYPE
 
 PLUGIN_DOMAIN = "trt.plugins"
 PLUGIN_OP_TYPE = "PagedAttention"  # tensorrt_plugin.PLUGIN_NAME

@@ -1,21 +1,23 @@
 """The torch backend's build: the portable graph written as a torch-compile engine (graph + weights) or exported
-and compiled into an AOTInductor ``model.pt2`` (``writer.py``)."""
+and compiled into an AOTInductor ``model.pt2`` (``writer.py``, its load check in a child: ``isolate.py``). The
+graph import, the custom op and the module files beside this package are shared with the session, which imports
+nothing from here."""
 
 from __future__ import annotations
 
 import time
 
-from ...artifacts.atomic import atomic_output_dir
-from ...artifacts.manifest import write_manifest
-from ...config import RuntimeConfig, TorchRuntime
-from ...configio import to_dict
-from ...convert.convert import copy_tokenizer_files
-from ..common import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ....artifacts.atomic import atomic_output_dir
+from ....artifacts.manifest import write_manifest
+from ....config import RuntimeConfig, TorchRuntime
+from ....configio import to_dict
+from ....checkpoint.files import copy_tokenizer_files
+from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 
-def build_torch(req: BuildRequest) -> BuildResult:
-    """The torch backend (docs/gpu.md): a torch-compile engine, or an AOTInductor package checked in a child."""
-    from .target import local_target
+def build_engine_dir(req: BuildRequest) -> BuildResult:
+    """The torch backend's entry in ``trtbuild.build.BUILD_MODULES`` (docs/gpu.md): a torch-compile engine, or an AOTInductor package checked in a child."""
+    from ..target import local_target
 
     if req.torch.torch_runtime is TorchRuntime.AOT_INDUCTOR:
         local_target(req.torch.device)  # no GPU for --device cuda: one line before any heavy work

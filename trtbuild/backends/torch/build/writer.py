@@ -26,20 +26,16 @@ from pathlib import Path
 import onnx
 import torch
 
-from ...config import BuildConfig, DType, EngineIO, KVCacheDType, ModelConfig, TorchConfig, TorchDevice, TorchRuntime
-from ..engine_select import EngineEntry
-from .importer import PortableModule
+from ....artifacts.engine_select import EngineEntry
+from ....checkpoint.dtypes import torch_dtype
+from ....config import BuildConfig, EngineIO, ModelConfig, TorchConfig, TorchDevice, TorchRuntime
+from ..importer import PortableModule
+from ..module_files import write_module_files
+from ..ops import cache_dtype
+from ..target import compile_target, local_target
 from .isolate import IsolatedRun, run_isolated
-from .module_files import write_module_files
-from .target import compile_target, local_target
 
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.FLOAT16: torch.float16, DType.BFLOAT16: torch.bfloat16}
 MAX_NUM_BLOCKS = 1 << 24
-
-
-def cache_dtype(model: ModelConfig, dtype: torch.dtype) -> torch.dtype:
-    """Storage dtype of a torch engine's KV cache: the compute dtype, or the quantized cache's int8 / float8."""
-    return {KVCacheDType.INT8: torch.int8, KVCacheDType.FP8: torch.float8_e4m3fn}.get(model.kv_cache_dtype, dtype)
 
 
 @dataclass(frozen=True)
@@ -109,7 +105,7 @@ def write_torch_engine(
 def write_compile_engine(portable: onnx.ModelProto, cfg: TorchConfig, out_dir: Path) -> EngineEntry:
     """The torch-compile form: the graph's structure and the module's weights (``module_files.py``)."""
     target = compile_target(cfg.device)
-    graph = write_module_files(portable, TORCH_DTYPES[cfg.dtype], out_dir / "engines" / f"torch-{target}")
+    graph = write_module_files(portable, torch_dtype(cfg.dtype), out_dir / "engines" / f"torch-{target}")
     return EngineEntry(
         backend="torch",
         target=target,
@@ -128,7 +124,7 @@ def write_aoti_package(
     device = cfg.device.value
     if cfg.device is TorchDevice.CUDA:
         ensure_cuda_home()
-    dtype = TORCH_DTYPES[cfg.dtype]
+    dtype = torch_dtype(cfg.dtype)
     module = PortableModule(portable, io, dtype).to(device).eval()
     example = example_step(model, build.kv_block_size, dtype, device)
     with torch.no_grad():
@@ -162,7 +158,7 @@ _LOAD_CHECK = """
 import json, sys
 import torch
 import trtbuild.backends.torch.ops  # the custom op the package calls
-from trtbuild.backends.torch.writer import example_step
+from trtbuild.backends.torch.build.writer import example_step
 from trtbuild.config import ModelConfig
 from trtbuild.configio import from_dict
 spec = json.loads(sys.argv[2])
@@ -183,12 +179,12 @@ def aoti_load_check(
     package: Path, model: ModelConfig, block_size: int, cfg: TorchConfig, timeout: float = 300.0
 ) -> IsolatedRun:
     """Load ``package`` and run one example step in a child process (``isolate.run_isolated``): whether it runs."""
-    from ...configio import to_dict
+    from ....configio import to_dict
 
     spec = {
         "model": to_dict(model),
         "block_size": block_size,
-        "dtype": str(TORCH_DTYPES[cfg.dtype]).removeprefix("torch."),
+        "dtype": str(torch_dtype(cfg.dtype)).removeprefix("torch."),
         "device": cfg.device.value,
     }
     return run_isolated(_LOAD_CHECK, args=[str(package), json.dumps(spec)], timeout=timeout)
