@@ -460,7 +460,6 @@ def test_accuracy_gate_compares_with_the_baseline(sources, tmp_path):
 
 def test_quantize_and_eval_stages(tmp_path):
     pytest.importorskip("modelopt")
-    pytest.importorskip("trtbuild.eval", reason="trtbuild eval has not landed", exc_type=ImportError)
     from quantize_helpers import calib_file, write_char_tokenizer
 
     model = make_hf_model("llama_gqa", tmp_path / "hf")

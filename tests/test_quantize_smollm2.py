@@ -70,7 +70,7 @@ HEAD_FLOAT = ["lm_head"]  # each format judged on its own: the LM head in float 
 # name -> (QuantConfig fields, the target increase in %, the bound measured here that guards regressions)
 FORMATS = {
     # measured +0.29-0.35% (AVX2 machines); +0.36-0.45% on an AVX-512 Zen 4 (+0.41% on 32 windows), where a change of
-    # float summation order alone (in the attention kernel) moved it by 0.06-0.07 (docs/performance.md: 7th, 8th looks)
+    # float summation order alone (in the attention kernel) moved it by 0.06-0.07 (results/2026-12-03-cpu2-avx512-*.md)
     "int8_wo": (dict(qformat=QFormat.INT8_WO, exclude=HEAD_FLOAT), 0.5, 0.5),
     # W8A8, dynamic int8 activations per block of 16 (the default) with SmoothQuant at alpha 0.3
     "int8_sq": (dict(qformat=QFormat.INT8_SQ, exclude=HEAD_FLOAT), 1.0, 1.0),  # measured +0.32%

@@ -65,9 +65,8 @@ class ActivationScales(enum.Enum):
     # MatMulNBits quantizes its activations so, at full speed), fp8 per token. Holds on text of any domain.
     DYNAMIC = "dynamic"
     # Computed at run time, one per token (the whole row), as TensorRT-LLM's and vLLM's per-token SmoothQuant: int8
-    # then runs on onnxruntime's integer GEMM (u8 x s8, MatMulInteger), 2-3x faster than MatMulNBits from a few
-    # dozen rows (prefill, batched decode) but coarser (SmolLM2-135M: +1.3-1.5% perplexity against +0.2-0.3% for
-    # DYNAMIC). For fp8, which DYNAMIC already quantizes per token, the same as DYNAMIC.
+    # then runs as an integer GEMM, faster from a few dozen rows (prefill, batched decode) but coarser than DYNAMIC
+    # (docs/decisions/dynamic-activation-scales.md). For fp8, which DYNAMIC already quantizes per token, the same.
     PER_TOKEN = "per_token"
     # One per-tensor scale per linear, calibrated offline (what TensorRT's int8/fp8 Q/DQ GEMMs take). Fits the
     # calibration text: on another domain the clipped outliers cost accuracy (docs/quantization.md).
@@ -89,23 +88,22 @@ class Backend(enum.Enum):
 
 
 class CpuAttention(enum.Enum):
-    """How the onnxruntime engine runs ``trtbuild::PagedAttention`` (docs/performance.md).
+    """How the onnxruntime engine runs ``trtbuild::PagedAttention`` (docs/decisions/native-attention.md).
 
-    ``NATIVE``: one native custom-op node per layer (``plugins/paged_attention/cpu_kernel.cc``, compiled with the
-    machine's C++ compiler at first use) that writes the KV cache in place and reads it where it lies (float32,
-    int8 or fp8 cache). ``LOWERED``: about 20 standard ONNX ops per layer
-    (``backends/onnxruntime/lowering.py``), no compiler needed; the step's keys/values leave the graph and the session
-    stores them."""
+    ``NATIVE``: one native custom-op node per layer (the native CPU library, compiled with the machine's C++
+    compiler at first use) that writes the KV cache in place and reads it where it lies (float32, int8 or fp8
+    cache). ``LOWERED``: about 20 standard ONNX ops per layer (``backends/onnxruntime/build/lowering.py``), no
+    compiler needed; the step's keys/values leave the graph and the session stores them."""
 
     NATIVE = "native"
     LOWERED = "lowered"
 
 
 class CpuLinear(enum.Enum):
-    """How the onnxruntime engine runs its quantized linears (docs/performance.md).
+    """How the onnxruntime engine runs its quantized linears (docs/decisions/native-quantized-linear.md).
 
     ``NATIVE``: int8 per-channel and symmetric int4 weights as the native library's ``QLinear`` (AVX-512 VNNI or
-    AVX2, AMX tiles for many rows; ``backends/onnxruntime/native_linear.py``), compiled like the native attention
+    AVX2, AMX tiles for many rows; ``backends/onnxruntime/build/native_linear.py``), compiled like the native attention
     kernel; a build on a CPU with neither, or of a model with no such linear, records ``ONNXRUNTIME`` instead.
     ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``."""
 
@@ -146,23 +144,12 @@ class RopeConfig:
     scaling: float = 1.0
 
 
-# Calibration windows x tokens when a QuantConfig does not give them: chosen to finish in minutes on a 2-core CPU
-# for a ~100M-parameter model. KV-cache ranges need one forward pass (64 x 512); int8_sq's SmoothQuant statistics
-# (with dynamic activation scales) and fp8's rowwise scale search take 16 x 256 (SmoothQuant's passes over 64 x 512
-# took minutes). Static activation ranges gain from more tokens (int8_sq static on SmolLM2: +4.3% at 16 x 256,
-# +3.4% at 64 x 512): the shipped static recipes ask for 64 x 512. int4_awq (quantize/awq.py) runs one forward pass
-# per layer and token-independent searches.
+# Calibration windows x tokens when a QuantConfig does not give them (docs/decisions/calibration-defaults.md).
 DEFAULT_CALIBRATION = (64, 512)
 CALIBRATION_DEFAULTS = {QFormat.INT4_AWQ: (4, 512), QFormat.INT8_SQ: (16, 256), QFormat.FP8: (16, 256)}
 
 
-# SmoothQuant's migration strength when a QuantConfig does not give one. Static per-tensor int8 ranges need most of
-# the outliers moved into the weights (on SmolLM2-135M alpha 0.5 raised perplexity by a third, 0.8 by under 2%);
-# dynamic scales per block of 16 hold outliers themselves, and moving much range into the per-channel int8 weights
-# only costs (perplexity increase on news / technical text, 16 x 256 calibration, docs/quantization.md: 0.8 +1.2% /
-# +2.8%, 0.5 +0.5% / +0.2%, 0.3 +0.3% / +0.0%).
-# Per-token int8 needs more of the range moved than blocks of 16 (SmolLM2-135M, news / technical text, all linears
-# but the LM head int8: 0.3 +2.4% / +2.5%, 0.5 +1.3% / +1.5%, 0.8 +2.1% / +4.4%).
+# SmoothQuant's migration strength when a QuantConfig does not give one (docs/decisions/smoothquant-alpha.md).
 SMOOTHQUANT_ALPHA = {ActivationScales.DYNAMIC: 0.3, ActivationScales.STATIC: 0.8, ActivationScales.PER_TOKEN: 0.5}
 
 
@@ -197,9 +184,8 @@ class QuantConfig:
         default=None,
         metadata={"help": "tokens per calibration sample [default: 256 for int8_sq and fp8, 512 for the others]"},
     )
-    # Nothing is kept in float by default: the LM head is quantized too (int8 weight-only in every format,
-    # ``formats.HEAD_FORMAT``). On SmolLM2-135M that is 1.5-1.9x faster batch-1 decode for +0.20-0.29% perplexity on
-    # technical text (docs/quantization.md, "The LM head, quantized by default"); ``--exclude lm_head`` keeps it float.
+    # Nothing is kept in float by default: the LM head is quantized too, int8 weight-only in every format
+    # (``checkpoint.formats.HEAD_FORMAT``; docs/decisions/lm-head-quantized.md); ``--exclude lm_head`` keeps it float.
     exclude: list[str] = field(default_factory=list, metadata={"help": "module name patterns kept in float"})
     smoothquant_alpha: float | None = field(
         default=None,

@@ -75,10 +75,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     """A zeroed array whose memory is taken page by page as it is written, on 4 KB pages where Linux lets us choose.
 
     numpy advises transparent huge pages for large arrays: a cache block's first write then faults in and zeroes a
-    whole 2 MB page, and (the kernel's default ``defrag=madvise``) may compact memory first. On the development
-    machine fresh 128-token prefills of the int4 SmolLM2 engine took 57-160 ms (the first 0.76-0.84 s) on huge
-    pages against 47-65 ms on 4 KB pages, and 64-sequence decode steps were no slower (medians 53-62 against
-    60-70 ms; docs/performance.md)."""
+    whole 2 MB page, and (the kernel's default ``defrag=madvise``) may compact memory first, which slows fresh
+    prefills (docs/decisions/huge-pages-weights-not-kv-cache.md)."""
     count = math.prod(shape)
     advice = getattr(mmap, "MADV_NOHUGEPAGE", None)
     if advice is None or count == 0:
