@@ -1,7 +1,10 @@
-"""Shared fixtures: the tiny models of tiny_models.py, converted and built once per session."""
+"""Shared fixtures: the tiny models of tiny_models.py, converted and built once per session; the ``gpu`` marker's
+skip without CUDA, and the child process each GPU-capable case runs in (``isolated_case``)."""
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 
 # Triton reads this at its first import: the plugin kernels' tests run in its CPU interpreter.
@@ -9,6 +12,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 from tiny_models import TINY_CONFIGS, make_hf_model
+
+TESTS = os.path.dirname(os.path.abspath(__file__))  # this folder: the isolated cases import its modules
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +54,49 @@ def smollm2(tmp_path_factory):
     ).eval()
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     return model, tok, root / "engine"
+
+
+@functools.cache
+def cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once (torch is imported only when a ``gpu`` test is reached)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``gpu`` tests skip where there is no CUDA GPU (``pytest -m gpu`` runs them on the GPU machine: docs/gpu.md)."""
+    if item.get_closest_marker("gpu") is not None and not cuda_available():
+        pytest.skip("needs a CUDA GPU: torch.cuda.is_available() is False here (docs/gpu.md, pytest -m gpu)")
+
+
+@pytest.fixture
+def isolated_case(tmp_path):
+    """``run(module, function, *args, device=..., timeout=...)``: ``module.function(*args)`` (a module of tests/,
+    JSON-able arguments) in a ``python -X faulthandler`` child process of its own, whose returned dict comes back.
+
+    A crash (the H200's AOTInductor loads segfault), a timeout or an exception in the child fails the test with
+    the child's exit status and its last lines: it costs one case, not the run. The child runs in a scratch
+    folder (never the source tree, so it imports the installed ``trtbuild``), with Triton compiling for the GPU
+    on ``cuda`` and interpreting on ``cpu`` (``TRITON_INTERPRET``)."""
+    from trtbuild.backends.torch.build.isolate import run_isolated
+
+    def run(module: str, function: str, *args: object, device: str, timeout: float = 600.0) -> dict:
+        code = (
+            "import importlib, json, sys\n"
+            "from trtbuild.backends.torch.build.isolate import report\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "fn = getattr(importlib.import_module(sys.argv[2]), sys.argv[3])\n"
+            "report(fn(*json.loads(sys.argv[4])))\n"
+        )
+        args_json = json.dumps(list(args))
+        env = {"TRITON_INTERPRET": "1" if device == "cpu" else "0"}
+        done = run_isolated(
+            code, args=[TESTS, module, function, args_json], timeout=timeout, env=env, cwd=str(tmp_path), tail=60
+        )
+        if not done.ok or not done.results:
+            trace = "\n".join(done.trace)
+            pytest.fail(f"{module}.{function}{tuple(args)} on {device}: {done.summary()}\n{trace}", pytrace=False)
+        return done.results[-1]
+
+    return run
