@@ -16,7 +16,7 @@ builds' sessions in turn for each shape and row count, their workers not spinnin
 takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger`` /
 ``QLinear`` nodes with their real weights (each fed a random input of its width) and times one pass over all of
 them next to one engine step of batch 1: what the step costs beyond its matrix products.
-docs/performance.md ("Where the time goes now") has figures. Takes about a minute.
+benchmarks/results/2026-12-02-cpu2-where-the-time-goes.md has figures. Takes about a minute.
 """
 
 from __future__ import annotations

@@ -8,12 +8,10 @@
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .configio import from_dict, to_dict
-from .errors import ConfigError
+from .configio import from_dict, read_json, to_dict, write_json
 
 CHECKPOINT_FORMAT_VERSION = 2  # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo)
 READABLE_CHECKPOINT_VERSIONS = (1, 2)  # a version-1 checkpoint is a version-2 one without those
@@ -258,7 +256,7 @@ class ModelConfig:
     # before rotary (``attn.q_norm`` / ``attn.k_norm``). Absent from checkpoints written before it (False).
     qk_norm: bool = False
     # Set by ``trtbuild quantize``: how the linear weights (and KV cache) of this checkpoint are quantized; the
-    # tensors it implies are listed by ``trtbuild.quantize.layout``. None for a float checkpoint.
+    # tensors it implies are listed by ``trtbuild.checkpoint.layout``. None for a float checkpoint.
     quantization: QuantConfig | None = None
     format_version: int = CHECKPOINT_FORMAT_VERSION
 
@@ -487,19 +485,3 @@ class RuntimeConfig:
     @classmethod
     def load(cls, directory: Path) -> RuntimeConfig:
         return from_dict(cls, read_json(directory / "runtime_config.json"), "runtime_config")
-
-
-def write_json(path: Path, data: object) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import json
 import types
 import typing
 from pathlib import Path
@@ -118,3 +119,21 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     if tp is Any:
         return value
     raise TypeError(f"{path}: unsupported annotation {tp!r}")
+
+
+def write_json(path: Path, data: object) -> None:
+    """``data`` as indented JSON with sorted keys (byte-stable: engines built twice are identical)."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object file; a missing, unreadable or non-object file is a one-line ``ConfigError``."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data

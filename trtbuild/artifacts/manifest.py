@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..config import read_json, write_json
+from ..configio import read_json, write_json
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1

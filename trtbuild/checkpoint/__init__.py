@@ -24,5 +24,3 @@ Who writes: ``trtbuild convert`` (``convert/``, from Hugging Face folders and GG
 only) and every backend's build (``files.load_any_checkpoint``), which hands the tensors to ``trtbuild.graph``.
 This package imports only ``config``, ``errors`` and ``artifacts`` of trtbuild (and torch lazily, for safetensors).
 """
-
-from .files import WEIGHTS_FILE  # noqa: F401  TEMPORARY(issue 40): backends switch to trtbuild.checkpoint.files.WEIGHTS_FILE

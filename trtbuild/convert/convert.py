@@ -28,9 +28,6 @@ from ..models import model_config_from_hf
 from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
-# TEMPORARY(issue 40): backends import copy_tokenizer_files from this module; once they import it from
-# trtbuild.checkpoint.files, this comment goes (convert uses the import itself).
-
 
 @dataclass(frozen=True)
 class ConvertResult:

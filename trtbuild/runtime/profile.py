@@ -11,7 +11,7 @@ Three sources, one table:
   batch-1 decode step of ~900 small nodes up to 2x slower, so read the shares): matrix products (with a per-token
   int8 linear's native row ops), the paged
   attention (the native node, or every node the lowering added with its per-step metadata; the profiler inflates a
-  native custom op ~10x, docs/performance.md), norms, everything else. The
+  native custom op many times over: benchmarks/results/2026-12-01-cpu2-native-attention.md), norms, everything else. The
   rest of ``session.run``'s wall time is onnxruntime's own dispatch and thread hand-offs.
 """
 

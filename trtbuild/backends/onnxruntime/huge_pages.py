@@ -1,9 +1,9 @@
 """Back an onnxruntime session's weights with transparent huge pages (Linux; a no-op elsewhere).
 
 A batch-1 decode step streams every weight matrix once (538 MB for SmolLM2-135M in float32): with 4 KB pages
-that is a TLB miss every 4 KB. On the 2-core AVX2 machine here, batch-1 decode got 4-6% faster in float32 and
-int8_pt, 0-3% in int4, with the weights on 2 MB pages (docs/performance.md, "Huge pages for the weights"). Linux's
-default THP mode, ``madvise``, backs memory with huge pages only when asked, so ``OrtSession`` asks, twice:
+that is a TLB miss every 4 KB; on 2 MB pages batch-1 decode is a few percent faster
+(docs/decisions/huge-pages-weights-not-kv-cache.md). Linux's default THP mode, ``madvise``, backs memory with huge
+pages only when asked, so ``OrtSession`` asks, twice:
 
 - the native kernels' weights (``QLinear`` reads its packed codes in place every step) are read from the data
   file into one anonymous arena advised before its first write (``WeightArena``), and onnxruntime is handed

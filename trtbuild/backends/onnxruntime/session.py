@@ -82,8 +82,8 @@ class OrtSession(EngineSession):
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.intra_op_num_threads = num_threads or min(os.cpu_count() or 1, 8)
         opts.inter_op_num_threads = 1
-        # Split each parallel loop into shrinking chunks (onnxruntime's dynamic block size): on 2 cores a decode step
-        # of ~900 small nodes ran 8% faster at batch 1 and 14% at batch 8 (docs/performance.md).
+        # Split each parallel loop into shrinking chunks (onnxruntime's dynamic block size): faster decode steps of
+        # many small nodes on 2 cores (benchmarks/results/2026-12-01-cpu2-lowering-rewrite.md).
         opts.add_session_config_entry("session.dynamic_block_base", "4")
         if profile_kernels:
             opts.enable_profiling = True

@@ -261,7 +261,7 @@ OPS: dict[str, Handler] = {
     "RMSNormalization": _rms_norm,
     "LayerNormalization": _layer_norm,
     "QuantizeLinear": _quantize,
-    # dynamic activation scales (quantize.formats.emit_dynamic_quantization), computed in float32
+    # dynamic activation scales (checkpoint.graph.emit_dynamic_quantization), computed in float32
     "Reshape": lambda m, n, x: (x[0].reshape(list(x[1])),),
     "Abs": lambda m, n, x: (torch.abs(x[0].float()),),
     "ReduceMax": lambda m, n, x: (torch.amax(x[0], dim=list(x[1]), keepdim=bool(n.attrs.get("keepdims", 1))),),

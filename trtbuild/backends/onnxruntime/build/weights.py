@@ -10,7 +10,7 @@ restates each such weight as the same int8 codes with its per-channel scale repe
 speed (float-activation levels 0/1 of the 8-bit kernel are ~50x slower on the CPU).
 
 W8A8 with dynamic activation scales (``int8_sq``'s default) is the same kernel: the portable graph states the
-activation's Q/DQ per block of 16 in-features with run-time scales (``quantize.formats.emit_dynamic_quantization``),
+activation's Q/DQ per block of 16 in-features with run-time scales (``checkpoint.graph.emit_dynamic_quantization``),
 which is what MatMulNBits does inside itself, so ``hand_activations_to_kernel`` removes those nodes and the MatMul
 then takes the float activation and becomes MatMulNBits like a weight-only one.
 
