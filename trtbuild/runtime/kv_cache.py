@@ -6,7 +6,7 @@ this class only stores what a step computed.
 
 A quantized cache (``ModelConfig.kv_cache_dtype`` int8 / fp8) stores what the engine's ``new_keys`` /
 ``new_values`` outputs already hold: int8 values, or FLOAT8E4M3FN bit patterns as uint8 (the onnxruntime lowering
-reads an fp8 cache as uint8; see ``backends/onnxruntime/lowering.py``). Scales live in the engine, not here.
+reads an fp8 cache as uint8; see ``backends/onnxruntime/build/lowering.py``). Scales live in the engine, not here.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
   activation blocks of the weight's group, as ``MatMulNBits``' accuracy level 4 ran them;
 - an int8 weight blocked along in-features (GGUF Q8_0, ``int8_group_wo``): activation blocks of the group;
 - GGUF Q4_1 (``int4_min_wo``): unsigned int4 codes blocked along in-features whose dequantized weight gets a float
-  offset per group (``formats.emit_weight_offset``: ``Reshape -> Add -> Reshape``): the codes as they are (zero
+  offset per group (``checkpoint.graph.emit_weight_offset``: ``Reshape -> Add -> Reshape``): the codes as they are (zero
   point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``cpu_linear.inc``).
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs

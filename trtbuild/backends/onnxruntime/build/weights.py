@@ -213,7 +213,7 @@ def offset_weight(
     reshape: onnx.NodeProto, producer: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
 ) -> tuple[onnx.NodeProto, np.ndarray, list[str]] | None:
     """(the DequantizeLinear, offsets ``[groups, N]``, the pattern's other node names) of a weight stated as
-    ``formats.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
+    ``checkpoint.graph.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
     add = producer.get(reshape.input[0]) if reshape.op_type == "Reshape" else None
     if add is None or add.op_type != "Add" or add.input[1] not in inits:
         return None
