@@ -8,8 +8,8 @@ prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so backgroun
 prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
 decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
 engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
-adds torch's profiler table of one torch-compile decode step (where its time goes). Results: docs/gpu.md,
-benchmarks/results/.
+adds torch's profiler table of one torch-compile decode step (where its time goes). Results:
+benchmarks/results/2026-12-04-cpu2-torch-backend.md.
 """
 
 from __future__ import annotations

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
@@ -31,32 +28,6 @@ def test_prefill_logits_match(smollm2):
     logits = session.step(StepBatch.build([ids], [0], [list(range(1, 4))], all_logits=True))
     ref = hf_logits(model, ids)
     assert np.abs(logits - ref).max() < 1e-3  # 30 layers, 49k vocab: float32 accumulation-order noise only
-
-
-HUGE_PAGES_CHECK = """
-import sys
-import numpy as np
-from trtbuild.backends.onnxruntime import huge_pages
-from trtbuild.backends.onnxruntime.session import OrtSession
-from trtbuild.runtime.batch import StepBatch
-batch = StepBatch.build([[1, 504, 3458, 28, 1790, 30]], [0], [[1, 2, 3]], all_logits=True)
-session = OrtSession(sys.argv[1], kv_cache_memory=32 << 20)
-if huge_pages.supported():
-    assert session.huge_page_bytes > 400 << 20, session.huge_page_bytes  # the float32 weights, prepacked: 538 MB
-logits = session.step(batch)
-small = OrtSession(sys.argv[1], kv_cache_memory=32 << 20, huge_pages=False)
-assert small.huge_page_bytes == 0
-np.testing.assert_array_equal(small.step(batch), logits)
-"""
-
-
-def test_huge_pages_change_no_logit(smollm2):
-    """The weights on huge pages (the default where Linux allows it) give bit-identical logits. In a fresh
-    process: here torch's freed memory would be reused for the weights, old memory that the session's window
-    does not see (huge_pages.py)."""
-    _, _, engine = smollm2
-    done = subprocess.run([sys.executable, "-c", HUGE_PAGES_CHECK, str(engine)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_greedy_32_tokens_match_transformers_batched(smollm2):
