@@ -1,4 +1,4 @@
-"""The native CPU kernel of ``trtbuild::PagedAttention`` (plugins/paged_attention/cpu_kernel.cc) against the oracle.
+"""The native CPU kernel of ``trtbuild::PagedAttention`` (trtbuild/kernels/cpu/paged_attention.cc) against the oracle.
 
 One ``trtbuild.cpu::PagedAttention`` node run by onnxruntime with the compiled library registered, its caches
 bound as OrtValues over numpy arrays (as ``OrtSession`` binds them): the output must equal ``reference.py``'s and

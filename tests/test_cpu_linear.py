@@ -1,4 +1,4 @@
-"""The native ``trtbuild.cpu::QLinear`` (plugins/paged_attention/cpu_linear.inc) against its numpy statement.
+"""The native ``trtbuild.cpu::QLinear`` (trtbuild/kernels/cpu/linear.cc) against its numpy statement.
 
 One ``QLinear`` node run by onnxruntime with the compiled library registered must give ``qlinear_reference``'s
 output bit for bit: integer sums are exact and the float steps are written in one order on both sides. Its
@@ -25,7 +25,7 @@ from trtbuild.backends.onnxruntime.build.native_linear import (
     qlinear_node,
     qlinear_reference,
 )
-from trtbuild.backends.onnxruntime.kernel_library import CXXFLAGS, NATIVE_DOMAIN, SOURCE, library_path
+from trtbuild.backends.onnxruntime.kernel_library import NATIVE_DOMAIN, compile_args, library_path
 
 CASES = [  # rows, in, out, bits, group, block
     (1, 576, 960, 8, 576, 576),  # per token, decode
@@ -162,7 +162,7 @@ def test_tiles_share_threads_with_onnxruntimes_own_integer_gemm():
         np.testing.assert_array_equal(qlinear.run(None, {"x": x})[0], reference)
 
 
-# The library's product loops other than this machine's own (-march=native less an ISA: cpu_linear.inc's #if chain)
+# The library's product loops other than this machine's own (-march=native less an ISA: linear_work.h's #if chain)
 NO_AMX = ["-mno-amx-tile"] if cpu_linear_simd() is LinearSimd.AMX else []
 OTHER_LOOPS = {
     "vnni": NO_AMX,  # on an AMX CPU: the VNNI tiles at every row count; elsewhere the default library
@@ -176,7 +176,7 @@ def test_every_product_loop_gives_the_same_integers(tmp_path, loops):
     """The library built for a CPU without AVX-512 VNNI (AVX2 tiles) or without AVX2 (plain loops) gives the same
     output, bit for bit."""
     lib = tmp_path / f"{loops}.so"
-    cmd = ["g++", *CXXFLAGS, *OTHER_LOOPS[loops], "-o", str(lib), str(SOURCE)]
+    cmd = ["g++", *compile_args(lib, tuple(OTHER_LOOPS[loops]))]
     subprocess.run(cmd, check=True, capture_output=True)
     dis = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout
     assert "tdpbsud" not in dis and ("vpmaddubsw" in dis) == (loops == "avx2")

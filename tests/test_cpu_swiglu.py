@@ -1,4 +1,4 @@
-"""The native ``trtbuild.cpu::SwiGLU`` (plugins/paged_attention/cpu_swiglu.inc) and the rewrite that places it.
+"""The native ``trtbuild.cpu::SwiGLU`` (trtbuild/kernels/cpu/swiglu.cc) and the rewrite that places it.
 
 The op is checked against ``(g * sigmoid(g)) * u`` in float64, and the rewritten gated MLP (``fuse_swiglu``) against
 the four onnxruntime nodes it replaces; widths cover the 8-lane loop and its tail, rows the thread split.

@@ -1,12 +1,14 @@
 """The native CPU kernels' library: built for this machine at first use, cached, and found by the runtime.
 
-``plugins/paged_attention/cpu_kernel.cc`` (with ``cpu_linear.inc`` and ``cpu_swiglu.inc``) is an onnxruntime
+Its sources are ``trtbuild/kernels/cpu/`` (C++, one file per op: ``paged_attention.cc``, ``linear.cc`` with its
+per-instruction-set headers, ``row_ops.cc``, ``swiglu.cc``; the onnxruntime glue ``ort_ops.cc``): an onnxruntime
 custom-op library, domain ``trtbuild.cpu``: ``PagedAttention``, ``QLinear``, the per-token row ops and ``SwiGLU``.
-It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``) for the machine's own CPU
-(``-march=native``) and cached under ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the source, the compiler
-and the CPU, so a changed file, compiler or machine gets its own build. It links nothing: onnxruntime hands it its
-API table when the session registers the library. This module is the runtime's part and imports no build tool (no
-``onnx``); the graph rewrites that place the ops are ``native.py`` and ``native_linear.py``.
+It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``), every ``.cc`` a translation
+unit of one command, for the machine's own CPU (``-march=native``) and cached under
+``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the sources, the compiler and the CPU, so a changed file,
+compiler or machine gets its own build. It links nothing: onnxruntime hands it its API table when the session
+registers the library. This module is the runtime's part and imports no build tool (no ``onnx``); the graph
+rewrites that place the ops are ``build/native.py`` and ``build/native_linear.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ... import kernels
 from ...errors import EngineError
-from ...plugins import paged_attention
 
 NATIVE_DOMAIN = "trtbuild.cpu"
 QLINEAR_OP = "QLinear"
@@ -28,12 +30,12 @@ SWIGLU_OP = "SwiGLU"
 # The native ops that read their weight inputs in place every step: OrtSession gives those a huge-page arena
 # (huge_pages.WeightArena; the build records its layout, native_linear.weight_arena_layout).
 WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
-SOURCE = Path(paged_attention.__file__).resolve().parent / "cpu_kernel.cc"
-INCLUDES = (SOURCE.with_name("cpu_linear.inc"), SOURCE.with_name("cpu_swiglu.inc"))  # included by SOURCE: digested
+KERNEL_DIR = Path(kernels.__file__).resolve().parent / "cpu"
+# Every source file, in a fixed order (all digested: a changed header is a new build); the .cc files are compiled.
+SOURCES = (*sorted(KERNEL_DIR.glob("*.cc")), *sorted(KERNEL_DIR.glob("*.h")))
+TRANSLATION_UNITS = tuple(path for path in SOURCES if path.suffix == ".cc")
 # Reassociation lets the compiler vectorise the dot products; infinities and NaNs keep their meaning (masked scores).
-# Not -ffast-math: linked into a shared object it pulls in crtfastmath.o, whose constructor sets the CPU's
-# flush-to-zero/denormals-are-zero bits for the whole process on load (numpy, torch and every other library then
-# compute subnormals as zero). The individual flags give the same code without that side effect.
+# Not -ffast-math, whose crtfastmath.o would set flush-to-zero for the whole process: docs/decisions/no-fast-math.md.
 CXXFLAGS = (
     "-O3",
     "-march=native",
@@ -46,7 +48,8 @@ CXXFLAGS = (
     "-shared",
     "-fPIC",
 )
-# What the kernel's fixed scratch holds (cpu_kernel.cc: kMaxRows, kMaxTileFloats, kMaxBlockSize, kMaxHeadSize).
+# What the attention kernel's fixed scratch holds (kernels/cpu/paged_attention.h: kMaxRows, kMaxTileFloats,
+# kMaxBlockSize, kMaxHeadSize).
 MAX_GQA_GROUP, MAX_GROUP_X_HEAD_SIZE, MAX_BLOCK_SIZE, MAX_HEAD_SIZE = 128, 8192, 64, 512
 
 
@@ -71,12 +74,18 @@ def _cpu_identity() -> str:
     return platform.machine() + "".join(sorted({line for line in lines if line.startswith(keep)}))
 
 
+def compile_args(output: str | Path, extra_flags: tuple[str, ...] = ()) -> list[str]:
+    """The compiler's arguments that build the library into ``output``: ``CXXFLAGS``, then ``extra_flags`` (tests
+    and benchmarks build other instruction-set loops, e.g. ``-mno-avx512f``), then every translation unit."""
+    return [*CXXFLAGS, *extra_flags, "-o", str(output), *map(str, TRANSLATION_UNITS)]
+
+
 def library_path() -> Path:
     """The compiled kernel library for this machine, building it on first use (a few seconds)."""
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     digest = hashlib.sha256()
-    sources = [SOURCE.read_bytes(), *(p.read_bytes() for p in INCLUDES)]
+    sources = [path.read_bytes() for path in SOURCES]
     for part in (*sources, " ".join(CXXFLAGS).encode(), version.encode(), _cpu_identity().encode()):
         digest.update(part)
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trtbuild" / "kernels"
@@ -87,7 +96,7 @@ def library_path() -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)  # compile beside it, then rename: concurrent builds are safe
     os.close(fd)
     try:
-        proc = subprocess.run([cxx, *CXXFLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([cxx, *compile_args(tmp)], capture_output=True, text=True)
         if proc.returncode != 0:
             first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
             raise EngineError(

@@ -1,7 +1,6 @@
-// SwiGLU: the gated MLP's activation as one pass, for onnxruntime's CPU engines (backends/onnxruntime/native.py
-// fuse_swiglu places it; tests/test_cpu_swiglu.py checks it against numpy). Included by cpu_kernel.cc inside its
-// anonymous namespace, after the row ops: it uses RowsWork, rows_of(), for_rows(), input(), ok(), slot() and the
-// exp polynomials of the attention kernel.
+// SwiGLU: the gated MLP's activation as one pass, for onnxruntime's CPU engines (domain "trtbuild.cpu", glue in
+// ort_ops.cc; backends/onnxruntime/build/native.py fuse_swiglu places it; tests/test_cpu_swiglu.py checks it against
+// numpy).
 //
 // x float [..., 2 I] (the fused gate_up projection: gate in [0, I), up in [I, 2 I)) -> y float [..., I] with
 //   y = (g * sigmoid(g)) * u,   sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) otherwise, e = exp(-|g|),
@@ -9,6 +8,17 @@
 // QuickGelu, and their intermediate tensors) in one pass. exp(-|g|) never overflows, so no lane forms an infinity.
 // Within 3e-7 of float64 for |g| < 87 (below, exp's clamp at -87.3 leaves a sigmoid of ~1e-38 where it is smaller);
 // onnxruntime's own logistic clamps at +-18, so the two differ far out on the negative side (by ~1e-8 absolute).
+
+#include "swiglu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "common.h"
+
+namespace trtbuild::cpu {
+namespace {
 
 inline v8 silu_times8(v8 g, v8 u) {
   const v8 a = g < 0.0f ? -g : g;
@@ -37,21 +47,15 @@ void swiglu_rows(void* data, size_t task) {
   }
 }
 
-void compute_swiglu(void*, OrtKernelContext* ctx) {
-  const Tensor x = input(ctx, 0);
-  if (!x.data || x.rank < 1 || x.dims[x.rank - 1] % 2 != 0) return;  // an odd width: refused at build time
-  int64_t dims[8];
-  std::copy(x.dims, x.dims + x.rank, dims);
-  dims[x.rank - 1] /= 2;
-  RowsWork w = rows_of(x);
-  OrtValue* out = nullptr;
-  void* out_data = nullptr;
-  if (!ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, 0, dims, x.rank, &out)) ||
-      !ok(slot<GetDataFn>(kGetTensorMutableData)(out, &out_data)))
-    return;
-  w.x = static_cast<const float*>(x.data);
-  w.out = static_cast<float*>(out_data);
+}  // namespace
+
+void swiglu(OrtKernelContext* ctx, const float* x, float* y, int64_t rows, int64_t width) {
+  RowsWork w{};
+  w.rows = rows;
+  w.width = width;
+  w.x = x;
+  w.out = y;
   if (w.rows > 0 && w.width > 0) for_rows(ctx, swiglu_rows, &w);
 }
 
-const char* swiglu_name(const OrtCustomOp*) { return "SwiGLU"; }
+}  // namespace trtbuild::cpu

@@ -1,0 +1,275 @@
+// The onnxruntime glue of trtbuild's native CPU ops, domain "trtbuild.cpu": PagedAttention (paged_attention.h),
+// QuantizeRows and RescaleRows (row_ops.h), QLinear (linear.h) and SwiGLU (swiglu.h). The only file that knows
+// onnxruntime beyond the opaque context the ops pass to parallel_for: it reads each node's attributes and tensors,
+// allocates its outputs, calls the op's entry point, and registers the ops (RegisterCustomOps, the library's one
+// exported symbol).
+//
+// Built by trtbuild/backends/onnxruntime/kernel_library.py (g++ -O3 -march=native, every .cc of this folder in one
+// command, at first use, cached per machine) and loaded with SessionOptions.register_custom_ops_library.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "linear.h"
+#include "ort_api.h"
+#include "paged_attention.h"
+#include "row_ops.h"
+#include "swiglu.h"
+
+namespace trtbuild::cpu {
+namespace {
+
+const OrtApi* g_api = nullptr;  // set once by RegisterCustomOps, before any session runs a node
+
+template <typename Fn>
+Fn slot(ApiSlot s) {
+  return reinterpret_cast<Fn>(reinterpret_cast<void* const*>(g_api)[s]);
+}
+
+// Every status an onnxruntime call returns here is released; a failure leaves the value/array empty.
+bool ok(OrtStatus* status) {
+  if (status == nullptr) return true;
+  slot<ReleaseStatusFn>(kReleaseStatus)(status);
+  return false;
+}
+
+struct Tensor {
+  void* data = nullptr;
+  int64_t dims[8] = {0};
+  size_t rank = 0;
+};
+
+Tensor input(OrtKernelContext* ctx, size_t index) {
+  Tensor t;
+  const OrtValue* value = nullptr;
+  if (!ok(slot<GetInputFn>(kKernelContextGetInput)(ctx, index, &value)) || value == nullptr) return t;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  if (ok(slot<GetShapeInfoFn>(kGetTensorTypeAndShape)(value, &info))) {
+    if (ok(slot<GetDimsCountFn>(kGetDimensionsCount)(info, &t.rank)) && t.rank <= 8)
+      ok(slot<GetDimsFn>(kGetDimensions)(info, t.dims, t.rank));
+    slot<ReleaseShapeInfoFn>(kReleaseTensorTypeAndShapeInfo)(info);
+  }
+  ok(slot<GetDataFn>(kGetTensorMutableData)(const_cast<OrtValue*>(value), &t.data));
+  return t;
+}
+
+// Output `index` allocated in the given shape, its data in *data (null for an empty tensor); false when onnxruntime
+// refuses it.
+bool output(OrtKernelContext* ctx, size_t index, const int64_t* dims, size_t rank, void** data) {
+  OrtValue* value = nullptr;
+  return ok(slot<GetOutputFn>(kKernelContextGetOutput)(ctx, index, dims, rank, &value)) &&
+         ok(slot<GetDataFn>(kGetTensorMutableData)(value, data));
+}
+
+// How many rows a tensor [..., width] has, seen as rows of its last axis.
+int64_t leading_rows(const Tensor& t) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < t.rank; ++i) rows *= t.dims[i];
+  return rows;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// PagedAttention.
+
+struct AttentionKernel {
+  Attrs attrs;
+};
+
+void compute_attention(void* kernel_ptr, OrtKernelContext* ctx) {
+  const Attrs& a = static_cast<AttentionKernel*>(kernel_ptr)->attrs;
+  const Tensor qkv = input(ctx, 0), kc = input(ctx, 1), vc = input(ctx, 2), positions = input(ctx, 3),
+               tables = input(ctx, 4), qsl = input(ctx, 5), cos_sin = input(ctx, 6);
+  Step s{};
+  s.num_tokens = qkv.dims[0];
+  const int64_t out_dims[2] = {s.num_tokens, a.num_heads * a.head_size};
+  void* out_data = nullptr;
+  if (!output(ctx, 0, out_dims, 2, &out_data)) return;
+  if (s.num_tokens == 0 || !qkv.data || !kc.data || !vc.data || kc.rank != 4 || tables.rank != 2) return;
+  s.qkv = static_cast<const float*>(qkv.data);
+  s.key_cache = kc.data;
+  s.value_cache = vc.data;
+  if (a.cache_type != kCacheFloat) {
+    const Tensor k_scale = input(ctx, 7), v_scale = input(ctx, 8);
+    if (!k_scale.data || !v_scale.data) return;
+    s.k_scale = *static_cast<const float*>(k_scale.data);
+    s.v_scale = *static_cast<const float*>(v_scale.data);
+  }
+  s.positions = static_cast<const int64_t*>(positions.data);
+  s.block_tables = static_cast<const int64_t*>(tables.data);
+  s.query_start_loc = static_cast<const int64_t*>(qsl.data);
+  s.out = static_cast<float*>(out_data);
+  s.num_seqs = qsl.dims[0] - 1;
+  s.num_blocks = kc.dims[0];
+  s.block_size = kc.dims[1];
+  s.max_blocks = tables.dims[1];
+  if (cos_sin.data && cos_sin.rank == 2) {
+    s.cos_sin = static_cast<const float*>(cos_sin.data);
+    s.rotary_rows = cos_sin.dims[0];
+    s.rotary_dim = cos_sin.dims[1];
+  }
+  paged_attention(ctx, a, s);
+}
+
+void* create_attention(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
+  auto* kernel = new AttentionKernel{};
+  Attrs& a = kernel->attrs;
+  auto get_int = slot<GetAttrIntFn>(kKernelInfoGetAttributeInt64);
+  ok(get_int(info, "num_heads", &a.num_heads));
+  ok(get_int(info, "num_kv_heads", &a.num_kv_heads));
+  ok(get_int(info, "head_size", &a.head_size));
+  if (!ok(get_int(info, "rotary_interleaved", &a.interleaved))) a.interleaved = 0;
+  if (!ok(get_int(info, "kv_cache_dtype", &a.cache_type))) a.cache_type = kCacheFloat;
+  ok(slot<GetAttrFloatFn>(kKernelInfoGetAttributeFloat)(info, "scale", &a.scale));
+  return kernel;
+}
+
+void destroy_attention(void* kernel) { delete static_cast<AttentionKernel*>(kernel); }
+const char* attention_name(const OrtCustomOp*) { return "PagedAttention"; }
+const char* op_provider(const OrtCustomOp*) { return nullptr; }  // the CPU execution provider
+int attention_input(const OrtCustomOp*, size_t i) {
+  return (i == 1 || i == 2) ? kUndefined : (i >= 3 && i <= 5) ? kInt64 : kFloat;
+}
+size_t attention_input_count(const OrtCustomOp*) { return 9; }
+int output_type(const OrtCustomOp*, size_t) { return kFloat; }
+int attention_input_characteristic(const OrtCustomOp*, size_t i) { return i >= 6 ? kOptional : kRequired; }
+int input_memory_type(const OrtCustomOp*, size_t) { return 0; }  // OrtMemTypeDefault
+size_t one(const OrtCustomOp*) { return 1; }
+size_t two(const OrtCustomOp*) { return 2; }
+size_t three(const OrtCustomOp*) { return 3; }
+size_t four(const OrtCustomOp*) { return 4; }
+int required(const OrtCustomOp*, size_t) { return kRequired; }
+
+const OrtCustomOp kPagedAttention = {
+    kCustomOpVersion, create_attention, attention_name, op_provider,  attention_input, attention_input_count,
+    output_type,      one,              compute_attention, destroy_attention, attention_input_characteristic,
+    required,         input_memory_type, {nullptr},
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// The stateless row ops: QuantizeRows, RescaleRows, SwiGLU.
+
+struct Stateless {};
+Stateless g_stateless;  // the row ops have no attributes: every node shares this "kernel"
+void* create_stateless(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo*) { return &g_stateless; }
+void destroy_stateless(void*) {}
+
+void compute_quantize_rows(void*, OrtKernelContext* ctx) {
+  const Tensor x = input(ctx, 0);
+  if (!x.data || x.rank < 1) return;
+  int64_t dims[8];
+  std::copy(x.dims, x.dims + x.rank, dims);
+  void *codes = nullptr, *scale = nullptr;
+  if (!output(ctx, 0, dims, x.rank, &codes)) return;
+  dims[x.rank - 1] = 1;
+  if (!output(ctx, 1, dims, x.rank, &scale)) return;
+  quantize_rows(ctx, static_cast<const float*>(x.data), static_cast<uint8_t*>(codes), static_cast<float*>(scale),
+                leading_rows(x), x.dims[x.rank - 1]);
+}
+
+void compute_rescale_rows(void*, OrtKernelContext* ctx) {
+  const Tensor sums = input(ctx, 0), row = input(ctx, 1), col = input(ctx, 2);
+  if (!sums.data || !row.data || !col.data || sums.rank < 1) return;
+  void* out = nullptr;
+  if (!output(ctx, 0, sums.dims, sums.rank, &out)) return;
+  rescale_rows(ctx, static_cast<const int32_t*>(sums.data), static_cast<const float*>(row.data),
+               static_cast<const float*>(col.data), static_cast<float*>(out), leading_rows(sums),
+               sums.dims[sums.rank - 1]);
+}
+
+void compute_swiglu(void*, OrtKernelContext* ctx) {
+  const Tensor x = input(ctx, 0);
+  if (!x.data || x.rank < 1 || x.dims[x.rank - 1] % 2 != 0) return;  // an odd width: refused at build time
+  int64_t dims[8];
+  std::copy(x.dims, x.dims + x.rank, dims);
+  dims[x.rank - 1] /= 2;
+  void* y = nullptr;
+  if (!output(ctx, 0, dims, x.rank, &y)) return;
+  swiglu(ctx, static_cast<const float*>(x.data), static_cast<float*>(y), leading_rows(x), x.dims[x.rank - 1]);
+}
+
+const char* quantize_rows_name(const OrtCustomOp*) { return "QuantizeRows"; }
+const char* rescale_rows_name(const OrtCustomOp*) { return "RescaleRows"; }
+const char* swiglu_name(const OrtCustomOp*) { return "SwiGLU"; }
+int float_input(const OrtCustomOp*, size_t) { return kFloat; }
+int quantize_rows_output(const OrtCustomOp*, size_t i) { return i == 0 ? kUint8 : kFloat; }
+int rescale_rows_input(const OrtCustomOp*, size_t i) { return i == 0 ? kInt32 : kFloat; }
+
+const OrtCustomOp kQuantizeRows = {
+    kCustomOpVersion, create_stateless, quantize_rows_name, op_provider, float_input, one,
+    quantize_rows_output, two, compute_quantize_rows, destroy_stateless, required, required, input_memory_type,
+    {nullptr},
+};
+const OrtCustomOp kRescaleRows = {
+    kCustomOpVersion, create_stateless, rescale_rows_name, op_provider, rescale_rows_input, three, output_type,
+    one, compute_rescale_rows, destroy_stateless, required, required, input_memory_type, {nullptr},
+};
+const OrtCustomOp kSwiGLU = {
+    kCustomOpVersion, create_stateless, swiglu_name, op_provider, float_input, one, output_type, one,
+    compute_swiglu, destroy_stateless, required, required, input_memory_type, {nullptr},
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// QLinear.
+
+struct LinearKernel {
+  LinearAttrs attrs;
+};
+
+void compute_linear(void* kernel_ptr, OrtKernelContext* ctx) {
+  const LinearAttrs& a = static_cast<LinearKernel*>(kernel_ptr)->attrs;
+  const Tensor x = input(ctx, 0), wt = input(ctx, 1), ws = input(ctx, 2), wo = input(ctx, 3);
+  if (!x.data || !wt.data || !ws.data || x.rank < 1 || x.dims[x.rank - 1] != a.in_features) return;
+  int64_t dims[8];
+  std::copy(x.dims, x.dims + x.rank, dims);
+  dims[x.rank - 1] = a.out_features;
+  void* y = nullptr;
+  if (!output(ctx, 0, dims, x.rank, &y)) return;
+  qlinear(ctx, a, static_cast<const float*>(x.data), leading_rows(x), static_cast<const uint8_t*>(wt.data),
+          static_cast<const float*>(ws.data), static_cast<const float*>(wo.data), static_cast<float*>(y));
+}
+
+void* create_linear(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
+  auto* kernel = new LinearKernel{};
+  LinearAttrs& a = kernel->attrs;
+  auto get_int = slot<GetAttrIntFn>(kKernelInfoGetAttributeInt64);
+  ok(get_int(info, "bits", &a.bits));
+  ok(get_int(info, "in_features", &a.in_features));
+  ok(get_int(info, "out_features", &a.out_features));
+  ok(get_int(info, "group", &a.group));
+  ok(get_int(info, "block", &a.block));
+  return kernel;
+}
+
+void destroy_linear(void* kernel) { delete static_cast<LinearKernel*>(kernel); }
+const char* linear_name(const OrtCustomOp*) { return "QLinear"; }
+int linear_input(const OrtCustomOp*, size_t i) { return i == 1 ? kUint8 : kFloat; }
+int linear_input_characteristic(const OrtCustomOp*, size_t i) { return i == 3 ? kOptional : kRequired; }
+
+const OrtCustomOp kQLinear = {
+    kCustomOpVersion, create_linear, linear_name, op_provider, linear_input, four, output_type, one,
+    compute_linear, destroy_linear, linear_input_characteristic, required, input_memory_type, {nullptr},
+};
+
+}  // namespace
+
+bool parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data) {
+  return ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, fn, tasks, tasks, data));
+}
+
+}  // namespace trtbuild::cpu
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(OrtSessionOptions* options,
+                                                                                const OrtApiBase* base) {
+  using namespace trtbuild::cpu;
+  g_api = base->GetApi(kApiVersion);
+  if (g_api == nullptr) return nullptr;  // onnxruntime older than 1.17: the session then fails on the op
+  OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
+  OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
+  if (status) return status;
+  for (const OrtCustomOp* op : {&kPagedAttention, &kQuantizeRows, &kRescaleRows, &kQLinear, &kSwiGLU}) {
+    status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, op);
+    if (status) return status;
+  }
+  return slot<AddDomainFn>(kAddCustomOpDomain)(options, domain);
+}
