@@ -283,6 +283,8 @@ def test_engine_files_are_checked_on_load(monkeypatch, capsys, engine, tmp_path)
     bench = ["bench", copy, "--num-requests", 1, "--input-len", 2, "--output-len", 1]
     code, _, err = cli(monkeypatch, capsys, *bench, "--verify")
     assert_one_error_line(code, err, "sha256 differs from the recorded one")
+    code, _, err = cli(monkeypatch, capsys, "serve", copy, "--port", 0, "--verify")  # refused before it listens
+    assert_one_error_line(code, err, "sha256 differs from the recorded one")
     data.write_bytes(bytes(blob) + b"\0")  # one byte more: caught on every load
     with pytest.raises(EngineError, match=r"size \d+ != recorded \d+.*the engine changed after it was built"):
         LLM(copy)

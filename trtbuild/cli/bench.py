@@ -21,7 +21,7 @@ import click
 
 from ..errors import RequestError
 from .kv_offload import kv_offload_options
-from .run import engine_options, open_llm
+from .run import EngineFlags, engine_options, open_llm
 
 
 @dataclass(frozen=True)
@@ -190,27 +190,21 @@ def bench(
     seed: int,
     as_json: bool,
     profile: bool,
-    kv_cache_memory: int | None,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    num_threads: int | None,
-    verify_files: bool,
+    engine: EngineFlags,
     kv_offload: Any,
 ) -> None:
     """Measure throughput, latency and KV-cache use on random prompts."""
     workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
-    if concurrency is not None and max_num_seqs is not None:
+    if concurrency is not None and engine.max_num_seqs is not None:
         raise RequestError("give --concurrency or --max-num-seqs, not both")
     opened = time.perf_counter()
+    if concurrency is not None:
+        engine = replace(engine, max_num_seqs=concurrency)
     llm = open_llm(
         engine_dir,
+        engine,
         flags={"max_num_seqs": "--concurrency"} if concurrency is not None else None,
-        kv_cache_memory=kv_cache_memory,
-        max_num_seqs=concurrency if concurrency is not None else max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=not no_prefix_caching,
-        num_threads=num_threads,
-        verify=verify_files,
         profile_kernels=profile,
         kv_offload=kv_offload,
     )

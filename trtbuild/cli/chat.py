@@ -20,11 +20,10 @@ import click
 
 from ..errors import EngineError, RequestError
 from .jsonl import make_params
-from .run import engine_options, open_llm, sampling_options
+from .run import EngineFlags, engine_options, open_llm, sampling_options
 
 COMMANDS = {"/reset": "start a new conversation", "/exit": "quit (or Ctrl-D)", "/help": "this list"}
 PROMPT = ">>> "
-ENGINE_OPTIONS = ("kv_cache_memory", "max_num_seqs", "max_num_batched_tokens", "num_threads")  # engine_options' flags
 
 
 class Conversation:
@@ -75,14 +74,12 @@ def read_line() -> str | None:
 @click.option("--system", default=None, help="system message at the start of every conversation")
 @engine_options
 @sampling_options
-def chat(engine_dir: Path, system: str | None, **options: Any) -> None:
+def chat(engine_dir: Path, system: str | None, engine: EngineFlags, **options: Any) -> None:
     """Chat with an engine in the terminal: multi-turn, streamed, with its chat template.
 
     Replies run until the model ends its turn (or --max-tokens, or the engine's max_seq_len). /reset starts over,
     /exit or Ctrl-D quits; Ctrl-C stops a reply.
     """
-    engine = {name: options.pop(name) for name in ENGINE_OPTIONS}
-    verify = options.pop("verify_files")
     sampling = options  # the rest: one SamplingParams field each
     params = make_params(sampling)
     if sampling.get("max_tokens") is None:  # a reply is as long as the model makes it, not run's 16 tokens
@@ -91,7 +88,7 @@ def chat(engine_dir: Path, system: str | None, **options: Any) -> None:
         raise RequestError("chat streams one reply: --n must be 1")
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (input() gains line editing and history)
-    llm = open_llm(engine_dir, verify=verify, **engine)
+    llm = open_llm(engine_dir, engine)
     if llm.tokenizer is None or llm.tokenizer.chat_template is None:
         raise EngineError(f"{engine_dir}: the engine has no chat template (use trtbuild run --prompt)")
     conversation = Conversation(system)

@@ -11,9 +11,11 @@ the results finished so far and says how many. An existing output file needs ``-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +73,29 @@ def sampling_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+@dataclass(frozen=True)
+class EngineFlags:
+    """``engine_options``' flags: how ``LLM`` opens an engine (its keyword arguments of the same names)."""
+
+    kv_cache_memory: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    num_threads: int | None = None
+    verify: bool = False
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The flags as ``LLM(...)`` keyword arguments."""
+        return dataclasses.asdict(self)
+
+
 def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Flags of ``LLM(...)``: KV-cache size, batching limits, prefix caching, threads."""
+    """Flags of ``LLM(...)``: KV-cache size, batching limits, threads, file checks; the command gets ``engine``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        names = [f.name for f in dataclasses.fields(EngineFlags)]
+        return fn(*args, engine=EngineFlags(**{name: kwargs.pop(name) for name in names}), **kwargs)
+
     for option in reversed(
         [
             click.option(
@@ -93,14 +116,13 @@ def engine_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--num-threads", type=int, default=None, help="onnxruntime intra-op threads"),
             click.option(
                 "--verify",
-                "verify_files",
                 is_flag=True,
                 help="check every engine file's sha256 against the manifest before loading (sizes are always checked)",
             ),
         ]
     ):
-        fn = option(fn)
-    return fn
+        wrapper = option(wrapper)
+    return wrapper
 
 
 ENGINE_FLAGS = {
@@ -110,12 +132,13 @@ ENGINE_FLAGS = {
 }
 
 
-def open_llm(engine_dir: Path, *, flags: dict[str, str] | None = None, **options: Any) -> Any:
-    """``LLM(engine_dir, **options)``; an invalid limit is reported under the flag the user typed (``flags``)."""
+def open_llm(engine_dir: Path, engine: EngineFlags, *, flags: dict[str, str] | None = None, **options: Any) -> Any:
+    """``LLM(engine_dir, **engine, **options)``; an invalid limit is reported under the flag the user typed
+    (``flags``)."""
     from ..runtime.llm import LLM
 
     try:
-        return LLM(engine_dir, **options)
+        return LLM(engine_dir, **{**engine.llm_kwargs(), **options})
     except ConfigError as e:
         for name, flag in {**ENGINE_FLAGS, **(flags or {})}.items():
             if str(e).startswith(name + " "):
@@ -160,11 +183,7 @@ def run(
     stream: bool,
     no_prefix_caching: bool,
     quiet: bool,
-    kv_cache_memory: int | None,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    num_threads: int | None,
-    verify_files: bool,
+    engine: EngineFlags,
     kv_offload: Any,
     **sampling: Any,
 ) -> None:
@@ -184,16 +203,7 @@ def run(
         prompt = _without_final_newline(read_text(STDIN))
     lines = read_jsonl(input_path) if input_path is not None else [InputLine("--prompt", {"prompt": prompt}, 0)]
     all_params = [make_params(sampling, ln.record, where=ln.where) for ln in lines]
-    llm = open_llm(
-        engine_dir,
-        kv_cache_memory=kv_cache_memory,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=not no_prefix_caching,
-        num_threads=num_threads,
-        verify=verify_files,
-        kv_offload=kv_offload,
-    )
+    llm = open_llm(engine_dir, engine, enable_prefix_caching=not no_prefix_caching, kv_offload=kv_offload)
     prompts = [_prompt(llm, ln, chat, system) for ln in lines]
     if stream:
         if params.n != 1:

@@ -12,7 +12,7 @@ from ..runtime.kv_offload.config import KVOffloadConfig
 from ..serve.config import ServeConfig
 from .kv_offload import kv_offload_options
 from .options import config_from_options, dataclass_options
-from .run import engine_options
+from .run import EngineFlags, engine_options, open_llm
 
 
 @click.command()
@@ -22,10 +22,7 @@ from .run import engine_options
 @kv_offload_options
 def serve(
     engine_dir: Path,
-    kv_cache_memory: int | None,
-    max_num_seqs: int | None,
-    max_num_batched_tokens: int | None,
-    num_threads: int | None,
+    engine: EngineFlags,
     kv_offload: KVOffloadConfig | None,
     **options: object,
 ) -> None:
@@ -34,19 +31,11 @@ def serve(
         from ..serve.server import Server, bind
     except ImportError as e:
         raise ConfigError(f"trtbuild serve needs the 'serve' extra: pip install 'trtbuild[serve]' ({e})") from None
-    from ..runtime.llm import LLM
 
     if options.get("api_key") is None and os.environ.get("TRTBUILD_API_KEY"):
         options["api_key"] = os.environ["TRTBUILD_API_KEY"]
     config = config_from_options(ServeConfig, dict(options))
-    llm = LLM(
-        engine_dir,
-        kv_cache_memory=kv_cache_memory,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        num_threads=num_threads,
-        kv_offload=kv_offload,
-    )
+    llm = open_llm(engine_dir, engine, kv_offload=kv_offload)
     model_name = config.served_model_name or engine_dir.resolve().name
     try:
         sock = bind(config.host, config.port)
