@@ -14,9 +14,9 @@ import onnx
 
 from ....artifacts.atomic import atomic_output_dir
 from ....artifacts.manifest import cpu_target, write_manifest
+from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig
 from ....configio import to_dict
-from ....checkpoint.files import copy_tokenizer_files
 from ....errors import BuildError, EngineError
 from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 from ..huge_pages import write_arena_layout

@@ -18,7 +18,8 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
   point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``cpu_linear.inc``).
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
-the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32 (docs/decisions/native-quantized-linear.md).
+the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32
+(docs/decisions/native-quantized-linear.md).
 On AVX2 without VNNI it is also exact where onnxruntime's ``MatMulInteger`` is not: MLAS's AVX2 uint8 x int8
 kernel sums pairs of products in saturating int16 (``vpmaddubsw``), which is why the GEMMs left to onnxruntime
 take uint8 weights (``weights.WEIGHT_ZERO_POINT``).

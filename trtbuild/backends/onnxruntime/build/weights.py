@@ -35,7 +35,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
-
 from .graph_edit import dynamic_linears, emitted_quantization, node_attrs, replace_nodes
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
@@ -213,7 +212,8 @@ def offset_weight(
     reshape: onnx.NodeProto, producer: dict[str, onnx.NodeProto], inits: dict[str, onnx.TensorProto]
 ) -> tuple[onnx.NodeProto, np.ndarray, list[str]] | None:
     """(the DequantizeLinear, offsets ``[groups, N]``, the pattern's other node names) of a weight stated as
-    ``checkpoint.graph.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``), else None."""
+    ``checkpoint.graph.emit_weight_offset`` states it (``DequantizeLinear -> Reshape -> Add offset -> Reshape``),
+    else None."""
     add = producer.get(reshape.input[0]) if reshape.op_type == "Reshape" else None
     if add is None or add.op_type != "Add" or add.input[1] not in inits:
         return None

@@ -11,9 +11,9 @@ import onnx
 
 from ....artifacts.atomic import atomic_output_dir
 from ....artifacts.manifest import write_manifest
+from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig
 from ....configio import to_dict
-from ....checkpoint.files import copy_tokenizer_files
 from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 

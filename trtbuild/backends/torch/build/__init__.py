@@ -9,14 +9,15 @@ import time
 
 from ....artifacts.atomic import atomic_output_dir
 from ....artifacts.manifest import write_manifest
+from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig, TorchRuntime
 from ....configio import to_dict
-from ....checkpoint.files import copy_tokenizer_files
 from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
 
 
 def build_engine_dir(req: BuildRequest) -> BuildResult:
-    """The torch backend's entry in ``trtbuild.build.BUILD_MODULES`` (docs/gpu.md): a torch-compile engine, or an AOTInductor package checked in a child."""
+    """The torch backend's entry in ``trtbuild.backends.BUILD_MODULES`` (docs/gpu.md): a torch-compile engine, or
+    an AOTInductor package checked in a child."""
     from ..target import local_target
 
     if req.torch.torch_runtime is TorchRuntime.AOT_INDUCTOR:
