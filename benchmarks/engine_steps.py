@@ -15,7 +15,7 @@ the engines' or kernels', not an idle pool's spinning; a lone session runs as th
 runs (build the same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild
 bench`` and ``benchmarks/vs_peers.py`` measure whole generations. ``--library`` opens each engine once per given
 build of the native kernel library (e.g. ``g++ -O3 -march=native ... -shared -fPIC -o OLD.so`` of an earlier
-``cpu_kernel.cc``, flags as in ``trtbuild/backends/onnxruntime/kernel_library.py``): a kernel A/B on whole steps in
+``trtbuild/kernels/cpu/*.cc``, all in one command: ``kernel_library.compile_args``): a kernel A/B on whole steps in
 one process. Takes about 20 s per engine and round.
 """
 

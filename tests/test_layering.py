@@ -196,13 +196,15 @@ def test_a_build_request_stays_in_few_layers(tmp_path):
 def test_pyproject_lists_every_package():
     # Packages are listed by hand (plugins/ is mapped into trtbuild.plugins): a subpackage missing there is left out
     # of wheels and `pip install --target` copies (the GPU machine's install), while editable installs still work.
+    # A folder of data files (kernels/cpu: C++ sources) is a package too, for its package data.
     import tomllib
 
     root = Path(__file__).resolve().parents[1]
     setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {
-        ".".join([name, *init.parent.relative_to(folder).parts])
+        ".".join([name, *path.relative_to(folder).parts])
         for folder, name in ((root / "trtbuild", "trtbuild"), (root / "plugins", "trtbuild.plugins"))
-        for init in folder.rglob("__init__.py")
+        for path in [folder, *folder.rglob("*")]
+        if path.is_dir() and path.name != "__pycache__" and any(p.is_file() for p in path.iterdir())
     }
     assert found == set(setuptools["packages"])

@@ -1,6 +1,6 @@
 """The native CPU kernel of ``trtbuild::PagedAttention`` for onnxruntime: its place in the graph (a build step).
 
-The kernel is ``plugins/paged_attention/cpu_kernel.cc``, an onnxruntime custom-op library (domain
+The kernel is ``trtbuild/kernels/cpu/paged_attention.cc``, an onnxruntime custom-op library (domain
 ``trtbuild.cpu``) compiled for the machine at first use: ``kernel_library.py`` (the runtime's part, no ``onnx``).
 
 ``lower_to_native`` turns each plugin node into one ``trtbuild.cpu::PagedAttention`` node (float32, int8 or fp8
@@ -9,7 +9,7 @@ the graph has no ``new_keys`` / ``new_values`` outputs and the session stores no
 (``OrtSession``).
 
 ``fuse_swiglu`` turns each gated MLP's ``Split -> Sigmoid -> Mul -> Mul`` into one ``trtbuild.cpu::SwiGLU`` node
-(``plugins/paged_attention/cpu_swiglu.inc``): one pass over the gate/up rows and no intermediate tensor, where
+(``trtbuild/kernels/cpu/swiglu.cc``): one pass over the gate/up rows and no intermediate tensor, where
 onnxruntime ran ``Split``, ``QuickGelu`` (its fusion of the sigmoid product) and ``Mul`` (2.6 ms a layer at a
 2048-token prefill chunk of SmolLM2, 1.3 ms fused).
 

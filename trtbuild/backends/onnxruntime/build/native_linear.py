@@ -1,6 +1,6 @@
 """onnxruntime lowering of quantized linears onto the native library's ``trtbuild.cpu::QLinear``.
 
-``QLinear`` (``plugins/paged_attention/cpu_linear.inc``) multiplies float rows by packed 8- or 4-bit weights on
+``QLinear`` (``trtbuild/kernels/cpu/linear.cc``) multiplies float rows by packed 8- or 4-bit weights on
 AMX tiles (many rows), AVX-512 VNNI or AVX2 (``cpu_linear_simd``): the activations are quantized to int8 per block
 inside the op, the products summed exactly in int32.
 It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three linears trtbuild's formats emit:
@@ -15,7 +15,7 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
 - an int8 weight blocked along in-features (GGUF Q8_0, ``int8_group_wo``): activation blocks of the group;
 - GGUF Q4_1 (``int4_min_wo``): unsigned int4 codes blocked along in-features whose dequantized weight gets a float
   offset per group (``checkpoint.graph.emit_weight_offset``: ``Reshape -> Add -> Reshape``): the codes as they are (zero
-  point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``cpu_linear.inc``).
+  point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``linear.h``).
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
 the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32
@@ -50,7 +50,7 @@ STEP = {8: 4, 4: 8}  # in-features per 64-byte packed step
 
 
 class LinearSimd(enum.Enum):
-    """Which of ``QLinear``'s product loops this CPU runs (``cpu_linear.inc``: one per ``#if`` branch)."""
+    """Which of ``QLinear``'s product loops this CPU runs (``linear_work.h``: one per ``#if`` branch)."""
 
     AMX = "amx"  # AMX int8 tiles (tdpbsud: 32 rows x 32 columns x 64 in-features) for many rows, VNNI for few
     AVX512_VNNI = "avx512_vnni"  # vpdpbusd: 4 products summed per int32 lane, 16 columns a register
@@ -76,7 +76,7 @@ def cpu_linear_simd() -> LinearSimd:
 
 def pack_weight(codes: np.ndarray, bits: int) -> np.ndarray:
     """``codes`` int ``[K, N]`` (int8, or int4 values in [-8, 7]) -> ``QLinear``'s packed uint8 ``[panels, steps,
-    64]`` (layout: ``cpu_linear.inc``)."""
+    64]`` (layout: ``linear.h``)."""
     k, n = codes.shape
     step, panels = STEP[bits], -(-n // PANEL)
     steps = -(-k // step)

@@ -138,7 +138,7 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     would take a slow reference kernel: onnxruntime's fast integer GEMMs take uint8 activations.) With ``native``
     (the engine loads trtbuild's native library anyway) the scale-and-codes ops before the GEMM are one
     ``trtbuild.cpu::QuantizeRows`` and the rescale after it one ``trtbuild.cpu::RescaleRows``
-    (plugins/paged_attention/cpu_kernel.cc), the same arithmetic in one pass each; else ten standard ops.
+    (trtbuild/kernels/cpu/row_ops.cc), the same arithmetic in one pass each; else ten standard ops.
     """
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
