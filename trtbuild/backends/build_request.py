@@ -1,7 +1,7 @@
 """What every backend's build receives and returns, and the steps the backends' builds share.
 
 ``trtbuild.build.build_engine`` checks the options, makes a ``BuildRequest`` and hands it to the backend's
-``build_engine_dir`` (``trtbuild.build.BUILD_MODULES``), which loads the checkpoint into the portable graph
+``build_engine_dir`` (``trtbuild.backends.BUILD_MODULES``), which loads the checkpoint into the portable graph
 (``portable_graph``), lowers that for its engines and writes the engine directory atomically, with
 ``checkpoint_digests`` and ``op_counts`` in its manifest; it returns a ``BuildResult``. Nothing here imports a
 backend or ``trtbuild.build``.

@@ -27,7 +27,7 @@ ORT_ENGINE = "engines/onnxruntime-cpu/model.onnx"
 
 
 def build_engine_dir(req: BuildRequest) -> BuildResult:
-    """The onnxruntime backend's entry in ``trtbuild.build.BUILD_MODULES``: portable graph -> ``PASSES`` ->
+    """The onnxruntime backend's entry in ``trtbuild.backends.BUILD_MODULES``: portable graph -> ``PASSES`` ->
     ``engines/onnxruntime-cpu/model.onnx``.
 
     With ``req.gate`` the finished engine is checked (``req.check_gate``) before the directory is moved into place.

@@ -18,7 +18,7 @@ from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_c
 
 
 def build_engine_dir(req: BuildRequest) -> BuildResult:
-    """The tensorrt backend's entry in ``trtbuild.build.BUILD_MODULES``: portable graph -> TensorRT lowering -> one
+    """The tensorrt backend's entry in ``trtbuild.backends.BUILD_MODULES``: portable graph -> TensorRT lowering -> one
     engine per GPU arch (see docs/tensorrt.md)."""
     from .engines import build_tensorrt_engines, require_tensorrt
 
