@@ -14,6 +14,7 @@ import enum
 import json
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -126,14 +127,28 @@ def write_json(path: Path, data: object) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: Path) -> dict:
-    """A JSON object file; a missing, unreadable or non-object file is a one-line ``ConfigError``."""
+def read_json(path: Path, label: str | None = None) -> dict:
+    """A file holding one JSON object; a missing, unreadable or malformed file, or one holding something else, is a
+    one-line ``ConfigError`` that starts with ``label`` (default: the path)."""
+    label = label or str(path)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: not found") from None
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{label}: cannot read ({e.strerror})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
+        raise ConfigError(f"{label}: not valid JSON ({e})") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
+        raise ConfigError(f"{label}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def json_lines(text: str, name: str) -> Iterator[tuple[str, Any]]:
+    """``(where, value)`` for each non-blank line of JSON-lines ``text``; ``where`` is ``name:N``, N the line's number
+    in the text (blank lines count). A line that is not JSON is a one-line ``ConfigError`` naming it."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"{name}:{n}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{name}:{n}: not valid JSON ({e.msg})") from None

@@ -7,12 +7,12 @@ file is not split: both stages use all of it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from ..configio import json_lines
 from ..errors import TrtbuildError
 from .datasets import DATASETS, DatasetSpec, Split, Unit
 
@@ -58,15 +58,9 @@ def _read_user_file(path: Path) -> list[str]:
         raise TrtbuildError(f"{path}: not UTF-8 text") from None
     if path.suffix == ".jsonl":
         docs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TrtbuildError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        for where, obj in json_lines(text, str(path)):
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
-                raise TrtbuildError(f'{path}:{n}: expected an object with a "text" string')
+                raise TrtbuildError(f'{where}: expected an object with a "text" string')
             if obj["text"].strip():
                 docs.append(obj["text"].strip())
         return docs

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..configio import json_lines
 from ..errors import RequestError, TrtbuildError
 
 PROMPT_KEYS = ("prompt", "prompt_token_ids", "messages")
@@ -76,14 +77,7 @@ def read_jsonl(path: Path) -> list[InputLine]:
     name = STDIN_NAME if path == STDIN else str(path)
     known = (*PROMPT_KEYS, "id", *sampling_fields())
     lines = []
-    for i, line in enumerate(text.splitlines(), 1):
-        where = f"{name}:{i}"
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RequestError(f"{where}: not valid JSON ({e.msg})") from None
+    for where, rec in json_lines(text, name):
         if not isinstance(rec, dict) or sum(k in rec for k in PROMPT_KEYS) != 1:
             raise RequestError(f"{where}: expected an object with exactly one of {', '.join(PROMPT_KEYS)}")
         for key in rec:

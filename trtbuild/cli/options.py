@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from ..configio import from_dict, to_dict
+from ..configio import from_dict, read_json, to_dict
 from ..errors import ConfigError, TrtbuildError
 
 if TYPE_CHECKING:
@@ -173,17 +173,7 @@ class JsonObjectFile(click.ParamType):
     name = "file"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        import json
-
         if isinstance(value, dict):
             return value
         flag = "--" + param.name.replace("_", "-") if param is not None else "value"
-        try:
-            data = json.loads(Path(value).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise TrtbuildError(f"{flag} {value}: cannot read ({e.strerror})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise TrtbuildError(f"{flag} {value}: not JSON ({e})") from None
-        if not isinstance(data, dict):
-            raise TrtbuildError(f"{flag} {value}: expected a JSON object, got {type(data).__name__}")
-        return data
+        return read_json(Path(value), f"{flag} {value}")
