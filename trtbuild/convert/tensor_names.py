@@ -38,7 +38,7 @@ HF, GGUF = SourceFormat.HF, SourceFormat.GGUF
 # Source parts: name -> every known spelling, commented by origin.
 SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
     "embed.weight": (
-        Spelling(HF, "model.embed_tokens.weight"),  # Llama, Mistral, Qwen2, Qwen3
+        Spelling(HF, "model.embed_tokens.weight"),  # Llama, Mistral, Qwen2, Qwen3, Phi-3
         Spelling(HF, "transformer.wte.weight"),  # GPT-2
         Spelling(GGUF, "token_embd.weight"),
     ),
@@ -73,7 +73,10 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
     "layers.{i}.attn.q.bias": (Spelling(HF, "model.layers.{i}.self_attn.q_proj.bias"),),  # Qwen2
     "layers.{i}.attn.k.bias": (Spelling(HF, "model.layers.{i}.self_attn.k_proj.bias"),),
     "layers.{i}.attn.v.bias": (Spelling(HF, "model.layers.{i}.self_attn.v_proj.bias"),),
-    "layers.{i}.attn.qkv.weight": (Spelling(HF, "transformer.h.{i}.attn.c_attn.weight", Transform.TRANSPOSE),),
+    "layers.{i}.attn.qkv.weight": (
+        Spelling(HF, "model.layers.{i}.self_attn.qkv_proj.weight"),  # Phi-3: q | k | v rows, fused already
+        Spelling(HF, "transformer.h.{i}.attn.c_attn.weight", Transform.TRANSPOSE),
+    ),
     "layers.{i}.attn.qkv.bias": (Spelling(HF, "transformer.h.{i}.attn.c_attn.bias"),),
     "layers.{i}.attn.out.weight": (
         Spelling(HF, "model.layers.{i}.self_attn.o_proj.weight"),
@@ -90,6 +93,7 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(GGUF, "blk.{i}.ffn_norm.weight"),
     ),
     "layers.{i}.post_attn_norm.bias": (Spelling(HF, "transformer.h.{i}.ln_2.bias"),),
+    "layers.{i}.mlp.gate_up.weight": (Spelling(HF, "model.layers.{i}.mlp.gate_up_proj.weight"),),  # Phi-3: gate | up
     "layers.{i}.mlp.gate.weight": (
         Spelling(HF, "model.layers.{i}.mlp.gate_proj.weight"),
         Spelling(GGUF, "blk.{i}.ffn_gate.weight"),

@@ -41,4 +41,4 @@ def model_config_from_hf(hf_config: dict[str, Any], dtype: DType) -> ModelConfig
 
 
 def _load_families() -> None:
-    from . import gpt2, llama, qwen3  # noqa: F401  (registration side effect)
+    from . import gpt2, llama, phi3, qwen3  # noqa: F401  (registration side effect)
