@@ -274,11 +274,11 @@ def checkpoint_model(model: Any, cfg: Any, base: Any) -> Any:
     from trtbuild.quantize.hf_model import hf_modules
 
     spec = FORMATS[QFormat.FP8]
-    static = model.get_submodule(hf_modules(canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled
+    static = model.get_submodule(hf_modules(cfg, canonical_linears(cfg)[0])[0]).input_quantizer.is_enabled
     for prefix in canonical_linears(cfg):
         if prefix == "lm_head":
             continue
-        names = hf_modules(prefix)
+        names = hf_modules(cfg, prefix)
         modules = [model.get_submodule(n) for n in names]
         if not modules[0].weight_quantizer.is_enabled:
             continue

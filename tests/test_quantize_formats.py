@@ -65,6 +65,10 @@ CASES = {
     "qwen3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="qwen3"),
     "qwen3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="qwen3"),
     "qwen3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="qwen3", activations=STATIC),
+    # Phi-3: fused qkv_proj / gate_up_proj modules calibrated as one each; rotary over 12 of 16 dims
+    "phi3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, model="phi3"),
+    "phi3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="phi3"),
+    "phi3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="phi3", activations=STATIC),
 }
 WEIGHT_ONLY = {QFormat.INT8_WO, QFormat.INT4_WO, QFormat.INT4_AWQ}
 # Float activations inside MatMulNBits (the default, level 4, quantizes them to int8 per block: faster, not exact).
@@ -179,6 +183,7 @@ class ImportedSession:
 TORCH_CASES = [
     "int8_wo+kv_int8",
     "qwen3_int8_wo+kv_int8",
+    "phi3_int8_wo+kv_int8",
     "int4_awq_g64_partial",
     "int4_awq_zp_g64_partial",
     "fp8+kv_fp8",

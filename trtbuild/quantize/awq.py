@@ -11,7 +11,8 @@ AWQ (Lin et al., 2023, as llm-awq runs it), layer by layer on the calibration to
    share); the ``alpha`` with the least output error over the group's modules wins (0 is round-to-nearest);
 3. clip search: per group of ``group`` weights of each output row, the range shrunk by 1, 0.95, ..., 0.5 that
    minimises that group's own output error (the diagonal blocks of ``H``); q and k are not clipped (their error
-   reaches the output through the attention scores, as llm-awq found);
+   reaches the output through the attention scores, as llm-awq found), nor the q and k rows of a fused
+   ``qkv_proj`` (Phi-3);
 4. the next layer reads the float layer's output.
 """
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from ..checkpoint.layout import excluded_linears
 from ..config import ModelConfig, QFormat, QuantConfig
-from .hf_model import LINEARS
+from .hf_model import layer_linears
 from .int4 import Int4Weight, fake_quantize, group_ranges, grouped, install, quantize_weight
 
 SCALE_GRID = [i / 10 for i in range(10)]  # alpha of s = mean|x| ** alpha, then refined to the nearest 0.05
@@ -32,6 +33,7 @@ CLIP_GRID = [1.0 - i / 20 for i in range(11)]  # range shrink ratios, as llm-awq
 RANK = 64  # eigen-directions of the Gram matrix the scale search keeps exactly
 SEARCH_ROWS = 512  # weight rows the scale search measures (evenly spaced)
 UNCLIPPED = ("self_attn.q_proj", "self_attn.k_proj")
+FUSED_QKV = "self_attn.qkv_proj"  # q | k | v rows: only the v rows are clipped
 MIN_MAGNITUDE = 1e-4
 
 
@@ -65,28 +67,30 @@ def quantize_int4(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.n
     layers = model.model.layers
     if qcfg.qformat is not QFormat.INT4_AWQ:
         for n, layer in enumerate(layers):
-            for _, names in _quantized_groups(n, excluded):
+            for _, names in _quantized_groups(cfg, n, excluded):
                 for name in names:
                     module = layer.get_submodule(name)
                     install(module, quantize_weight(module.weight, qcfg.group_size, qcfg.zero_points), qcfg.group_size)
         return
     with torch.no_grad():
         hidden, kwargs = _first_layer_inputs(model, samples)
+        qk_rows = (cfg.num_heads + cfg.num_kv_heads) * cfg.head_size
         desc = f"calibrating {qcfg.qformat.value} (AWQ searches)"
         with Progress(len(layers), desc, "layer", enabled=None if progress else False) as bar:
             for n, layer in enumerate(layers):
-                groups = _quantized_groups(n, excluded)
+                groups = _quantized_groups(cfg, n, excluded)
                 stats = _record_inputs(layer, groups, hidden, kwargs)
                 hidden = stats.pop("__output__")
                 for canonical, names in groups:
                     modules = [layer.get_submodule(name) for name in names]
-                    _awq_group(modules, names, stats[canonical], qcfg)
+                    _awq_group(modules, names, stats[canonical], qcfg, qk_rows=qk_rows)
                 bar.update()
 
 
-def _quantized_groups(n: int, excluded: set[str]) -> list[tuple[str, tuple[str, ...]]]:
+def _quantized_groups(cfg: ModelConfig, n: int, excluded: set[str]) -> list[tuple[str, tuple[str, ...]]]:
     """(canonical suffix, HF module names below the layer) of layer ``n``'s quantized linears."""
-    return [(suffix, modules) for suffix, modules in LINEARS.items() if f"layers.{n}.{suffix}" not in excluded]
+    linears = layer_linears(cfg)
+    return [(suffix, modules) for suffix, modules in linears.items() if f"layers.{n}.{suffix}" not in excluded]
 
 
 class _Stop(Exception):
@@ -185,8 +189,11 @@ def _scale_search(w: Any, stats: InputStats, group: int, zero_points: bool) -> A
     return errors[best][1]
 
 
-def _awq_group(modules: list[Any], names: tuple[str, ...], stats: InputStats, qcfg: QuantConfig) -> None:
-    """Scale search over the modules reading one input, then each module's clip search; installs the result."""
+def _awq_group(
+    modules: list[Any], names: tuple[str, ...], stats: InputStats, qcfg: QuantConfig, *, qk_rows: int = 0
+) -> None:
+    """Scale search over the modules reading one input, then each module's clip search; installs the result.
+    ``qk_rows``: the leading (q and k) rows of a fused ``qkv_proj``, left unclipped."""
     import torch
 
     group, zp = qcfg.group_size, qcfg.zero_points
@@ -195,7 +202,13 @@ def _awq_group(modules: list[Any], names: tuple[str, ...], stats: InputStats, qc
     blocks = _diagonal_blocks(gram_scaled, group)
     for module, name in zip(modules, names, strict=True):
         ws = module.weight.float() * s
-        ratio = 1.0 if name in UNCLIPPED else _clip_ratios(grouped(ws, group), blocks, zp)
+        ratio: Any = 1.0
+        if name == FUSED_QKV:
+            wg = grouped(ws, group)
+            ratio = torch.ones(*wg.shape[:2], 1)
+            ratio[qk_rows:] = _clip_ratios(wg[qk_rows:], blocks, zp)
+        elif name not in UNCLIPPED:
+            ratio = _clip_ratios(grouped(ws, group), blocks, zp)
         q = quantize_weight(ws, group, zp, ratio)
         install(module, Int4Weight(q.codes, q.scale, q.zero_point, (1.0 / s).float()), group)
 

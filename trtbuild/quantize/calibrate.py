@@ -80,7 +80,7 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig, *, int4_by_trtbuild: bo
         head = {"num_bits": 8, "axis": 0}  # quantize_lm_head's
         config["quant_cfg"].append({"quantizer_name": "lm_head.weight_quantizer", "cfg": head, "enable": True})
     for name in excluded:
-        for module in hf_modules(name):
+        for module in hf_modules(cfg, name):
             config["quant_cfg"].append({"quantizer_name": f"{module}.*", "enable": False})
     return config
 
@@ -212,7 +212,7 @@ def unify_fused_groups(model: Any, cfg: ModelConfig) -> None:
     from modelopt.torch.export.quant_utils import preprocess_linear_fusion
 
     for name in canonical_linears(cfg):
-        modules = [model.get_submodule(m) for m in hf_modules(name)]
+        modules = [model.get_submodule(m) for m in hf_modules(cfg, name)]
         if len(modules) < 2 or not modules[0].weight_quantizer.is_enabled:
             continue
         preprocess_linear_fusion(modules, resmooth_only=True)

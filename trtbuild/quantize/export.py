@@ -34,7 +34,7 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     floats = {name: torch.from_numpy(np.array(w, dtype=np.float32)) for name, w in weights.items()}
     tensors: dict[str, Any] = {}
     for prefix in quantized_linears(cfg):
-        modules = [model.get_submodule(m) for m in hf_modules(prefix)]
+        modules = [model.get_submodule(m) for m in hf_modules(cfg, prefix)]
         tensors.update(export_linear(linear_format(q, prefix), modules, prefix, static_activations(q)))
         floats.pop(prefix + ".weight", None)  # a tied lm_head has no tensor of its own: the quantized one is new
     i = cfg.intermediate_size
@@ -55,7 +55,7 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
     if spec.smoothing:  # a module whose smoothing search gave up has no pre-quant scale: use ones
         for prefix in quantized_linears(cfg):
             if prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
-                width = model.get_submodule(hf_modules(prefix)[0]).in_features
+                width = model.get_submodule(hf_modules(cfg, prefix)[0]).in_features
                 tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
     if q.kv_cache_dtype in KV_NUM_BITS:
         for n in range(cfg.num_layers):

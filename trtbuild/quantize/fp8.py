@@ -42,7 +42,8 @@ def search_weight_scales(model: Any, cfg: ModelConfig, qcfg: QuantConfig, sample
     import torch
 
     excluded = set(excluded_linears(cfg, qcfg.exclude))
-    groups = {name: hf_modules(name) for name in canonical_linears(cfg) if name != "lm_head" and name not in excluded}
+    quantized = [name for name in canonical_linears(cfg) if name != "lm_head" and name not in excluded]
+    groups = {name: hf_modules(cfg, name) for name in quantized}
     moments: dict[str, Any] = {}
 
     def record(name: str) -> Any:

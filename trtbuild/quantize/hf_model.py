@@ -1,8 +1,9 @@
-"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family and Qwen3).
+"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family, Qwen3, Phi-3).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
-``mlp.gate_up`` -> gate/up_proj rows). ``LINEARS`` is the one table of which HF modules make each canonical linear
-(``checkpoint.layout.LAYER_LINEARS``, in the same order).
+``mlp.gate_up`` -> gate/up_proj rows), except for Phi-3, whose modules are fused as the canonical tensors are
+(``qkv_proj``, ``gate_up_proj``). ``LINEARS`` / ``FUSED_LINEARS`` are the tables of which HF modules make each
+canonical linear (``checkpoint.layout.LAYER_LINEARS``, in the same order); ``layer_linears`` picks one.
 Qwen3's per-head q/k norms are not linears: they stay float (``NORMS``).
 """
 
@@ -22,6 +23,7 @@ MODEL_TYPES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",
 }
 
 # Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) fused into it, in row order.
@@ -31,7 +33,15 @@ LINEARS: dict[str, tuple[str, ...]] = {
     "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
     "mlp.down": ("mlp.down_proj",),
 }
-assert tuple(LINEARS) == LAYER_LINEARS  # one canonical linear per entry, in the checkpoint's layer order
+# The same for architectures whose HF modules are fused as the canonical linears are (one module each).
+FUSED_LINEARS: dict[str, tuple[str, ...]] = {
+    "attn.qkv": ("self_attn.qkv_proj",),
+    "attn.out": ("self_attn.o_proj",),
+    "mlp.gate_up": ("mlp.gate_up_proj",),
+    "mlp.down": ("mlp.down_proj",),
+}
+FUSED_ARCHITECTURES = frozenset({"Phi3ForCausalLM"})
+assert tuple(LINEARS) == tuple(FUSED_LINEARS) == LAYER_LINEARS  # one per canonical linear, in layer order
 
 # Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3).
 NORMS: dict[str, str] = {
@@ -48,21 +58,27 @@ def check_quantizable(cfg: ModelConfig) -> None:
         )
     if cfg.norm is not NormKind.RMS or cfg.mlp is not MlpKind.SWIGLU or cfg.position is not PositionKind.ROPE:
         raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm/MLP/position layout")
-    if cfg.rope is not None and cfg.rope.rotary_dim != cfg.head_size:
-        raise TrtbuildError("quantize: partial rotary embedding is not supported")
+    partial_ok = cfg.architecture == "Phi3ForCausalLM"  # the one transformers model here that rotates part of a head
+    if cfg.rope is not None and cfg.rope.rotary_dim != cfg.head_size and not partial_ok:
+        raise TrtbuildError(f"quantize: partial rotary embedding is not supported for {cfg.architecture}")
 
 
-def hf_modules(prefix: str) -> list[str]:
-    """The HF module names making the canonical linear ``prefix``."""
+def layer_linears(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) of ``cfg``'s model."""
+    return FUSED_LINEARS if cfg.architecture in FUSED_ARCHITECTURES else LINEARS
+
+
+def hf_modules(cfg: ModelConfig, prefix: str) -> list[str]:
+    """The HF module names making the canonical linear ``prefix`` of ``cfg``'s model."""
     if prefix == "lm_head":
         return ["lm_head"]
     _, n, rest = prefix.split(".", 2)
-    return [f"model.layers.{n}.{m}" for m in LINEARS[rest]]
+    return [f"model.layers.{n}.{m}" for m in layer_linears(cfg)[rest]]
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config`` and
-    ``models.qwen3.qwen3_config``)."""
+    """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config``,
+    ``models.qwen3.qwen3_config`` and ``models.phi3.phi3_config``)."""
     assert cfg.rope is not None
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope.theta}
     if cfg.rope.scaling != 1.0:
@@ -94,6 +110,10 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         out["use_sliding_window"] = False
     if cfg.architecture == "Qwen3ForCausalLM":
         out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False)
+    if cfg.architecture == "Phi3ForCausalLM":  # head_dim is hidden / heads; a window was folded into the positions
+        del out["head_dim"]
+        rope["partial_rotary_factor"] = cfg.rope.rotary_dim / cfg.head_size
+        out.update(sliding_window=None, pad_token_id=None)  # Phi3Config's default pad id 32000 may exceed the vocab
     return out
 
 
@@ -108,10 +128,17 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
     if not cfg.tie_word_embeddings:
         sd["lm_head.weight"] = t("lm_head.weight")
     q, kv, i = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size, cfg.intermediate_size
+    fused = cfg.architecture in FUSED_ARCHITECTURES
     for n in range(cfg.num_layers):
         p, h = f"layers.{n}.", f"model.layers.{n}."
         sd[h + "input_layernorm.weight"] = t(p + "input_norm.weight")
         sd[h + "post_attention_layernorm.weight"] = t(p + "post_attn_norm.weight")
+        sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
+        if fused:  # no biases (models.phi3)
+            sd[h + "self_attn.qkv_proj.weight"] = t(p + "attn.qkv.weight")
+            sd[h + "self_attn.o_proj.weight"] = t(p + "attn.out.weight")
+            sd[h + "mlp.gate_up_proj.weight"] = t(p + "mlp.gate_up.weight")
+            continue
         for suffix in ("weight", "bias"):
             if f"{p}attn.qkv.{suffix}" in weights:
                 for m, part in zip(("q", "k", "v"), torch.split(t(f"{p}attn.qkv.{suffix}"), [q, kv, kv]), strict=True):
@@ -123,7 +150,6 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
                 sd[h + hf_name] = t(p + name)
         gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
         sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
-        sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
     return sd
 
 
