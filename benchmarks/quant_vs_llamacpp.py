@@ -46,21 +46,19 @@ goes on; bad arguments or a missing peers virtualenv exit with status 2.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import math
-import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-from vs_peers import Failed, Peers, Trtbuild, atomic_dir, error, log, make_hf_folder
+from peers_common import Failed, Peers, Trtbuild, atomic_dir, error, log, make_hf_folder
+from quant_vs_llamacpp_formats import GGUF_FTYPES, Row, prepare_gguf_import, prepare_llamacpp, prepare_trtbuild
+from quant_vs_llamacpp_perplexity import AccuracyCache, measure_accuracy
 
 # name -> trtbuild quantize flags ([] = the float32 reference)
 VARIANTS: dict[str, list[str]] = {
@@ -75,300 +73,8 @@ VARIANTS: dict[str, list[str]] = {
     "int4_awq_g128": ["--qformat", "int4_awq", "--group-size", "128"],
     "int4_awq_zp_g128": ["--qformat", "int4_awq", "--group-size", "128", "--zero-points"],
 }
-# llama.cpp format -> llama_ftype (llama.h: LLAMA_FTYPE_MOSTLY_*)
-GGUF_FTYPES = {"F32": 0, "Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}
 DATASETS = ("lee_news", "flask_docs", "shakespeare")
 PARTS = ("accuracy", "speed")
-BLOCK_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")  # GGUF names
-
-
-@dataclass
-class Row:
-    """One format of one system and its figures."""
-
-    system: str  # "trtbuild" | "llama.cpp"
-    name: str
-    model: Path  # trtbuild: engine directory; llama.cpp: .gguf file
-    flags: list[str] = field(default_factory=list)
-    bits: dict = field(default_factory=dict)  # blocks / head bits per weight, head_type
-    ppl: dict[str, float] = field(default_factory=dict)
-    decode_tok_s: list[float] = field(default_factory=list)
-
-    @property
-    def reference(self) -> bool:
-        return self.name in ("fp32", "F32")
-
-
-# ---------------------------------------------------------------- inputs
-
-
-def trtbuild_quantize(src: Path, out: Path, flags: list[str]) -> None:
-    """``trtbuild quantize SRC -o OUT --quiet FLAGS`` run in-process (its summary line goes to stderr)."""
-    from trtbuild.cli.quantize import quantize
-
-    with contextlib.redirect_stdout(sys.stderr):
-        quantize.main([str(src), "-o", str(out), "--quiet", *flags], "trtbuild quantize", standalone_mode=False)
-
-
-def check_flags(name: str, flags: list[str]) -> None:
-    """Parse ``flags`` with the ``trtbuild quantize`` command's own options (nothing runs); UsageError if bad."""
-    import click
-
-    from trtbuild.cli.quantize import quantize
-
-    try:
-        quantize.make_context("trtbuild quantize", ["SRC", "-o", "OUT", *flags])
-    except click.ClickException as exc:
-        die(f"--variant {name}: {exc.format_message()}")
-
-
-def prepare_trtbuild(args: argparse.Namespace, hf: Path, variants: dict[str, list[str]]) -> list[Row]:
-    from trtbuild.build import build_engine
-    from trtbuild.config import BuildConfig
-    from trtbuild.convert.convert import convert
-    from trtbuild.errors import TrtbuildError
-
-    ckpt = atomic_dir(args.work / "trt-ckpt-fp32", lambda tmp: convert(hf, tmp))
-    rows = []
-    for name, flags in variants.items():
-        final = args.work / f"trt-{name}"
-        recorded = final / "flags.json"
-        if recorded.is_file() and json.loads(recorded.read_text()) != flags:
-            error(f"trtbuild {name}: {final} was made with other flags; delete it or pick another name")
-            continue
-
-        def make(tmp: Path, flags: list[str] = flags) -> None:
-            tmp.mkdir()
-            src = ckpt
-            if flags:
-                src = tmp / "ckpt"
-                trtbuild_quantize(ckpt, src, flags)
-            build_engine(src, tmp / "engine", BuildConfig())
-            (tmp / "flags.json").write_text(json.dumps(flags))
-
-        log(f"[prepare] trtbuild {name}: {shlex.join(flags) or '(float32)'}")
-        try:
-            atomic_dir(final, make)
-        except (TrtbuildError, Failed, OSError, ValueError) as exc:
-            error(f"trtbuild {name}: {exc}")
-            continue
-        row = Row("trtbuild", name, final / "engine", flags)
-        row.bits = trtbuild_bits(ckpt, final / "ckpt" if flags else ckpt)
-        rows.append(row)
-    return rows
-
-
-def prepare_gguf_import(args: argparse.Namespace, peers: Peers | None) -> list[Row]:
-    """``--gguf-import``: the published GGUF converted with its block formats kept (trtbuild) and run as it is
-    (llama.cpp)."""
-    from trtbuild.build import build_engine
-    from trtbuild.config import BuildConfig
-    from trtbuild.convert.convert import convert
-    from trtbuild.demo import smollm2_gguf_path
-    from trtbuild.errors import TrtbuildError
-
-    src = smollm2_gguf_path()
-
-    def make(tmp: Path) -> None:
-        tmp.mkdir()
-        convert(src, tmp / "ckpt")
-        build_engine(tmp / "ckpt", tmp / "engine", BuildConfig())
-
-    rows = []
-    log("[prepare] trtbuild gguf-import: trtbuild convert of the GGUF (block formats kept)")
-    try:
-        final = atomic_dir(args.work / "trt-gguf-import", make)
-        row = Row("trtbuild", "gguf-import", final / "engine")
-        row.bits = trtbuild_bits(args.work / "trt-ckpt-fp32", final / "ckpt")
-        rows.append(row)
-    except (TrtbuildError, Failed, OSError, ValueError) as exc:
-        error(f"trtbuild gguf-import: {exc}")
-    if peers is not None:
-        rows.append(Row("llama.cpp", "file", src, bits=gguf_bits(src)))
-    return rows
-
-
-def prepare_llamacpp(args: argparse.Namespace, peers: Peers, names: list[str]) -> list[Row]:
-    from trtbuild.demo import smollm2_gguf_path
-
-    def existing_or_made(name: str, src: Path) -> Path:
-        given = args.inputs / f"gguf-{name}" / "model.gguf"
-        if given.is_file():
-            return given
-
-        def make(tmp: Path) -> None:
-            tmp.mkdir()
-            req = {"task": "quantize_gguf", "src": str(src), "dst": str(tmp / "model.gguf")}
-            peers.request({**req, "ftype": GGUF_FTYPES[name]})
-
-        return atomic_dir(args.work / f"gguf-{name}", make) / "model.gguf"
-
-    rows = []
-    try:
-        f32 = existing_or_made("F32", smollm2_gguf_path())  # requantized to F32 (allow_requantize)
-    except (Failed, subprocess.TimeoutExpired, OSError) as exc:
-        error(f"llama.cpp F32: {exc}")
-        return rows
-    for name in names:
-        try:
-            path = f32 if name == "F32" else existing_or_made(name, f32)
-        except (Failed, subprocess.TimeoutExpired, OSError) as exc:
-            error(f"llama.cpp {name}: {exc}")
-            continue
-        rows.append(Row("llama.cpp", name, path, bits=gguf_bits(path)))
-    return rows
-
-
-# ---------------------------------------------------------------- bits per weight
-
-
-def trtbuild_bits(float_ckpt: Path, ckpt: Path) -> dict:
-    """Bits per weight of the block linears and of the LM head, from the checkpoint's stored tensors."""
-    from safetensors import safe_open
-
-    def tensors(path: Path) -> dict[str, tuple[list[int], int, str]]:
-        out = {}
-        for file in path.glob("*.safetensors"):
-            with safe_open(file, "np") as f:
-                for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    t = f.get_slice(key)
-                    shape = t.get_shape()
-                    dtype = t.get_dtype()
-                    out[key] = (shape, math.prod(shape) * np.dtype(safetensors_dtype(dtype)).itemsize, dtype)
-        return out
-
-    floats, stored = tensors(float_ckpt), tensors(ckpt)
-
-    def bits(prefixes: list[str]) -> float:
-        # a tied LM head has no float tensor of its own: it has the embedding's shape
-        weights = sum(math.prod(floats.get(f"{p}.weight", floats["embed.weight"])[0]) for p in prefixes)
-        size = sum(n for k, (_, n, _) in stored.items() if any(k.startswith(p + ".") for p in prefixes))
-        return 8 * size / weights
-
-    linears = [k[: -len(".weight")] for k, (s, _, _) in floats.items() if k.startswith("layers.") and len(s) == 2]
-    head = "lm_head" if "lm_head.weight" in stored else "embed"
-    head_type = safetensors_type(stored, head) + (", tied embedding" if head == "embed" else "")
-    return {"blocks": bits(linears), "head": bits([head]), "head_type": head_type}
-
-
-def safetensors_type(stored: dict, prefix: str) -> str:
-    return stored[f"{prefix}.weight"][2]
-
-
-def safetensors_dtype(name: str) -> str:
-    """numpy dtype name of a safetensors dtype string (F8_E4M3 has no numpy twin: one byte)."""
-    return {"F32": "f4", "F16": "f2", "BF16": "u2", "I8": "i1", "U8": "u1", "I32": "i4", "I64": "i8"}.get(name, "u1")
-
-
-def gguf_bits(path: Path) -> dict:
-    """Bits per weight of the block linears and of the LM head from a GGUF's tensor infos."""
-    from gguf import GGUFReader
-
-    infos = {t.name: t for t in GGUFReader(str(path)).tensors}
-
-    def bits(names: list[str]) -> float:
-        return 8 * sum(int(infos[n].n_bytes) for n in names) / sum(int(infos[n].n_elements) for n in names)
-
-    linears = [n for n in infos if n.startswith("blk.") and n.split(".")[2] in BLOCK_LINEARS]
-    head = "output.weight" if "output.weight" in infos else "token_embd.weight"
-    types = sorted({infos[n].tensor_type.name for n in linears})
-    return {
-        "blocks": bits(linears),
-        "head": bits([head]),
-        "head_type": infos[head].tensor_type.name + (", tied embedding" if head == "token_embd.weight" else ""),
-        "block_types": types,
-    }
-
-
-# ---------------------------------------------------------------- perplexity
-
-
-class AccuracyCache:
-    """Perplexities already measured, keyed by system, format, dataset, window shape and the model's mtime."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def read(self) -> dict:
-        """The file as it is now: runs for other formats may share ``--work`` and add to it meanwhile."""
-        return json.loads(self.path.read_text()) if self.path.is_file() else {}
-
-    @staticmethod
-    def key(row: Row, dataset: str, args: argparse.Namespace) -> str:
-        return f"{row.system}|{row.name}|{dataset}|{args.windows}x{args.seq_len}|{row.model.stat().st_mtime_ns}"
-
-    def get(self, row: Row, dataset: str, args: argparse.Namespace) -> float | None:
-        return self.read().get(self.key(row, dataset, args))
-
-    def put(self, row: Row, dataset: str, args: argparse.Namespace, ppl: float) -> None:
-        data = self.read() | {self.key(row, dataset, args): ppl}
-        tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(self.path)
-
-
-def llamacpp_nll_sums(peers: Peers, gguf: Path, windows: np.ndarray, threads: int) -> list[float]:
-    req = {"task": "nll", "model": str(gguf), "windows": windows.tolist(), "threads": threads}
-    return peers.request(req)["nll_sums"]
-
-
-def measure_accuracy(args: argparse.Namespace, rows: list[Row], peers: Peers | None, result: dict) -> None:
-    from trtbuild.cli.eval import evaluate
-    from trtbuild.config import EvalConfig
-    from trtbuild.errors import TrtbuildError
-    from trtbuild.eval import eval_windows
-
-    cache = AccuracyCache(args.work / "accuracy.json")
-    tokenizer_engine = args.work / "trt-fp32" / "engine"  # eval_windows reads its tokenizer.json
-    for dataset in args.datasets:
-        cfg = EvalConfig(dataset=dataset, windows=args.windows, seq_len=args.seq_len)
-        windows = eval_windows(tokenizer_engine, cfg)
-        for row in rows:
-            ppl = cache.get(row, dataset, args)
-            if ppl is None:
-                t = time.perf_counter()
-                try:
-                    if row.system == "trtbuild":
-                        ppl = evaluate(row.model, cfg).perplexity
-                    else:
-                        sums = llamacpp_nll_sums(peers, row.model, windows, args.eval_threads)
-                        ppl = math.exp(sum(sums) / (windows.shape[0] * (args.seq_len - 1)))
-                except (TrtbuildError, Failed, subprocess.TimeoutExpired) as exc:
-                    error(f"perplexity {row.system} {row.name} {dataset}: {exc}")
-                    result["errors"].append(f"perplexity {row.system} {row.name} {dataset}: {exc}")
-                    continue
-                cache.put(row, dataset, args, ppl)
-                log(f"[accuracy] {row.system} {row.name} {dataset}: {ppl:.3f} ({time.perf_counter() - t:.0f}s)")
-            row.ppl[dataset] = ppl
-    sanity_check(args, rows, peers, result)
-
-
-def sanity_check(args: argparse.Namespace, rows: list[Row], peers: Peers | None, result: dict) -> None:
-    """llama.cpp F32 vs trtbuild fp32 on the first window of the first dataset: the same weights and token ids."""
-    from trtbuild.cli.eval import evaluate
-    from trtbuild.config import EvalConfig
-    from trtbuild.eval import eval_windows
-
-    refs = {r.system: r for r in rows if r.reference}
-    if len(refs) < 2 or peers is None:
-        return
-    cfg = EvalConfig(dataset=args.datasets[0], windows=1, seq_len=args.seq_len)
-    trt = evaluate(refs["trtbuild"].model, cfg).perplexity
-    window = eval_windows(refs["trtbuild"].model, cfg)
-    try:
-        nll = llamacpp_nll_sums(peers, refs["llama.cpp"].model, window, args.eval_threads)[0]
-        llama = math.exp(nll / (args.seq_len - 1))
-    except (Failed, subprocess.TimeoutExpired) as exc:
-        error(f"sanity check: {exc}")
-        return
-    diff = 100 * (llama / trt - 1)
-    verdict = "ok" if abs(diff) <= 0.5 else "MISMATCH (more than 0.5%)"
-    result["sanity"] = {"dataset": cfg.dataset, "trtbuild_fp32": trt, "llamacpp_f32": llama, "diff_pct": diff}
-    result["sanity_line"] = (
-        f"sanity: window 0 of {cfg.dataset} ({args.seq_len} tokens): trtbuild fp32 perplexity {trt:.4f}, "
-        f"llama.cpp F32 {llama:.4f} ({diff:+.3f}%): {verdict}"
-    )
-    log(result["sanity_line"])
 
 
 # ---------------------------------------------------------------- speed
@@ -437,6 +143,18 @@ def table(rows: list[Row], datasets: list[str], result: dict) -> str:
 
 
 # ---------------------------------------------------------------- main
+
+
+def check_flags(name: str, flags: list[str]) -> None:
+    """Parse ``flags`` with the ``trtbuild quantize`` command's own options (nothing runs); UsageError if bad."""
+    import click
+
+    from trtbuild.cli.quantize import quantize
+
+    try:
+        quantize.make_context("trtbuild quantize", ["SRC", "-o", "OUT", *flags])
+    except click.ClickException as exc:
+        die(f"--variant {name}: {exc.format_message()}")
 
 
 def die(msg: str) -> None:

@@ -28,10 +28,8 @@ ceiling at batch 1 it implies. A peer that fails prints an ``error:`` line; the 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -41,167 +39,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
-# system -> [(pip requirement, module it provides)]: only the --systems measured are installed
-PEER_PACKAGES = {
-    "ort": [("onnxruntime-genai==0.18.0", "onnxruntime_genai"), ("onnx-ir", "onnx_ir")],
-    "llama": [("llama-cpp-python==0.3.36", "llama_cpp")],
-}
-PRECISIONS = ("fp32", "int8", "int4")
-# trtbuild variant -> (precision, quantize flags or None for float32). The CLI_DEFAULTS are what a user gets from
-# `trtbuild quantize --qformat F` with nothing else (every linear quantized, the LM head int8 weight-only); the
-# others are tuned variants, and "+fhead" ones the LM head kept in float (`--exclude lm_head`, the default before
-# 2026-12-04), to show what it costs.
-TRT_VARIANTS = {
-    "fp32": ("fp32", None),
-    "int8_wo": ("int8", ["--qformat", "int8_wo"]),
-    "int8_sq": ("int8", ["--qformat", "int8_sq"]),
-    "int8_pt": ("int8", ["--qformat", "int8_sq", "--activation-scales", "per_token"]),
-    "int8_wo+fhead": ("int8", ["--qformat", "int8_wo", "--exclude", "lm_head"]),
-    "int4_awq": ("int4", ["--qformat", "int4_awq"]),
-    "int4_wo": ("int4", ["--qformat", "int4_wo", "--group-size", "128"]),
-    "int4_awq+fhead": ("int4", ["--qformat", "int4_awq", "--exclude", "lm_head"]),
-}
-CLI_DEFAULTS = ("fp32", "int8_wo", "int8_sq", "int4_awq")
-ORT_VARIANTS = {"fp32": "fp32", "int8": "int8", "int4": "int4"}  # precision -> builder --precision
-GGUF_VARIANTS = {"fp32": ("F32", 0), "int8": ("Q8_0", 7), "int4": ("Q4_0", 2)}  # precision -> (name, llama_ftype)
-SYSTEMS = ("trtbuild", "ort", "llama")
-TITLES = {"trtbuild": "trtbuild", "ort": "onnxruntime-genai 0.18", "llama": "llama.cpp (llama-cpp-python 0.3.36)"}
-CHECK_TEXT = "The capital of France is"
-CHECK_TOKENS = 16
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-def error(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr, flush=True)
-
-
-class Failed(Exception):
-    """A preparation or measurement step that failed (reported as one error line)."""
-
-
-def run_cmd(cmd: list[str], env: dict | None = None, timeout: int = 3600) -> str:
-    """Run ``cmd``; its stdout, or ``Failed`` with the tail of its output."""
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    if res.returncode != 0:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
-        raise Failed(f"{' '.join(cmd[:4])} ...: exit {res.returncode}: {' | '.join(tail)}")
-    return res.stdout
-
-
-NO_PREPARE = False  # --no-prepare: use what --work holds, prepare nothing
-
-
-def atomic_dir(final: Path, make) -> Path:
-    """``make(tmp)`` into a temporary sibling of ``final``, then rename it; skipped when ``final`` exists."""
-    if final.exists():
-        return final
-    if NO_PREPARE:
-        raise Failed(f"{final} is not prepared (--no-prepare)")
-    tmp = final.with_name(f"{final.name}.tmp{os.getpid()}")  # concurrent runs never share one
-    shutil.rmtree(tmp, ignore_errors=True)
-    t = time.perf_counter()
-    make(tmp)
-    tmp.rename(final)
-    log(f"[prepare] {final} in {time.perf_counter() - t:.0f}s")
-    return final
-
-
-# ---------------------------------------------------------------- the peers' virtualenv
-
-
-# llama.cpp's AMX matmul (ggml-cpu, chosen at run time for Q8_0 / Q4_0 weights when -march=native enables AMX)
-# segfaulted in llama_decode on a 2-vCPU Xeon VM with amx_int8 (2026-12-04, llama-cpp-python 0.3.36): on such CPUs
-# llama.cpp is built for the host's ISA without AMX, its next-best path (AVX-512 VNNI, the Q4_0 repack included).
-LLAMA_NO_AMX_CMAKE = (
-    "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON "
-    "-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON"
+import peers_common
+from peers_common import Failed, Peers, Trtbuild, atomic_dir, error, log, make_hf_folder, run_cmd, stored_tensors
+from vs_peers_table import (
+    CHECK_TOKENS,
+    GGUF_VARIANTS,
+    MATVEC_COPIES,
+    PRECISIONS,
+    SYSTEMS,
+    TRT_VARIANTS,
+    merge,
+    table,
 )
 
-
-def llama_cpp_build_env() -> dict[str, str]:
-    """``CMAKE_ARGS`` for llama-cpp-python's build: none, except on a CPU with AMX (see ``LLAMA_NO_AMX_CMAKE``)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    return {"CMAKE_ARGS": LLAMA_NO_AMX_CMAKE} if " amx_int8" in flags else {}
-
-
-class Peers:
-    """The peers' virtualenv: created and filled on first use; runs ``peers_worker.py`` requests."""
-
-    def __init__(self, venv: Path) -> None:
-        self.venv = venv.resolve()
-        self.python = self.venv / "bin" / "python"
-
-    def ensure(self, systems: list[str]) -> None:
-        """Create the virtualenv and install what the peers among ``systems`` need, if it is not there yet."""
-        if not self.python.exists():
-            log(f"[peers] creating {self.venv} (llama-cpp-python compiles llama.cpp: ~15-25 minutes on 2 cores)")
-            run_cmd([sys.executable, "-m", "venv", str(self.venv)])
-        wanted = dict(req for system in systems for req in PEER_PACKAGES.get(system, []))
-        check = "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if not u.find_spec(m)))"
-        missing = run_cmd([str(self.python), "-c", check, *wanted.values()]).split()
-        if missing:
-            packages = [p for p, m in wanted.items() if m in missing]
-            log(f"[peers] pip install {' '.join(packages)} into {self.venv}")
-            env = {**os.environ, **llama_cpp_build_env()} if "llama_cpp" in missing else None
-            run_cmd([str(self.python), "-m", "pip", "install", "-q", *packages], env=env, timeout=7200)
-
-    def site_packages(self) -> str:
-        return run_cmd([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
-
-    def versions(self) -> dict:
-        names = ("onnxruntime-genai", "llama_cpp_python", "onnxruntime")
-        code = (
-            "import importlib.metadata as m, json, sys; d = {}\n"
-            "for p in sys.argv[1:]:\n"
-            "    try: d[p] = m.version(p)\n"
-            "    except m.PackageNotFoundError: pass\n"
-            "print(json.dumps(d))"
-        )
-        return json.loads(run_cmd([str(self.python), "-c", code, *names]))
-
-    def request(self, req: dict, timeout: int = 1800) -> dict:
-        res = subprocess.run(
-            [str(self.python), str(HERE / "peers_worker.py")],
-            input=json.dumps(req),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
-        if not lines:
-            tail = " | ".join(res.stderr.strip().splitlines()[-3:])
-            raise Failed(f"peers_worker exit {res.returncode}: {tail}")
-        out = json.loads(lines[-1])
-        if "error" in out:
-            raise Failed(out["error"])
-        return out
+ORT_VARIANTS = {"fp32": "fp32", "int8": "int8", "int4": "int4"}  # precision -> builder --precision
+CHECK_TEXT = "The capital of France is"
 
 
 # ---------------------------------------------------------------- inputs, cached under --work
-
-
-def make_hf_folder(tmp: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trtbuild.demo import smollm2_gguf_path
-
-    gguf = smollm2_gguf_path()
-    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = gguf_model.config
-    config.__dict__.pop("quantization_config", None)  # dequantized: a plain float32 checkpoint from here on
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
-    model.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
 
 
 def prepare(args: argparse.Namespace, peers: Peers | None) -> dict[tuple[str, str], Path]:
@@ -277,53 +132,6 @@ def prepare(args: argparse.Namespace, peers: Peers | None) -> dict[tuple[str, st
 # ---------------------------------------------------------------- measurements
 
 
-class Trtbuild:
-    """trtbuild engines through the public ``LLM`` API, one loaded at a time (as each peer measurement gets a
-    process with one model): a second session's idle onnxruntime workers, spinning for a while after its last
-    run, took a core from the next engine's prompt (fp32 TTFT 205-222 against 179 ms alone, 2026-12-03)."""
-
-    def __init__(self, threads: int, kv_cache_memory: int) -> None:
-        self.threads, self.kv_cache_memory = threads, kv_cache_memory
-        self.engine: Path | None = None
-        self.loaded = None
-
-    def llm(self, engine: Path):
-        from trtbuild.runtime.llm import LLM, SamplingParams
-
-        if engine != self.engine:
-            self.loaded = self.engine = None  # the previous session (and its thread pool) goes first
-            gc.collect()
-            llm = LLM(
-                engine, kv_cache_memory=self.kv_cache_memory, enable_prefix_caching=False, num_threads=self.threads
-            )
-            llm.generate([[100 + i for i in range(16)]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
-            huge = getattr(llm.session, "huge_page_bytes", 0)
-            log(f"[trtbuild] {engine.name}: {huge / 2**20:.0f} MiB of weights on huge pages")
-            self.loaded, self.engine = llm, engine
-        return self.loaded
-
-    def run(self, engine: Path, prompts: list[list[int]], new_tokens: int):
-        from trtbuild.runtime.llm import SamplingParams
-
-        llm = self.llm(engine)
-        params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        start = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        return outs, time.perf_counter() - start
-
-    def measure(self, task: str, engine: Path, prompts: list[list[int]], new_tokens: int) -> dict:
-        outs, seconds = self.run(engine, prompts, new_tokens)
-        if task == "greedy":
-            return {"tokens": list(outs[0].token_ids)}
-        if task == "decode":
-            m = outs[0].metrics
-            return {"ttft_s": m.ttft, "decode_tok_s": m.decode_tokens_per_s}
-        return {"output_tok_s": sum(len(o.token_ids) for o in outs) / seconds}
-
-
-MATVEC_COPIES = 8  # 905 MB a pass: beyond any L3 (a 2-vCPU Xeon VM kept one 113 MB matrix in its L3: 51 GB/s)
-
-
 def matvec_bandwidth(threads: int, reps: int = 20) -> float:
     """GB/s of float32 [1, 576] x [576, 49152] MatMuls (the LM head's shape, 113 MB) in onnxruntime, one after
     another over ``MATVEC_COPIES`` distinct weights (so that they come from DRAM), median of reps."""
@@ -357,16 +165,11 @@ def matvec_bandwidth(threads: int, reps: int = 20) -> float:
 
 def fp32_weight_bytes(hf: Path) -> int:
     """Bytes of float32 weights one decode step reads: every matrix, the (tied) embedding once as the LM head."""
-    from safetensors import safe_open
-
     tied = json.loads((hf / "config.json").read_text()).get("tie_word_embeddings", False)
     total = 0
-    for path in hf.glob("*.safetensors"):
-        with safe_open(path, "np") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                shape = f.get_slice(name).get_shape()
-                if len(shape) == 2 and ("embed_tokens" not in name or tied):
-                    total += 4 * shape[0] * shape[1]
+    for name, (shape, _, _) in stored_tensors(hf).items():
+        if len(shape) == 2 and ("embed_tokens" not in name or tied):
+            total += 4 * shape[0] * shape[1]
     return total
 
 
@@ -453,113 +256,6 @@ def run_all(args: argparse.Namespace, peers: Peers | None, models: dict) -> dict
     return result
 
 
-# ---------------------------------------------------------------- the table
-
-
-def median(samples: list[dict], metric: str, system: str, variant: str, batch: int) -> float | None:
-    values = [
-        s["value"]
-        for s in samples
-        if s["metric"] == metric and s["system"] == system and s["variant"] == variant and s["batch"] == batch
-    ]
-    return statistics.median(values) if values else None
-
-
-def fmt(value: float | None, scale: float = 1.0, unit: str = "") -> str:
-    if value is None:
-        return "—"
-    v = value * scale
-    return f"{v:.0f}{unit}" if v >= 100 else f"{v:.1f}{unit}"
-
-
-def precision_of(check: dict) -> str:
-    return TRT_VARIANTS[check["variant"]][0] if check["system"] == "trtbuild" else check["variant"]
-
-
-def check_cell(check: dict) -> str:
-    verdict = "yes" if check["matching"] == check["of"] else f"no (first {check['matching']} match)"
-    return verdict + (f" ({check['variant']})" if check["system"] == "trtbuild" and check["variant"] != "fp32" else "")
-
-
-def table(result: dict) -> str:
-    """The markdown table of medians (rows with no figure left out), then bandwidth, conditions and errors."""
-    s, checks = result["samples"], result["checks"]
-    meta = result.get("meta", {})
-    batches = sorted({x["batch"] for x in s if x["metric"] == "output_tok_s"})
-
-    def cell(system: str, metric: str, precision: str, sizes: list[int], scale: float = 1.0, unit: str = "") -> str:
-        """One system's medians for one precision: per variant, the figures for ``sizes`` joined by ' / '."""
-        variants = [v for v, (q, _) in TRT_VARIANTS.items() if q == precision] if system == "trtbuild" else [precision]
-        parts = []
-        for v in variants:
-            figures = [median(s, metric, system, v, b) for b in sizes]
-            if any(f is not None for f in figures):
-                label = GGUF_VARIANTS[precision][0] if system == "llama" else ""
-                if system == "trtbuild":
-                    label = f"{v}, CLI default" if v in CLI_DEFAULTS else v
-                shown = " / ".join(fmt(f, scale, unit) for f in figures)
-                parts.append(f"{shown} ({label})" if label and precision != "fp32" else shown)
-        return ", ".join(parts) or "—"
-
-    rows = [f"| | {TITLES['trtbuild']} | {TITLES['ort']} | {TITLES['llama']} |", "|---|---|---|---|"]
-
-    def row(label: str, cells: list[str]) -> None:
-        if any(c != "—" for c in cells):
-            rows.append(f"| {label} | {' | '.join(cells)} |")
-
-    for p in PRECISIONS:
-        row(f"decode tok/s, batch 1, {p}", [cell(x, "decode_tok_s", p, [1]) for x in SYSTEMS])
-    for p in PRECISIONS:
-        row(
-            f"TTFT, {meta.get('prompt_len', 128)}-token prompt, {p}",
-            [cell(x, "ttft_s", p, [1], 1000, " ms") for x in SYSTEMS],
-        )
-    sizes = " / ".join(map(str, batches))
-    for p in PRECISIONS:
-        trt, ort = cell("trtbuild", "output_tok_s", p, batches), cell("ort", "output_tok_s", p, batches)
-        row(f"output tok/s, {sizes} prompts at once, {p}", [trt, ort + " (static batch)" if ort != "—" else ort, "—"])
-    for p in PRECISIONS if checks else ():
-        cells = [
-            ", ".join(check_cell(c) for c in checks if c["system"] == sys_ and precision_of(c) == p) or "—"
-            for sys_ in SYSTEMS
-        ]
-        row(f"first {CHECK_TOKENS} greedy tokens = trtbuild fp32's, {p}", cells)
-    lines = rows
-    bw = median(s, "bandwidth_gb_s", "machine", "", 0)
-    wb = result.get("fp32_weight_bytes")
-    if bw is not None:
-        what = f"{MATVEC_COPIES} x 113 MB fp32 matrices x vector from DRAM, onnxruntime"
-        lines.append(f"\n2-thread mat-vec read bandwidth: {bw:.1f} GB/s ({what})")
-        if wb:
-            lines.append(f"fp32 weight-read ceiling at batch 1: {bw * 1e9 / wb:.0f} tok/s ({wb / 1e6:.0f} MB a token)")
-    if meta:
-        lines.append(
-            f"{meta.get('date', '')}; {meta.get('threads')} threads each; medians of {meta.get('rounds')} interleaved "
-            f"rounds; {meta.get('prompt_len')} prompt tokens, {meta.get('new_tokens')} new greedy, EOS ignored; "
-            f"peers: {meta.get('peer_versions', {})}; took {meta.get('elapsed_s', 0) / 60:.1f} min"
-        )
-    for e in result.get("errors", []):
-        lines.append(f"error: {e}")
-    return "\n".join(lines)
-
-
-def merge(paths: list[Path]) -> dict:
-    out: dict = {"samples": [], "checks": [], "errors": []}
-    for path in paths:
-        part = json.loads(path.read_text())
-        for key in ("samples", "checks", "errors"):
-            out[key] += part.get(key, [])
-        out["fp32_weight_bytes"] = part.get("fp32_weight_bytes", out.get("fp32_weight_bytes"))
-        meta = dict(part.get("meta", {}))
-        if "meta" in out:  # the parts' durations add up; their round counts are listed (e.g. "2/1")
-            meta["elapsed_s"] = out["meta"]["elapsed_s"] + meta.get("elapsed_s", 0)
-            meta["rounds"] = f"{out['meta']['rounds']}/{meta.get('rounds')}"
-            meta["peer_versions"] = meta.get("peer_versions") or out["meta"].get("peer_versions", {})
-        out["meta"] = meta
-    out["checks"] = list({(c["system"], c["variant"]): c for c in out["checks"]}.values())  # a repeated check: the last
-    return out
-
-
 def csv(kind):
     return lambda text: [kind(x) for x in text.split(",") if x]
 
@@ -597,8 +293,7 @@ def main() -> None:
     ]:
         if not set(values) <= set(allowed):
             parser.error(f"{name}: choose from {', '.join(allowed)}")
-    global NO_PREPARE
-    NO_PREPARE = args.no_prepare
+    peers_common.NO_PREPARE = args.no_prepare
     start = time.perf_counter()
     peers = None
     if {"ort", "llama"} & set(args.systems):

@@ -1,10 +1,14 @@
-"""Helpers of the quantization tests: a tiny checkpoint with a character-level tokenizer and calibration text."""
+"""Helpers of the quantization tests: a tiny checkpoint with a character-level tokenizer and calibration text; the
+formats' cases of the test_quantize_formats*.py files and their engines, made once per session."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 from tiny_models import make_hf_model
+
+from trtbuild.config import ActivationScales, KVCacheDType, QFormat
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "
@@ -41,3 +45,86 @@ def calib_file(root: Path) -> Path:
     path = root / "calib.txt"
     path.write_text("\n\n".join([TEXT] * 4))
     return path
+
+
+class Case(NamedTuple):
+    qformat: QFormat
+    kv: KVCacheDType = KVCacheDType.FLOAT32
+    group: int = 32
+    model: str = "llama_gqa"  # in-features 64 (qkv, gate_up, out) and 96 (down); untied lm_head
+    exclude: tuple[str, ...] = ("lm_head",)
+    zero_points: bool = False  # int4: unsigned codes and a zero point per group
+    activations: ActivationScales = ActivationScales.DYNAMIC  # int8_sq / fp8 only
+
+
+# Group 64 leaves llama_gqa's mlp.down a partial last group (64 + 32), as group 128 does on SmolLM2's 576.
+# qwen2_bias has q/k/v biases and a tied lm_head, which `exclude=()` quantizes (int8 weight-only, its own copy).
+STATIC, PER_TOKEN = ActivationScales.STATIC, ActivationScales.PER_TOKEN
+CASES = {
+    "int8_sq": Case(QFormat.INT8_SQ),  # dynamic int8 activations per block of 16: W8A8 on MatMulNBits
+    "int8_sq_per_token": Case(QFormat.INT8_SQ, activations=PER_TOKEN),  # W8A8 on MatMulInteger
+    "int8_sq_static": Case(QFormat.INT8_SQ, activations=STATIC),
+    "fp8": Case(QFormat.FP8),  # rowwise: per-channel weights, per-token activations
+    "fp8_static": Case(QFormat.FP8, activations=STATIC),
+    "int8_wo": Case(QFormat.INT8_WO),
+    "int4_wo": Case(QFormat.INT4_WO),
+    "int4_awq": Case(QFormat.INT4_AWQ),
+    "int4_awq_g64_partial": Case(QFormat.INT4_AWQ, group=64),
+    "int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8),
+    # static: per-token fp8 scales of values read back from an fp8 cache put some quotients exactly on rounding ties,
+    # which the engine and modelopt break differently (both engines agree; one flip moves a logit by ~0.1 here)
+    "fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8, activations=STATIC),
+    "int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8),
+    "int4_awq+head": Case(QFormat.INT4_AWQ, exclude=()),
+    "int4_wo_zp": Case(QFormat.INT4_WO, zero_points=True),
+    "int4_awq_zp_g64_partial": Case(QFormat.INT4_AWQ, group=64, zero_points=True),
+    "int4_awq_zp_g128": Case(QFormat.INT4_AWQ, group=128, zero_points=True),  # one partial group of 64 or 96
+    # static: at the default MatMulNBits level (which dynamic int8 runs at) the head's activations are int8 too
+    "int8_sq+tied_head": Case(QFormat.INT8_SQ, group=16, model="qwen2_bias", exclude=(), activations=STATIC),
+    # Qwen3: per-head q/k norms (float) between the quantized qkv and the (int8) cache; head_dim 16 != 48 / 4
+    "qwen3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="qwen3"),
+    "qwen3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="qwen3"),
+    "qwen3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="qwen3", activations=STATIC),
+    # Phi-3: fused qkv_proj / gate_up_proj modules calibrated as one each; rotary over 12 of 16 dims
+    "phi3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, model="phi3"),
+    "phi3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="phi3"),
+    "phi3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="phi3", activations=STATIC),
+}
+
+QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); the cases exclude lm_head unless they say "+head"
+
+
+_QUANTIZED: dict[str, tuple] = {}
+
+
+def quantized_cases(tmp_path_factory) -> dict[str, tuple]:
+    """name -> (fake-quantized torch model, quantized checkpoint, engine) for every case, made once per session
+    (the ``quantized`` fixture of each test_quantize_formats*.py file)."""
+    if _QUANTIZED:
+        return _QUANTIZED
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig, QuantConfig
+    from trtbuild.quantize.quantize import quantize
+
+    root = tmp_path_factory.mktemp("quant")
+    checkpoints = {name: tiny_checkpoint(root, name)[1] for name in {case.model for case in CASES.values()}}
+    text = calib_file(root)
+    out = {}
+    for name, case in CASES.items():
+        qcfg = QuantConfig(
+            qformat=case.qformat,
+            kv_cache_dtype=case.kv,
+            group_size=case.group,
+            exclude=list(case.exclude),
+            zero_points=case.zero_points,
+            calib_dataset=str(text),
+            calib_size=2,
+            calib_seq_len=24,
+            activation_scales=case.activations,
+        )
+        qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
+        result = quantize(checkpoints[case.model], qckpt, qcfg, progress=False, keep_model=True)
+        build_engine(qckpt, engine, BuildConfig(max_seq_len=128, kv_block_size=4))
+        out[name] = (result.fake_quant_model, qckpt, engine)
+    _QUANTIZED.update(out)
+    return _QUANTIZED

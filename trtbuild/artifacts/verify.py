@@ -171,8 +171,9 @@ def verify_artifacts(artifacts_dir: Path, local: LocalVersions | None = None) ->
     return report
 
 
-def _read_json(path: Path, report: Report, missing: str) -> dict[str, Any] | None:
-    """``path``'s JSON object, or None with a problem recorded (``missing`` says what an absent file means)."""
+def _read_json(path: Path, report: Report, missing: str, table: tuple[str, type, str]) -> dict[str, Any] | None:
+    """``path``'s JSON object, or None with a problem recorded: ``missing`` says what an absent file means;
+    ``table`` is (key, type, what) of the entry the object must hold (``("files", dict, "file table")``)."""
     if not path.is_file():
         report.problems.append(f"{path}: missing ({missing})")
         return None
@@ -181,19 +182,21 @@ def _read_json(path: Path, report: Report, missing: str) -> dict[str, Any] | Non
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         report.problems.append(f"{path}: corrupt ({type(e).__name__})")
         return None
+    key, kind, what = table
     if not isinstance(data, dict):
         report.problems.append(f"{path}: corrupt (not a JSON object)")
+        return None
+    if not isinstance(data.get(key), kind):
+        report.problems.append(f"{path}: corrupt (no {what})")
         return None
     return data
 
 
 def _read_manifest(engine_dir: Path, report: Report) -> dict[str, Any] | None:
     path = engine_dir / MANIFEST
-    manifest = _read_json(path, report, "an incomplete or interrupted build, or not an engine directory")
+    hint = "an incomplete or interrupted build, or not an engine directory"
+    manifest = _read_json(path, report, hint, ("files", dict, "file table"))
     if manifest is None:
-        return None
-    if not isinstance(manifest.get("files"), dict):
-        report.problems.append(f"{path}: corrupt (no file table)")
         return None
     if manifest.get("manifest_version") != MANIFEST_VERSION:
         report.problems.append(
@@ -259,13 +262,7 @@ def _check_versions_and_target(manifest: dict[str, Any], local: LocalVersions, r
 
 
 def _read_index(path: Path, report: Report) -> dict[str, Any] | None:
-    index = _read_json(path, report, "not a pipeline artifacts directory")
-    if index is None:
-        return None
-    if not isinstance(index.get("artifacts"), list):
-        report.problems.append(f"{path}: corrupt (no artifact list)")
-        return None
-    return index
+    return _read_json(path, report, "not a pipeline artifacts directory", ("artifacts", list, "artifact list"))
 
 
 def _check_enclosing_index(engine_dir: Path, report: Report) -> None:
