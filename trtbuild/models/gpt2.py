@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind
-from .registration import register_architecture
+from .registration import Refusals, register_architecture
 
 
 @register_architecture("GPT2LMHeadModel")
-def gpt2_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
+def gpt2_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
     hidden, heads = int(hf["n_embd"]), int(hf["n_head"])
     act = hf.get("activation_function", "gelu_new")
     if act not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"activation_function {act!r} is not supported (gelu_new)")
+        refusals.refuse(f"activation_function {act!r} is not supported (gelu_new)")
     if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-        raise ValueError("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
+        refusals.refuse("scale_attn_by_inverse_layer_idx / reorder_and_upcast_attn are not supported")
     eos = hf.get("eos_token_id")
     return ModelConfig(
         architecture=arch,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
-from .registration import register_architecture
+from .registration import Refusals, register_architecture
 
 
-def rope_from_hf(hf: dict[str, Any], head_size: int) -> RopeConfig:
+def rope_from_hf(hf: dict[str, Any], head_size: int, refusals: Refusals) -> RopeConfig:
     """Read rotary settings from transformers 4.x (``rope_theta``/``rope_scaling``) or 5.x (``rope_parameters``)."""
     params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
@@ -18,19 +18,20 @@ def rope_from_hf(hf: dict[str, Any], head_size: int) -> RopeConfig:
     elif kind == "linear":
         scaling = float(params["factor"])
     else:
-        raise ValueError(f"rope type {kind!r} is not supported (supported: default, linear)")
+        refusals.refuse(f"rope type {kind!r} is not supported (supported: default, linear)")
+        scaling = 1.0
     rotary_dim = int(head_size * float(hf.get("partial_rotary_factor", 1.0)))
     return RopeConfig(theta=theta, rotary_dim=rotary_dim, interleaved=False, scaling=scaling)
 
 
 @register_architecture("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-def llama_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
+def llama_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_size = int(hf.get("head_dim") or hidden // heads)
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+        refusals.refuse(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
     if hf.get("mlp_bias"):
-        raise ValueError("mlp_bias is not supported for gated MLPs")
+        refusals.refuse("mlp_bias is not supported for gated MLPs")
     max_pos = int(hf.get("max_position_embeddings", 2048))
     window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "MistralForCausalLM") else None
     if window:
@@ -39,6 +40,7 @@ def llama_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
         arch,
         hf,
         dtype,
+        refusals,
         head_size=head_size,
         max_position_embeddings=max_pos,
         qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
@@ -50,6 +52,7 @@ def llama_layout_config(
     arch: str,
     hf: dict[str, Any],
     dtype: DType,
+    refusals: Refusals,
     *,
     head_size: int,
     max_position_embeddings: int,
@@ -76,7 +79,7 @@ def llama_layout_config(
         norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         mlp=MlpKind.SWIGLU,
         position=PositionKind.ROPE,
-        rope=rope_from_hf(hf, head_size),
+        rope=rope_from_hf(hf, head_size, refusals),
         qkv_bias=qkv_bias,
         attn_out_bias=attn_out_bias,
         mlp_bias=False,

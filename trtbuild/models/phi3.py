@@ -24,24 +24,25 @@ from typing import Any
 
 from ..config import DType, ModelConfig
 from .llama import llama_layout_config
-from .registration import register_architecture
+from .registration import Refusals, register_architecture
 
 
 @register_architecture("Phi3ForCausalLM")
-def phi3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
+def phi3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_size = hidden // heads
     if hf.get("head_dim") and int(hf["head_dim"]) != head_size:
-        raise ValueError(f"head_dim {hf['head_dim']} is not supported for Phi-3 (hidden_size / heads = {head_size})")
+        refusals.refuse(f"head_dim {hf['head_dim']} is not supported for Phi-3 (hidden_size / heads = {head_size})")
     if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
+        refusals.refuse(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
     for key in ("attention_bias", "mlp_bias"):
         if hf.get(key):
-            raise ValueError(f"{key} is not supported for Phi-3 (transformers' Phi3 has no biases)")
+            refusals.refuse(f"{key} is not supported for Phi-3 (transformers' Phi3 has no biases)")
     rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
-        raise ValueError(f"rope scaling {kind!r} (LongRoPE) is not supported: only the default rotary embedding")
+        refusals.refuse(f"rope scaling {kind!r} (LongRoPE) is not supported: only the default rotary embedding")
+        rope = {k: v for k, v in rope.items() if k in ("rope_theta", "partial_rotary_factor")}  # read on as default
     # transformers 5 keeps the factor in rope_parameters, 4.x at the top level
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
     max_pos = int(hf.get("max_position_embeddings", 4096))
@@ -50,8 +51,9 @@ def phi3_config(arch: str, hf: dict[str, Any], dtype: DType) -> ModelConfig:
         max_pos = min(max_pos, int(window))  # beyond the window, full attention would differ from the model
     return llama_layout_config(
         arch,
-        {**hf, "partial_rotary_factor": partial},
+        {**hf, "partial_rotary_factor": partial, "rope_parameters": rope, "rope_scaling": None},
         dtype,
+        refusals,
         head_size=head_size,
         max_position_embeddings=max_pos,
         qkv_bias=False,

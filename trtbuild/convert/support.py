@@ -1,0 +1,236 @@
+"""``trtbuild inspect SOURCE``: would ``trtbuild convert`` take this Hugging Face folder or ``.gguf`` file, and if
+not, why; found without converting and without reading tensor data.
+
+- A problem is a line ``convert`` would stop at, all of them rather than the first: opening the source
+  (``readers``: ``config.json``, the weights' files, a GGUF file's metadata and architecture) and reading its
+  config (``models.config_problems``: each family's refusals, collected).
+- A multimodal config (``*ForConditionalGeneration`` with a ``text_config``) is not supported: its towers are not
+  converted and ``convert`` does not take such a folder. Whether its text model would convert, and as what, is
+  reported beside (``text_model``); that model's config is the ``text_config`` with transformers' defaults filled in.
+- Supported: the ``ModelConfig`` that ``convert`` would write (``model``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import DType, ModelConfig
+from ..errors import ConvertError, TrtbuildError
+from ..models import config_problems, supported_architectures
+from .tensor_names import SourceFormat
+
+CHECKPOINT_WEIGHTS = "rank0.safetensors"  # a trtbuild checkpoint's weights: such a folder is not a source
+
+
+def is_source(path: Path) -> bool:
+    """Whether ``path`` is what ``convert`` reads: a ``.gguf`` file, or a folder with a ``config.json`` that is
+    neither a checkpoint (``rank0.safetensors``) nor an engine directory (``manifest.json`` /
+    ``runtime_config.json``)."""
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    trtbuild_files = (CHECKPOINT_WEIGHTS, "manifest.json", "runtime_config.json")
+    return (path / "config.json").is_file() and not any((path / name).exists() for name in trtbuild_files)
+
+
+@dataclass(frozen=True)
+class SupportReport:
+    """Whether ``convert`` takes the source at ``path``: ``problems`` (none: supported) and, when supported, the
+    ``model`` it would write; ``text_model`` for a multimodal config whose text model would convert."""
+
+    path: Path
+    source: SourceFormat
+    architectures: list[str]
+    problems: list[str]
+    model: ModelConfig | None = None
+    text_model: ModelConfig | None = None
+    tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: tensor type -> count
+
+    @property
+    def supported(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": "source",
+            "path": str(self.path),
+            "source": self.source.value,
+            "architectures": self.architectures,
+            "supported": self.supported,
+            "problems": self.problems,
+            "model": None if self.model is None else model_summary(self.model),
+            "text_model": None if self.text_model is None else model_summary(self.text_model),
+            "tensor_types": self.tensor_types,
+        }
+
+    def summary_line(self) -> str:
+        """One line: supported or not, with the number of problems."""
+        archs = ", ".join(self.architectures) or "no architecture"
+        if self.supported:
+            return f"{self.path}: {archs}: supported"
+        return f"{self.path}: {archs}: not supported ({len(self.problems)} problem{'s' * (len(self.problems) > 1)})"
+
+    def render_text(self) -> str:
+        kind = {SourceFormat.HF: "Hugging Face folder", SourceFormat.GGUF: "GGUF file"}[self.source]
+        lines = [f"{kind}: {self.path}", f"architecture: {', '.join(self.architectures) or 'none'}"]
+        if self.tensor_types:
+            lines.append("tensor types: " + ", ".join(f"{n} {t}" for t, n in self.tensor_types.items()))
+        lines.append("supported: yes (trtbuild convert converts it)" if self.supported else "supported: no")
+        lines += [f"  problem: {p}" for p in self.problems]
+        if self.model is not None:
+            lines += _model_lines("converts to", self.model)
+        if self.text_model is not None:
+            lines += _model_lines("its text model, from a folder of its own, would convert to", self.text_model)
+        return "\n".join(lines)
+
+
+def model_summary(cfg: ModelConfig) -> dict[str, Any]:
+    """What a converted model is, in the terms of ``ModelConfig``."""
+    rope = cfg.rope
+    return {
+        "architecture": cfg.architecture,
+        "layers": cfg.num_layers,
+        "hidden_size": cfg.hidden_size,
+        "heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads,
+        "head_size": cfg.head_size,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "max_positions": cfg.max_position_embeddings,
+        "norm": cfg.norm.value,
+        "mlp": cfg.mlp.value,
+        "position": cfg.position.value,
+        "rotary": None
+        if rope is None
+        else {"theta": rope.theta, "rotary_dim": rope.rotary_dim, "scaling": rope.scaling},
+        "qk_norm": cfg.qk_norm,
+        "tied_head": cfg.tie_word_embeddings,
+        "dtype": cfg.dtype.value,
+    }
+
+
+def _model_lines(title: str, cfg: ModelConfig) -> list[str]:
+    s = model_summary(cfg)
+    rotary = s["rotary"]
+    position = (
+        f"rotary theta {_number(rotary['theta'])} over {rotary['rotary_dim']} of {cfg.head_size} dims"
+        + (f", scaling {_number(rotary['scaling'])}" if rotary["scaling"] != 1.0 else "")
+        if rotary is not None
+        else f"{s['position']} positions"
+    )
+    return [
+        f"{title} {s['architecture']}:",
+        f"  {s['layers']} layers, hidden {s['hidden_size']}, {s['heads']} heads / {s['kv_heads']} kv heads, head size "
+        f"{s['head_size']}, intermediate {s['intermediate_size']}, vocab {s['vocab_size']}",
+        f"  {position}; {s['max_positions']} positions; {s['norm']} norm, {s['mlp']} MLP"
+        + ("; q/k norm" if s["qk_norm"] else ""),
+        f"  tied head: {'yes' if s['tied_head'] else 'no'}; dtype: {s['dtype']}",
+    ]
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def check_source(path: Path) -> SupportReport:
+    """The support report of the ``.gguf`` file or Hugging Face folder at ``path`` (``is_source``)."""
+    if not path.exists():
+        raise TrtbuildError(f"{path}: no such file or directory")
+    if path.is_file():
+        return _check_gguf(path)
+    return _check_hf(path)
+
+
+def _check_gguf(path: Path) -> SupportReport:
+    from .convert import source_dtype
+    from .readers import GGUFReader
+
+    try:
+        reader = GGUFReader(path)  # metadata and tensor infos; the tensor data stays memory-mapped, unread
+    except ConvertError as e:
+        return SupportReport(path, SourceFormat.GGUF, [], [str(e)])
+    types = Counter(reader.type_name(name) for name in reader.names())
+    archs = list(reader.hf_config["architectures"])
+    cfg, problems = config_problems(reader.hf_config, source_dtype(reader))
+    return SupportReport(path, SourceFormat.GGUF, archs, problems, cfg, tensor_types=dict(types.most_common()))
+
+
+def _check_hf(folder: Path) -> SupportReport:
+    config_path = folder / "config.json"
+    try:
+        hf = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        return SupportReport(folder, SourceFormat.HF, [], [f"{config_path}: not valid JSON ({e})"])
+    if not isinstance(hf, dict):
+        return SupportReport(folder, SourceFormat.HF, [], [f"{config_path}: not a JSON object"])
+    if "format_version" in hf and "architectures" not in hf:
+        raise TrtbuildError(f"{folder}: a trtbuild checkpoint's config.json without {CHECKPOINT_WEIGHTS}")
+    archs = hf.get("architectures")
+    archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
+    problems = _weights_problems(folder)
+    dtype = hf_dtype(hf)
+    if len(archs) == 1 and archs[0] not in supported_architectures() and isinstance(hf.get("text_config"), dict):
+        multimodal, text_model = _multimodal_problems(archs[0], hf, dtype)
+        return SupportReport(folder, SourceFormat.HF, archs, multimodal + problems, text_model=text_model)
+    cfg, config_refusals = config_problems(hf, dtype)
+    problems = config_refusals + problems
+    return SupportReport(folder, SourceFormat.HF, archs, problems, None if problems else cfg)
+
+
+def hf_dtype(hf: dict[str, Any]) -> DType:
+    """The dtype ``convert`` keeps by default for a Hugging Face config (``convert.source_dtype``'s rule)."""
+    value = hf.get("dtype", hf.get("torch_dtype"))
+    return DType(value) if value in {d.value for d in DType} else DType.FLOAT32
+
+
+def _weights_problems(folder: Path) -> list[str]:
+    """The line ``convert`` stops at when the folder's weights cannot be opened (their headers only are read)."""
+    from .readers import HFReader
+
+    try:
+        HFReader(folder).close()
+    except ConvertError as e:
+        return [str(e)]
+    return []
+
+
+def _multimodal_problems(arch: str, hf: dict[str, Any], dtype: DType) -> tuple[list[str], ModelConfig | None]:
+    """The problems of a multimodal config, and its text model's ``ModelConfig`` when that would convert."""
+    towers = [k for k, v in hf.items() if k.endswith("_config") and k != "text_config" and isinstance(v, dict)]
+    named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers) or "what is beside its text model"
+    problems = [f"{arch}: {named} not supported"]
+    text_hf = _text_config(hf["text_config"])
+    text_arch = (text_hf.get("architectures") or [None])[0]
+    if text_arch is None:
+        model_type = hf["text_config"].get("model_type")
+        return [*problems, f"its text model (model_type {model_type!r}) has no causal-LM class in transformers"], None
+    own = hf["text_config"].get("dtype", hf["text_config"].get("torch_dtype"))
+    text_cfg, text_problems = config_problems(text_hf, hf_dtype({"dtype": own}) if own else dtype)
+    if text_cfg is None:
+        return [*problems, *(f"its text model ({text_arch}) does not convert either: {p}" for p in text_problems)], None
+    why = f"trtbuild convert takes {text_arch} folders, not the text model inside a {arch} folder"
+    return [*problems, f"its text model ({text_arch}) would convert, but {why}"], text_cfg
+
+
+def _text_config(text: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal config's ``text_config`` as a complete config of its own: transformers' defaults filled in
+    (``config.json`` stores a sub-config's differences from them) and ``architectures`` named by transformers'
+    causal-LM class of its ``model_type`` (``gemma3_text`` -> ``Gemma3ForCausalLM``) when it names none."""
+    model_type = text.get("model_type")
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    except ImportError:
+        return dict(text)
+    full = dict(text)
+    if isinstance(model_type, str):
+        try:
+            full = {**AutoConfig.for_model(model_type, **text).to_dict(), **text}
+        except (ValueError, TypeError, KeyError):  # a model_type this transformers does not know
+            full = dict(text)
+    if not full.get("architectures") and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        full["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
+    return full
