@@ -4,14 +4,13 @@ reason it does not, and the model it would be; nothing converted, no tensor data
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_run_cli import cli
 from tiny_models import TINY_CONFIGS, make_hf_model
 
-from trtbuild.cli import main
 from trtbuild.config import DType
 from trtbuild.convert.support import check_source, is_source
 from trtbuild.errors import ConvertError
@@ -19,18 +18,6 @@ from trtbuild.models import config_problems, model_config_from_hf
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e6}
 SLIDING_QWEN3 = dict(use_sliding_window=True, sliding_window=16, max_window_layers=1, rope_parameters=YARN)
-
-
-def cli(monkeypatch, capsys, *args: object) -> tuple[int, str, str]:
-    """``trtbuild ARGS`` in this process: (exit status, stdout, stderr)."""
-    monkeypatch.setattr(sys, "argv", ["trtbuild", *map(str, args)])
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write_config(folder: Path, config: dict) -> Path:
