@@ -24,7 +24,7 @@ from trtbuild.errors import ConfigError
 from trtbuild.runtime.kv_cache import PagedKVCache, bytes_per_block
 from trtbuild.runtime.kv_offload import KVOffloadConfig, KVOffloader
 from trtbuild.runtime.kv_offload.offloader import engine_fingerprint
-from trtbuild.runtime.kv_offload.redis_tier import RespConnection, parse_redis_url
+from trtbuild.runtime.kv_offload.redis_tier import PASSWORD_ENV, RedisAddress, RespConnection, parse_redis_url
 from trtbuild.runtime.kv_offload.tiers import HEADER, DiskTier, MemoryTier
 from trtbuild.runtime.llm import LLM, SamplingParams
 from trtbuild.serve.metrics import kv_offload_lines
@@ -274,25 +274,30 @@ def test_bench_and_metrics_report_each_tier(engine, tmp_path, monkeypatch, capsy
     assert kv_offload_lines(()) == []
 
 
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    """A redis-server of our own on a free port (skipped where none is installed)."""
+def start_redis(workdir, *extra: str):
+    """A redis-server of our own on a free port (skipped where none is installed): (process, port)."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    workdir = tmp_path_factory.mktemp("redis")
     args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
-    proc = subprocess.Popen([str(a) for a in args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            try:
-                RespConnection("127.0.0.1", port, 0).call(b"PING")
+    proc = subprocess.Popen([str(a) for a in [*args, *extra]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
                 break
-            except OSError:
-                time.sleep(0.05)
+        except OSError:
+            time.sleep(0.05)
+    return proc, port
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    proc, port = start_redis(tmp_path_factory.mktemp("redis"))
+    try:
+        RespConnection(RedisAddress("127.0.0.1", port)).call(b"PING")
         yield f"redis://127.0.0.1:{port}"
     finally:
         proc.terminate()
@@ -314,7 +319,7 @@ def test_replicas_share_blocks_through_redis(engine, block_bytes, redis_url):
     # A value that is not a whole block of that key is a miss.
     tier = second.offloader.remote
     key = next(iter(second.scheduler.kv_cache.pool.cached))
-    conn = RespConnection(*parse_redis_url(redis_url))
+    conn = RespConnection(parse_redis_url(redis_url))
     raw = conn.call(b"GET", tier.key(key))
     assert tier.get(key, block_bytes) is not None
     for bad in (raw[:-1], raw[:-1] + bytes([raw[-1] ^ 1]), b""):
@@ -330,6 +335,32 @@ def test_redis_url_errors(engine):
         port = s.getsockname()[1]  # nothing listens there once closed
     with pytest.raises(ConfigError, match="cannot reach the server"):
         LLM(engine, kv_offload=KVOffloadConfig(url=f"redis://127.0.0.1:{port}"))
+
+
+def test_redis_url_with_a_password():
+    address = parse_redis_url("redis://app:s%40cret@cache.internal:6380/2")
+    assert address == RedisAddress("cache.internal", 6380, 2, "app", "s@cret")
+    assert "s@cret" not in repr(address)
+    assert parse_redis_url("redis://:pw@h").username is None
+
+
+def test_redis_server_with_a_password(engine, block_bytes, tmp_path, monkeypatch):
+    proc, port = start_redis(tmp_path, "--requirepass", "s3cret")
+    try:
+        config = KVOffloadConfig(url=f"redis://:s3cret@127.0.0.1:{port}/1")
+        llm = small_llm(engine, block_bytes, config)
+        chat_rounds(llm, rounds=1)
+        llm.offloader.close()
+        assert llm.stats.kv_offload[0].blocks_stored > 0
+        with pytest.raises(ConfigError, match="cannot reach the server") as e:
+            LLM(engine, kv_offload=KVOffloadConfig(url=f"redis://:wrong@127.0.0.1:{port}"))
+        assert "wrong" not in str(e.value) and ":***@" in str(e.value)
+        monkeypatch.setenv(PASSWORD_ENV, "s3cret")  # kept out of the process list
+        conn = RespConnection(parse_redis_url(f"redis://127.0.0.1:{port}/1"))
+        assert conn.call(b"DBSIZE") == llm.stats.kv_offload[0].blocks_stored
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_an_unused_llm_and_its_writer_go_away(engine, tmp_path):

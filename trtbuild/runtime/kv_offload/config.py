@@ -36,8 +36,9 @@ class KVOffloadConfig:
         default=None,
         metadata={
             "flag": "--kv-offload-url",
-            "help": "Redis / Valkey server of a remote KV offload tier shared by replicas, redis://HOST[:PORT][/DB] "
-            "(bound its memory with the server's maxmemory + allkeys-lru) [default: off]",
+            "help": "Redis / Valkey server of a remote KV offload tier shared by replicas, "
+            "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (or the password in $TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD; "
+            "bound its memory with the server's maxmemory + allkeys-lru) [default: off]",
         },
     )
 

@@ -1,7 +1,9 @@
 """The remote tier: blocks in a Redis / Valkey server, so replicas on several machines share them.
 
-Speaks the Redis protocol (RESP2: ``GET``, ``SET``, ``PING``) over a plain socket, one connection per thread (the
-writer thread stores while the engine thread looks up): no client package. Keys are
+Speaks the Redis protocol (RESP2: ``AUTH``, ``SELECT``, ``GET``, ``SET``, ``PING``) over a plain socket, one
+connection per thread (the writer thread stores while the engine thread looks up): no client package. A password
+comes from the URL (``redis://[USER]:PASSWORD@HOST``) or, kept out of the process list, from
+``$TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD``; messages show the URL with the password masked. No TLS. Keys are
 ``trtkv:<engine fingerprint>:<block hash hex>``; values are a disk file's bytes (header with the block hash, length
 and crc32, then the payload), so a truncated or foreign value is a miss. The server bounds the memory: run it with
 ``maxmemory`` and ``maxmemory-policy allkeys-lru``. A server that stops answering turns lookups into misses and drops
@@ -10,9 +12,11 @@ stores (the next call reconnects).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
-from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
@@ -21,10 +25,32 @@ from ..block_pool import BlockHash
 from .tiers import TierStats, decode_block, encode_block
 
 TIMEOUT_S = 5.0
+PASSWORD_ENV = "TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD"  # used when the URL carries no password
 
 
-def parse_redis_url(url: str) -> tuple[str, int, int]:
-    """(host, port, database) of ``redis://HOST[:PORT][/DB]``; ``ConfigError`` otherwise."""
+@dataclass(frozen=True)
+class RedisAddress:
+    """Where the server is and how to log in: ``username`` is None for the default user (``AUTH password``)."""
+
+    host: str
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+def masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@" + parts.netloc.rpartition("@")[2]).geturl()
+
+
+def parse_redis_url(url: str) -> RedisAddress:
+    """The address of ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`` (password else ``$TRTBUILD_KV_OFFLOAD_REDIS_
+    PASSWORD``); ``ConfigError`` otherwise."""
     parts = urlsplit(url)
     try:
         port = parts.port or 6379
@@ -32,8 +58,13 @@ def parse_redis_url(url: str) -> tuple[str, int, int]:
     except ValueError:
         port = db = -1
     if parts.scheme != "redis" or not parts.hostname or port < 0 or db < 0 or parts.query:
-        raise ConfigError(f"--kv-offload-url {url!r}: expected redis://HOST[:PORT][/DB]")
-    return parts.hostname, port, db
+        raise ConfigError(
+            f"--kv-offload-url {masked(url)!r}: expected redis://HOST[:PORT][/DB] "
+            "(redis://[USER]:PASSWORD@HOST... with a password)"
+        )
+    password = unquote(parts.password) if parts.password is not None else os.environ.get(PASSWORD_ENV) or None
+    username = unquote(parts.username) if parts.username else None
+    return RedisAddress(parts.hostname, port, db, username, password)
 
 
 class RedisError(Exception):
@@ -43,12 +74,15 @@ class RedisError(Exception):
 class RespConnection:
     """One connection speaking RESP2; ``call`` sends a command and returns its reply (bytes, int, None, list)."""
 
-    def __init__(self, host: str, port: int, db: int) -> None:
-        self.sock = socket.create_connection((host, port), timeout=TIMEOUT_S)
+    def __init__(self, address: RedisAddress) -> None:
+        self.sock = socket.create_connection((address.host, address.port), timeout=TIMEOUT_S)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.reader = self.sock.makefile("rb")
-        if db:
-            self.call(b"SELECT", str(db).encode())
+        if address.password is not None:
+            user = [address.username.encode()] if address.username else []
+            self.call(b"AUTH", *user, address.password.encode())
+        if address.db:
+            self.call(b"SELECT", str(address.db).encode())
 
     def call(self, *args: bytes | memoryview) -> object:
         chunks = [b"*%d\r\n" % len(args)]
@@ -98,7 +132,7 @@ class RedisTier:
         try:
             self._call(b"PING")
         except (OSError, RedisError) as e:
-            raise ConfigError(f"--kv-offload-url {url}: cannot reach the server ({e})") from None
+            raise ConfigError(f"--kv-offload-url {masked(url)}: cannot reach the server ({e})") from None
 
     def key(self, key: BlockHash) -> bytes:
         return self.prefix + key.hex().encode()
@@ -106,7 +140,7 @@ class RedisTier:
     def _call(self, *args: bytes | memoryview) -> object:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = RespConnection(*self.address)
+            conn = self._local.conn = RespConnection(self.address)
         try:
             return conn.call(*args)
         except (OSError, RedisError, ValueError):
