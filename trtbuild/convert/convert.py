@@ -24,7 +24,7 @@ from ..checkpoint.formats import FORMATS, Numeric, pack_int4
 from ..checkpoint.layout import canonical_linears, expected_quantized_tensors, expected_tensors
 from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
-from ..models import model_config_from_hf
+from ..models import hf_dtype, model_config_from_hf
 from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
@@ -70,10 +70,7 @@ def source_dtype(reader: HFReader | GGUFReader) -> DType:
     """The dtype a checkpoint of ``reader`` keeps by default: a Hugging Face config's ``dtype`` (``torch_dtype``
     before transformers 5) when it is one of ``DType``, else float32 (GGUF files: their float tensors are mostly
     F32, and dequantized ones are float32)."""
-    if isinstance(reader, GGUFReader):
-        return DType.FLOAT32
-    value = reader.hf_config.get("dtype", reader.hf_config.get("torch_dtype"))
-    return DType(value) if value in {d.value for d in DType} else DType.FLOAT32
+    return DType.FLOAT32 if isinstance(reader, GGUFReader) else hf_dtype(reader.hf_config)
 
 
 def convert(

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..artifacts.manifest import MANIFEST
+from ..checkpoint.files import WEIGHTS_FILE
 from ..config import DType, ModelConfig
 from ..errors import ConvertError, TrtbuildError
-from ..models import config_problems, supported_architectures
+from ..models import config_problems, hf_dtype, supported_architectures
 from .tensor_names import SourceFormat
-
-CHECKPOINT_WEIGHTS = "rank0.safetensors"  # a trtbuild checkpoint's weights: such a folder is not a source
 
 
 def is_source(path: Path) -> bool:
@@ -32,7 +32,7 @@ def is_source(path: Path) -> bool:
     ``runtime_config.json``)."""
     if path.is_file():
         return path.suffix.lower() == ".gguf"
-    trtbuild_files = (CHECKPOINT_WEIGHTS, "manifest.json", "runtime_config.json")
+    trtbuild_files = (WEIGHTS_FILE, MANIFEST, "runtime_config.json")
     return (path / "config.json").is_file() and not any((path / name).exists() for name in trtbuild_files)
 
 
@@ -167,7 +167,7 @@ def _check_hf(folder: Path) -> SupportReport:
     if not isinstance(hf, dict):
         return SupportReport(folder, SourceFormat.HF, [], [f"{config_path}: not a JSON object"])
     if "format_version" in hf and "architectures" not in hf:
-        raise TrtbuildError(f"{folder}: a trtbuild checkpoint's config.json without {CHECKPOINT_WEIGHTS}")
+        raise TrtbuildError(f"{folder}: a trtbuild checkpoint's config.json without {WEIGHTS_FILE}")
     archs = hf.get("architectures")
     archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     problems = _weights_problems(folder)
@@ -178,12 +178,6 @@ def _check_hf(folder: Path) -> SupportReport:
     cfg, config_refusals = config_problems(hf, dtype)
     problems = config_refusals + problems
     return SupportReport(folder, SourceFormat.HF, archs, problems, None if problems else cfg)
-
-
-def hf_dtype(hf: dict[str, Any]) -> DType:
-    """The dtype ``convert`` keeps by default for a Hugging Face config (``convert.source_dtype``'s rule)."""
-    value = hf.get("dtype", hf.get("torch_dtype"))
-    return DType(value) if value in {d.value for d in DType} else DType.FLOAT32
 
 
 def _weights_problems(folder: Path) -> list[str]:
@@ -207,8 +201,8 @@ def _multimodal_problems(arch: str, hf: dict[str, Any], dtype: DType) -> tuple[l
     if text_arch is None:
         model_type = hf["text_config"].get("model_type")
         return [*problems, f"its text model (model_type {model_type!r}) has no causal-LM class in transformers"], None
-    own = hf["text_config"].get("dtype", hf["text_config"].get("torch_dtype"))
-    text_cfg, text_problems = config_problems(text_hf, hf_dtype({"dtype": own}) if own else dtype)
+    own = hf["text_config"].get("dtype", hf["text_config"].get("torch_dtype"))  # else the outer config's
+    text_cfg, text_problems = config_problems(text_hf, hf_dtype(hf["text_config"]) if own else dtype)
     if text_cfg is None:
         return [*problems, *(f"its text model ({text_arch}) does not convert either: {p}" for p in text_problems)], None
     why = f"trtbuild convert takes {text_arch} folders, not the text model inside a {arch} folder"

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigReader",
     "Refusals",
     "config_problems",
+    "hf_dtype",
     "model_config_from_hf",
     "register_architecture",
     "supported_architectures",
@@ -27,6 +28,13 @@ __all__ = [
 def supported_architectures() -> list[str]:
     _load_families()
     return sorted(_REGISTRY)
+
+
+def hf_dtype(hf_config: dict[str, Any]) -> DType:
+    """The dtype a checkpoint of a Hugging Face config keeps by default: its ``dtype`` (``torch_dtype`` before
+    transformers 5) when that is one of ``DType``, else float32."""
+    value = hf_config.get("dtype", hf_config.get("torch_dtype"))
+    return DType(value) if value in {d.value for d in DType} else DType.FLOAT32
 
 
 def model_config_from_hf(hf_config: dict[str, Any], dtype: DType) -> ModelConfig:
