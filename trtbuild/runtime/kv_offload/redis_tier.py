@@ -123,7 +123,6 @@ class RedisTier:
     """Blocks under ``trtkv:<fingerprint>:`` in the server at ``url`` (see the module docstring)."""
 
     def __init__(self, url: str, fingerprint: str) -> None:
-        self.url = url
         self.address = parse_redis_url(url)
         self.prefix = f"trtkv:{fingerprint}:".encode()
         self.stats = TierStats("redis")
