@@ -42,6 +42,11 @@ def load_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]
 
         raise BuildError(not_a_directory(ckpt_dir, "checkpoint directory", "run `trtbuild convert` first"))
     cfg = _config(ckpt_dir)
+    return cfg, _float_weights(ckpt_dir, cfg)
+
+
+def _float_weights(ckpt_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The tensors of float checkpoint ``cfg``, as float32, checked against its layout."""
     path = _weights_file(ckpt_dir)
     from safetensors import safe_open
 
@@ -61,7 +66,7 @@ def load_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise BuildError(f"{path}: unexpected tensor {extra[0]}")
-    return cfg, weights
+    return weights
 
 
 def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
@@ -72,7 +77,7 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
         return load_checkpoint(ckpt_dir)  # its errors name what is missing
     cfg = _config(ckpt_dir)
     if cfg.quantization is None:
-        return load_checkpoint(ckpt_dir)
+        return cfg, _float_weights(ckpt_dir, cfg)
     path = _weights_file(ckpt_dir)
     import torch
     from safetensors import safe_open
