@@ -2,9 +2,9 @@
 
 ``trtbuild.build.build_engine`` checks the options, makes a ``BuildRequest`` and hands it to the backend's
 ``build_engine_dir`` (``trtbuild.backends.BUILD_MODULES``), which loads the checkpoint into the portable graph
-(``portable_graph``), lowers that for its engines and writes the engine directory atomically, with
-``checkpoint_digests`` and ``op_counts`` in its manifest; it returns a ``BuildResult``. Nothing here imports a
-backend or ``trtbuild.build``.
+(``portable_graph``), lowers that for its engines and writes the engine directory atomically, its manifest through
+``write_engine_manifest`` (with ``checkpoint_digests`` and ``op_counts``); it returns a ``BuildResult``. Nothing
+here imports a backend or ``trtbuild.build``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import onnx
 
-from ..artifacts.manifest import sha256_file
+from ..artifacts.manifest import sha256_file, write_manifest
 from ..checkpoint.files import WEIGHTS_FILE, load_any_checkpoint
 from ..config import BuildConfig, EngineIO, ModelConfig, PerplexityGate, TensorRTConfig, TorchConfig
+from ..configio import to_dict
 from ..graph.emit import emit_portable_graph
 
 # (finished engine directory, gate) -> the gate's result as the manifest records it; raises BuildError on failure
@@ -73,3 +75,27 @@ def portable_graph(ckpt_dir: Path, build: BuildConfig) -> tuple[ModelConfig, Bui
 def checkpoint_digests(ckpt_dir: Path) -> dict[str, str]:
     """sha256 of the checkpoint files an engine was built from (recorded in its manifest)."""
     return {name: sha256_file(ckpt_dir / name) for name in ("config.json", WEIGHTS_FILE)}
+
+
+def write_engine_manifest(
+    tmp: Path,
+    req: BuildRequest,
+    build: BuildConfig,
+    *,
+    target: str,
+    graph: dict[str, dict[str, int]],
+    backend_options: dict[str, Any] | None = None,
+    **sections: Any,
+) -> None:
+    """``manifest.json`` of the finished engine directory ``tmp``: the sections every backend records (backend,
+    target, build options as the engine holds them plus the backend's own, the checkpoint's digests, op counts) and
+    the backend's further ``sections`` (``engines``, ``accuracy_gate``)."""
+    write_manifest(
+        tmp,
+        backend=build.backend.value,
+        target=target,
+        build_options={**to_dict(build), **(backend_options or {})},
+        checkpoint=checkpoint_digests(req.ckpt_dir),
+        graph=graph,
+        **sections,
+    )

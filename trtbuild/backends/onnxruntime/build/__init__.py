@@ -13,12 +13,11 @@ import time
 import onnx
 
 from ....artifacts.atomic import atomic_output_dir
-from ....artifacts.manifest import cpu_target, write_manifest
+from ....artifacts.manifest import cpu_target
 from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig
-from ....configio import to_dict
 from ....errors import BuildError, EngineError
-from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ...build_request import BuildRequest, BuildResult, op_counts, portable_graph, write_engine_manifest
 from ..huge_pages import write_arena_layout
 from ..kernel_library import library_path
 from .passes import Target, run_passes, settle_options
@@ -66,12 +65,11 @@ def build_engine_dir(req: BuildRequest) -> BuildResult:
         gate_result = None
         if gate is not None:
             gate_result = req.check_gate(tmp, gate)
-        write_manifest(
+        write_engine_manifest(
             tmp,
-            backend=build.backend.value,
+            req,
+            build,
             target=cpu_target(),
-            build_options=to_dict(build),
-            checkpoint=checkpoint_digests(ckpt_dir),
             graph={"portable_op_counts": portable_counts, "engine_op_counts": engine_counts},
             **({"accuracy_gate": gate_result} if gate_result is not None else {}),
         )

@@ -10,11 +10,10 @@ from pathlib import Path
 import onnx
 
 from ....artifacts.atomic import atomic_output_dir
-from ....artifacts.manifest import write_manifest
 from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig
 from ....configio import to_dict
-from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ...build_request import BuildRequest, BuildResult, op_counts, portable_graph, write_engine_manifest
 
 
 def build_engine_dir(req: BuildRequest) -> BuildResult:
@@ -42,13 +41,13 @@ def build_engine_dir(req: BuildRequest) -> BuildResult:
             )  # fmt: skip
             RuntimeConfig(model=model_cfg, build=build, engine_file=entries[0].path, io=io).save(tmp)
             copy_tokenizer_files(ckpt_dir, tmp)
-            write_manifest(
+            write_engine_manifest(
                 tmp,
-                backend=build.backend.value,
+                req,
+                build,
                 target=",".join(e.target for e in entries),
-                build_options={**to_dict(build), "tensorrt": to_dict(trt)},
-                engines=[e.to_dict() for e in entries],
-                checkpoint=checkpoint_digests(ckpt_dir),
                 graph={"portable_op_counts": portable_counts},
+                backend_options={"tensorrt": to_dict(trt)},
+                engines=[e.to_dict() for e in entries],
             )
     return BuildResult(engine_dir, portable_counts, {}, time.perf_counter() - start)

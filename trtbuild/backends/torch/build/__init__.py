@@ -8,11 +8,10 @@ from __future__ import annotations
 import time
 
 from ....artifacts.atomic import atomic_output_dir
-from ....artifacts.manifest import write_manifest
 from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig, TorchRuntime
 from ....configio import to_dict
-from ...build_request import BuildRequest, BuildResult, checkpoint_digests, op_counts, portable_graph
+from ...build_request import BuildRequest, BuildResult, op_counts, portable_graph, write_engine_manifest
 
 
 def build_engine_dir(req: BuildRequest) -> BuildResult:
@@ -32,14 +31,14 @@ def build_engine_dir(req: BuildRequest) -> BuildResult:
         del portable
         RuntimeConfig(model=model_cfg, build=build, engine_file=entry.path, io=io).save(tmp)
         copy_tokenizer_files(req.ckpt_dir, tmp)
-        write_manifest(
+        write_engine_manifest(
             tmp,
-            backend=build.backend.value,
+            req,
+            build,
             target=entry.target,
-            build_options={**to_dict(build), "torch": to_dict(req.torch)},
-            engines=[entry.to_dict()],
-            checkpoint=checkpoint_digests(req.ckpt_dir),
             graph={"portable_op_counts": portable_counts},
+            backend_options={"torch": to_dict(req.torch)},
+            engines=[entry.to_dict()],
         )
     seconds = time.perf_counter() - req.start
     return BuildResult(req.engine_dir, portable_counts, {}, seconds, warnings=written.warnings)
