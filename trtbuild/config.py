@@ -8,13 +8,16 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .configio import from_dict, read_json, to_dict, write_json
 
-CHECKPOINT_FORMAT_VERSION = 2  # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo)
-READABLE_CHECKPOINT_VERSIONS = (1, 2)  # a version-1 checkpoint is a version-2 one without those
+# 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo); 3: ModelConfig's per-layer
+# attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3)
+CHECKPOINT_FORMAT_VERSION = 3
+READABLE_CHECKPOINT_VERSIONS = (1, 2, 3)  # an older checkpoint is a version-3 one whose new fields hold their defaults
 ENGINE_FORMAT_VERSION = 2  # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph)
 
 
@@ -32,10 +35,21 @@ class NormKind(enum.Enum):
 
 
 class MlpKind(enum.Enum):
-    """``SWIGLU``: silu(gate) * up, gate/up fused into one matmul. ``GELU_TANH``: fc -> gelu(tanh approx) -> proj."""
+    """``SWIGLU``: silu(gate) * up, gate/up fused into one matmul. ``GELU_TANH``: fc -> gelu(tanh approx) -> proj.
+    ``GEGLU``: gelu_tanh(gate) * up, fused as SWIGLU."""
 
     SWIGLU = "swiglu"
     GELU_TANH = "gelu_tanh"
+    GEGLU = "geglu"  # gelu(tanh approx)(gate) * up, gate/up fused like SWIGLU (Gemma)
+
+
+class AttentionKind(enum.Enum):
+    """What a layer attends to: ``FULL`` every earlier position of its sequence (causal), ``SLIDING`` only the
+    last ``ModelConfig.sliding_window`` positions, its own included (key position > query position - window, as
+    transformers' sliding-window mask)."""
+
+    FULL = "full"
+    SLIDING = "sliding"
 
 
 class PositionKind(enum.Enum):
@@ -228,7 +242,9 @@ class ModelConfig:
     """A converted checkpoint's architecture, written as ``config.json`` next to ``rank0.safetensors``.
 
     Invariants (checked in ``__post_init__``): num_heads % num_kv_heads == 0; RoPE models carry ``rope`` and
-    learned-position models do not; rotary_dim is even and <= head_size; q/k norms are RMS norms.
+    learned-position models do not; rotary_dim is even and <= head_size; q/k norms are RMS norms;
+    ``layer_types`` names every layer; ``sliding_window`` is set exactly when a layer slides; ``local_rope`` only
+    on RoPE models with sliding layers.
     """
 
     architecture: str  # the registry key of the source architecture, e.g. "LlamaForCausalLM"
@@ -255,6 +271,26 @@ class ModelConfig:
     # Qwen3: an RMSNorm (``norm_eps``, weight of ``head_size``) on each query and key head after the qkv projection,
     # before rotary (``attn.q_norm`` / ``attn.k_norm``). Absent from checkpoints written before it (False).
     qk_norm: bool = False
+    # Per layer: full or sliding-window attention (Mistral, Qwen2/3 and Phi-3 with a window; Gemma 3 interleaves
+    # five sliding layers with one full one). Written by every converter; a checkpoint written before version 3
+    # has none, which reads as every layer full.
+    layer_types: list[AttentionKind] = field(default_factory=list)
+    sliding_window: int | None = None  # positions a SLIDING layer attends to (its own included)
+    # The rotary embedding of SLIDING layers where it differs from ``rope`` (Gemma 3: base 10,000 locally, 1e6 for
+    # the full layers); None: every layer rotates by ``rope``.
+    local_rope: RopeConfig | None = None
+    # Softmax scale of attention; None: 1 / sqrt(head_size) (Gemma 3: query_pre_attn_scalar ** -0.5).
+    attention_scale: float | None = None
+    # Soft-capping ``cap * tanh(x / cap)`` of the attention scores (after scaling) and of the final logits (Gemma 2).
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    # Embedding rows are multiplied by this after the lookup (Gemma: sqrt(hidden_size), rounded to the model's
+    # dtype); a tied LM head reads the unscaled table.
+    embed_multiplier: float = 1.0
+    # Gemma 2/3: a norm on the attention output and one on the MLP output before each residual add
+    # (``attn.post_norm``, ``mlp.post_norm``), besides the usual pre-norms. RMS norms (Gemma's (1 + w) weights are
+    # stored with the 1 added).
+    sandwich_norms: bool = False
     # Set by ``trtbuild quantize``: how the linear weights (and KV cache) of this checkpoint are quantized; the
     # tensors it implies are listed by ``trtbuild.checkpoint.layout``. None for a float checkpoint.
     quantization: QuantConfig | None = None
@@ -271,9 +307,45 @@ class ModelConfig:
             raise ValueError(f"rotary_dim {self.rope.rotary_dim} must be even and <= head_size {self.head_size}")
         if self.qk_norm and self.norm is not NormKind.RMS:
             raise ValueError("qk_norm is an RMS norm: norm must be 'rms'")
+        if not self.layer_types:  # a checkpoint written before layer kinds existed: every layer attends fully
+            object.__setattr__(self, "layer_types", [AttentionKind.FULL] * self.num_layers)
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types names {len(self.layer_types)} layers, the model has {self.num_layers}")
+        if (AttentionKind.SLIDING in self.layer_types) != (self.sliding_window is not None):
+            raise ValueError("sliding_window must be given exactly when a layer is 'sliding'")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError("sliding_window must be positive")
+        if self.local_rope is not None and (self.rope is None or self.sliding_window is None):
+            raise ValueError("local_rope applies to RoPE models with sliding layers only")
+        for name in ("attention_scale", "attn_softcap", "final_softcap"):
+            if (value := getattr(self, name)) is not None and value <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.sandwich_norms and self.norm is not NormKind.RMS:
+            raise ValueError("sandwich_norms are RMS norms: norm must be 'rms'")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+    @property
+    def softmax_scale(self) -> float:
+        """The attention softmax scale: ``attention_scale`` or 1 / sqrt(head_size)."""
+        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_size)
+
+    def layer_rope(self, layer: int) -> RopeConfig | None:
+        """The rotary embedding of ``layer``: ``local_rope`` for a sliding layer that has one, else ``rope``."""
+        if self.local_rope is not None and self.layer_types[layer] is AttentionKind.SLIDING:
+            return self.local_rope
+        return self.rope
+
+    def layer_window(self, layer: int) -> int | None:
+        """Positions ``layer`` attends to, or None for the whole context."""
+        return self.sliding_window if self.layer_types[layer] is AttentionKind.SLIDING else None
+
+    @property
+    def kv_window(self) -> int | None:
+        """The window every layer slides over, or None when some layer attends fully: only then may the runner free
+        a sequence's KV blocks that fall wholly before the window (a full layer still reads them)."""
+        return self.sliding_window if AttentionKind.FULL not in self.layer_types else None
 
     @property
     def kv_cache_dtype(self) -> KVCacheDType:

@@ -8,8 +8,6 @@ computed only for the rows named by ``logits_indices``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
@@ -81,7 +79,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
             num_heads=cfg.num_heads,
             num_kv_heads=hkv,
             head_size=d,
-            scale=1.0 / math.sqrt(d),
+            scale=cfg.softmax_scale,
             rotary_interleaved=int(cfg.rope.interleaved) if cfg.rope else 0,
             **kv_attrs,
         )[0]
