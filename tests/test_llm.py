@@ -99,7 +99,7 @@ def test_concurrent_greedy_equals_each_alone(tiny_engines, name):
     assert not llm.scheduler.has_unfinished()
 
 
-@pytest.mark.parametrize("name", ["llama_gqa", "qwen3", "phi3"])
+@pytest.mark.parametrize("name", ["llama_gqa", "qwen3", "phi3", "gemma3"])
 def test_greedy_matches_transformers(tiny_engines, name):
     import torch
 

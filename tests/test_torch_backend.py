@@ -34,10 +34,11 @@ from trtbuild.runtime.llm import LLM, SamplingParams
 ARCHS = ["llama_gqa", "qwen2_bias", "gpt2"]
 RUNTIMES = [TorchRuntime.TORCH_COMPILE, TorchRuntime.AOT_INDUCTOR]
 # (architecture, runtime) of every engine built: each architecture on both runtimes, Qwen3 (whose q/k norms are
-# standard ops the importer covers) and Phi-3 (rotary over part of each head) on torch-compile only, to keep the
+# standard ops the importer covers), Phi-3 (rotary over part of each head) and Gemma 3 (sandwich norms, GeGLU, two
+# rotary tables, sliding layers) on torch-compile only, to keep the
 # suite short
 ENGINES = [(name, runtime) for name in ARCHS for runtime in RUNTIMES] + [
-    (name, TorchRuntime.TORCH_COMPILE) for name in ("qwen3", "phi3")
+    (name, TorchRuntime.TORCH_COMPILE) for name in ("qwen3", "phi3", "gemma3")
 ]
 TINY_BUILD = BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4)
 

@@ -30,7 +30,11 @@ from .formats import FORMATS, FormatSpec, Numeric, linear_format
 # The linears of each decoder layer that a quantized checkpoint can quantize (below ``layers.{i}.``), in layer order:
 # the Llama family's (quantize's ``hf_model.LINEARS`` maps each to its Hugging Face modules).
 LAYER_LINEARS = ("attn.qkv", "attn.out", "mlp.gate_up", "mlp.down")
-UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)  # canonical linears whose smoothing stays an explicit Mul
+UNFOLDED_PRE_QUANT_SCALE = ("attn.out",)
+GATED_MLPS = (
+    MlpKind.SWIGLU,
+    MlpKind.GEGLU,
+)  # gate and up fused as ``mlp.gate_up`` (gate rows first)  # canonical linears whose smoothing stays an explicit Mul
 
 
 def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -60,7 +64,10 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[p + "attn.out.weight"] = (h, cfg.num_heads * cfg.head_size)
         if cfg.attn_out_bias:
             out[p + "attn.out.bias"] = (h,)
-        if cfg.mlp is MlpKind.SWIGLU:
+        if cfg.sandwich_norms:  # Gemma: norms on the attention and MLP outputs, before the residual adds
+            out[p + "attn.post_norm.weight"] = (h,)
+            out[p + "mlp.post_norm.weight"] = (h,)
+        if cfg.mlp in GATED_MLPS:
             out[p + "mlp.gate_up.weight"] = (2 * i, h)
         else:
             out[p + "mlp.up.weight"] = (i, h)

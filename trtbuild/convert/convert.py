@@ -118,7 +118,7 @@ def _convert_tensors(
         return t.to(target_dtype).contiguous()
 
     for name in reader.names():
-        match = match_source_name(name, reader.format)
+        match = match_source_name(name, reader.format, cfg.architecture)
         if match is None:
             if is_ignored(name, reader.format):
                 continue
@@ -134,6 +134,9 @@ def _convert_tensors(
             t = _rows(t, lambda r: _unpermute(r, cfg.num_heads))
         elif match.transform is Transform.UNPERMUTE_K:
             t = _rows(t, lambda r: _unpermute(r, cfg.num_kv_heads))
+        elif match.transform is Transform.ADD_ONE:
+            assert isinstance(t, torch.Tensor)  # a norm weight: float in every source
+            t = t.float() + 1.0
         if isinstance(t, torch.Tensor):
             t = t.to(target_dtype).contiguous()
         fusion = _fusion_of(match.part)

@@ -24,6 +24,7 @@ class Transform(enum.Enum):
     TRANSPOSE = "transpose"  # GPT-2's Conv1D stores [in, out]
     UNPERMUTE_Q = "unpermute_q"  # llama.cpp interleaves rotary pairs of Q rows; undo with num_heads
     UNPERMUTE_K = "unpermute_k"  # likewise for K rows, with num_kv_heads
+    ADD_ONE = "add_one"  # Gemma's RMSNorm scales by (1 + w): the checkpoint stores 1 + w (llama.cpp's GGUF does too)
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,14 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(HF, "model.layers.{i}.self_attn.v_proj.weight"),
         Spelling(GGUF, "blk.{i}.attn_v.weight"),
     ),
-    "layers.{i}.attn.q_norm.weight": (Spelling(HF, "model.layers.{i}.self_attn.q_norm.weight"),),  # Qwen3, per head
-    "layers.{i}.attn.k_norm.weight": (Spelling(HF, "model.layers.{i}.self_attn.k_norm.weight"),),
+    "layers.{i}.attn.q_norm.weight": (  # Qwen3, Gemma 3: per head
+        Spelling(HF, "model.layers.{i}.self_attn.q_norm.weight"),
+        Spelling(GGUF, "blk.{i}.attn_q_norm.weight"),
+    ),
+    "layers.{i}.attn.k_norm.weight": (
+        Spelling(HF, "model.layers.{i}.self_attn.k_norm.weight"),
+        Spelling(GGUF, "blk.{i}.attn_k_norm.weight"),
+    ),
     "layers.{i}.attn.q.bias": (Spelling(HF, "model.layers.{i}.self_attn.q_proj.bias"),),  # Qwen2
     "layers.{i}.attn.k.bias": (Spelling(HF, "model.layers.{i}.self_attn.k_proj.bias"),),
     "layers.{i}.attn.v.bias": (Spelling(HF, "model.layers.{i}.self_attn.v_proj.bias"),),
@@ -93,6 +100,9 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(GGUF, "blk.{i}.ffn_norm.weight"),
     ),
     "layers.{i}.post_attn_norm.bias": (Spelling(HF, "transformer.h.{i}.ln_2.bias"),),
+    # Gemma 2/3's sandwich norms: on the attention output and on the MLP output, before each residual add
+    "layers.{i}.attn.post_norm.weight": (Spelling(GGUF, "blk.{i}.post_attention_norm.weight"),),
+    "layers.{i}.mlp.post_norm.weight": (Spelling(GGUF, "blk.{i}.post_ffw_norm.weight"),),
     "layers.{i}.mlp.gate_up.weight": (Spelling(HF, "model.layers.{i}.mlp.gate_up_proj.weight"),),  # Phi-3: gate | up
     "layers.{i}.mlp.gate.weight": (
         Spelling(HF, "model.layers.{i}.mlp.gate_proj.weight"),
@@ -110,6 +120,30 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(GGUF, "blk.{i}.ffn_down.weight"),
     ),
     "layers.{i}.mlp.down.bias": (Spelling(HF, "transformer.h.{i}.mlp.c_proj.bias"),),
+}
+
+
+def _gemma_hf(pattern: str) -> Spelling:
+    return Spelling(HF, pattern, Transform.ADD_ONE)
+
+
+# Architectures whose sources spell some tensors their own way (a name the common table gives another meaning, or
+# another transform): architecture -> source part -> spellings, consulted before ``SOURCE_PARTS``.
+ARCHITECTURE_PARTS: dict[str, dict[str, tuple[Spelling, ...]]] = {
+    "Gemma3ForCausalLM": {
+        # Hugging Face stores w of Gemma's (1 + w) norms; llama.cpp's GGUF already holds 1 + w (the common table).
+        "final_norm.weight": (_gemma_hf("model.norm.weight"),),
+        "layers.{i}.input_norm.weight": (_gemma_hf("model.layers.{i}.input_layernorm.weight"),),
+        "layers.{i}.attn.q_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.q_norm.weight"),),
+        "layers.{i}.attn.k_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.k_norm.weight"),),
+        # Gemma's post_attention_layernorm norms the attention output; its pre-MLP norm is pre_feedforward_layernorm
+        "layers.{i}.attn.post_norm.weight": (_gemma_hf("model.layers.{i}.post_attention_layernorm.weight"),),
+        "layers.{i}.post_attn_norm.weight": (_gemma_hf("model.layers.{i}.pre_feedforward_layernorm.weight"),),
+        "layers.{i}.mlp.post_norm.weight": (_gemma_hf("model.layers.{i}.post_feedforward_layernorm.weight"),),
+        # llama.cpp permutes Q/K rows for its llama architecture only
+        "layers.{i}.attn.q.weight": (Spelling(GGUF, "blk.{i}.attn_q.weight"),),
+        "layers.{i}.attn.k.weight": (Spelling(GGUF, "blk.{i}.attn_k.weight"),),
+    },
 }
 
 # Source tensors that are known and deliberately dropped (buffers, not weights).
@@ -132,7 +166,12 @@ def _regex(pattern: str) -> re.Pattern[str]:
     return re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
 
 
-_MATCHERS = [(_regex(sp.pattern), part, sp) for part, spellings in SOURCE_PARTS.items() for sp in spellings]
+def _matchers(parts: dict[str, tuple[Spelling, ...]]) -> list[tuple[re.Pattern[str], str, Spelling]]:
+    return [(_regex(sp.pattern), part, sp) for part, spellings in parts.items() for sp in spellings]
+
+
+_MATCHERS = _matchers(SOURCE_PARTS)
+_ARCHITECTURE_MATCHERS = {arch: _matchers(parts) for arch, parts in ARCHITECTURE_PARTS.items()}
 _IGNORED = [(_regex(sp.pattern), sp) for sp in IGNORED]
 
 
@@ -144,9 +183,10 @@ class Match:
     transform: Transform
 
 
-def match_source_name(name: str, fmt: SourceFormat) -> Match | None:
-    """The source part ``name`` spells in ``fmt``, or None when no rule knows it (ignored names included)."""
-    for rx, part, sp in _MATCHERS:
+def match_source_name(name: str, fmt: SourceFormat, architecture: str = "") -> Match | None:
+    """The source part ``name`` spells in ``fmt`` for ``architecture`` (its own spellings first, then the common
+    table), or None when no rule knows it (ignored names included)."""
+    for rx, part, sp in [*_ARCHITECTURE_MATCHERS.get(architecture, []), *_MATCHERS]:
         if sp.format is fmt and (m := rx.match(name)):
             layer = m.groupdict().get("i")
             return Match(part.replace("{i}", layer) if layer is not None else part, sp.transform)

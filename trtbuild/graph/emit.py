@@ -12,7 +12,8 @@ import numpy as np
 import onnx
 
 from ..checkpoint.graph import emit_quantized_linear
-from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind
+from ..checkpoint.layout import GATED_MLPS
+from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
 from ..plugins.paged_attention import DOMAIN, OP_TYPE, rotary_cos_sin_cache
 from .builder import FLOAT, INT64, GraphBuilder
 
@@ -49,13 +50,16 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         x = g.op("DequantizeLinear", [rows, scales], name="embed.dq", axis=1, block_size=group)
     else:
         x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
+    if cfg.embed_multiplier != 1.0:  # Gemma: rows scaled by sqrt(hidden) (the tied head reads the raw table)
+        x = g.op("Mul", [x, g.const(cfg.embed_multiplier, np.float32)], name="embed_scale")
     if cfg.position is PositionKind.LEARNED:
         pos = g.op("Gather", [g.initializer("pos_embed.weight", weights["pos_embed.weight"]), positions])
         x = g.op("Add", [x, pos], name="embed_add_pos")
-    cos_sin = ""
-    if cfg.rope is not None:
-        table = rotary_cos_sin_cache(build.max_seq_len, cfg.rope.rotary_dim, cfg.rope.theta, cfg.rope.scaling)
-        cos_sin = g.initializer("rotary.cos_sin_cache", table)
+    cos_sin: dict[RopeConfig, str] = {}  # one table per distinct rotary embedding (Gemma 3: full and sliding layers)
+    for rope, name in ((cfg.rope, "rotary.cos_sin_cache"), (cfg.local_rope, "rotary_local.cos_sin_cache")):
+        if rope is not None:
+            table = rotary_cos_sin_cache(build.max_seq_len, rope.rotary_dim, rope.theta, rope.scaling)
+            cos_sin[rope] = g.initializer(name, table)
 
     for n in range(cfg.num_layers):
         p = f"layers.{n}."
@@ -66,10 +70,15 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         kc = g.add_input(io.key_cache.format(layer=n), cache_type, cache_shape)
         vc = g.add_input(io.value_cache.format(layer=n), cache_type, cache_shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
-        inputs, kv_attrs = [qkv, kc, vc, positions, block_tables, qsl, cos_sin], {}
+        rope = cfg.layer_rope(n)
+        inputs, kv_attrs = [qkv, kc, vc, positions, block_tables, qsl, cos_sin[rope] if rope else ""], {}
         if cache_type != FLOAT:  # quantized cache: per-tensor scales as inputs 7, 8 (plugin README)
             inputs += [g.initializer(p + f"attn.{kv}_scale", weights[p + f"attn.{kv}_scale"]) for kv in ("k", "v")]
             kv_attrs["kv_cache_dtype"] = cache_type
+        if (window := cfg.layer_window(n)) is not None:
+            kv_attrs["sliding_window"] = window
+        if cfg.attn_softcap is not None:
+            kv_attrs["softcap"] = cfg.attn_softcap
         attn = g.op_multi(
             OP_TYPE,
             inputs,
@@ -85,9 +94,15 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         )[0]
         g.add_output(kc_out, cache_type, cache_shape)
         g.add_output(vc_out, cache_type, cache_shape)
-        x = g.op("Add", [x, _linear(g, cfg, weights, attn, p + "attn.out")], name=p + "attn.residual")
+        attn = _linear(g, cfg, weights, attn, p + "attn.out")
+        if cfg.sandwich_norms:
+            attn = _norm(g, cfg, weights, attn, p + "attn.post_norm")
+        x = g.op("Add", [x, attn], name=p + "attn.residual")
         h = _norm(g, cfg, weights, x, p + "post_attn_norm")
-        x = g.op("Add", [x, _mlp(g, cfg, weights, h, p + "mlp")], name=p + "mlp.residual")
+        mlp = _mlp(g, cfg, weights, h, p + "mlp")
+        if cfg.sandwich_norms:
+            mlp = _norm(g, cfg, weights, mlp, p + "mlp.post_norm")
+        x = g.op("Add", [x, mlp], name=p + "mlp.residual")
 
     x = g.op("Gather", [x, logits_idx], name="logits_rows")
     x = _norm(g, cfg, weights, x, "final_norm")
@@ -106,6 +121,10 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)
     else:
         logits = _linear(g, cfg, weights, x, "lm_head")
+    if cfg.final_softcap is not None:  # cap * tanh(logits / cap)
+        cap = g.const(cfg.final_softcap, np.float32)
+        capped = g.op("Tanh", [g.op("Div", [logits, cap], name="logits_softcap.div")], name="logits_softcap.tanh")
+        logits = g.op("Mul", [capped, cap], name="logits_softcap")
     g.rename_output(logits, io.logits)
     g.add_output(io.logits, FLOAT, ["num_logits", cfg.vocab_size])
     return g.model()
@@ -149,11 +168,14 @@ def _qk_norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, qkv: str, pref
 
 
 def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
-    if cfg.mlp is MlpKind.SWIGLU:
+    if cfg.mlp in GATED_MLPS:
         gate_up = _linear(g, cfg, weights, x, prefix + ".gate_up")
         i = cfg.intermediate_size
         gate, up = g.op_multi("Split", [gate_up, g.const([i, i])], outputs=2, name=prefix + ".split", axis=-1)
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=prefix + ".sigmoid")], name=prefix + ".silu")
+        if cfg.mlp is MlpKind.SWIGLU:
+            act = g.op("Mul", [gate, g.op("Sigmoid", [gate], name=prefix + ".sigmoid")], name=prefix + ".silu")
+        else:  # GEGLU
+            act = g.op("Gelu", [gate], name=prefix + ".gelu", approximate="tanh")
         h = g.op("Mul", [act, up], name=prefix + ".gated")
     else:
         h = g.op("Gelu", [_linear(g, cfg, weights, x, prefix + ".up")], name=prefix + ".gelu", approximate="tanh")

@@ -50,15 +50,14 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     first = plugins[0]
     widths = {init.name: int(init.dims[1]) for init in graph.initializer if len(init.dims) == 2}
     meta = _metadata(
-        b,
-        positions=first.input[3],
-        block_tables=first.input[4],
-        qsl=first.input[5],
-        key_cache=first.input[1],
-        cos_sin=first.input[6] if len(first.input) > 6 else "",
+        b, positions=first.input[3], block_tables=first.input[4], qsl=first.input[5], key_cache=first.input[1]
     )
-    if "cos" in meta:
-        meta["rotary_dim"] = widths[first.input[6]]  # the cos/sin table must be an initializer [P, R]
+    # The rotary rows of the step's positions, once per cos/sin table (Gemma 3's full and sliding layers have two);
+    # each table must be an initializer [P, R].
+    tables = dict.fromkeys(n.input[6] for n in plugins if len(n.input) > 6 and n.input[6])
+    meta["rope"] = {
+        table: _rope_rows(b, table, first.input[3], widths[table], f"meta.rope{i}") for i, table in enumerate(tables)
+    }
     meta_nodes = list(b.nodes)
     new_nodes: list[onnx.NodeProto] = []
     cache_outs: set[str] = set()
@@ -106,7 +105,7 @@ def _kv_cache_dtype(node: onnx.NodeProto) -> int:
     return int(node_attr(node, "kv_cache_dtype", KV_FLOAT))
 
 
-def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_cache: str, cos_sin: str) -> dict:
+def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_cache: str) -> dict:
     c = b.const
     t = b.op("Shape", [positions], name="meta.T")  # [1]
     tok = b.op("Range", [c(0), b.op("Squeeze", [t, c([0])]), c(1)], name="meta.token")  # [T]
@@ -155,12 +154,18 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
         "cached_tables": cached_tables,
         "mask": mask,
     }
-    if cos_sin:
-        rows = b.op("Gather", [cos_sin, positions], name="meta.rope_rows")  # [T, R]
-        cos, sin = b.op_multi("Split", [rows], outputs=2, axis=1, num_outputs=2, name="meta.rope_split")
-        meta["cos"] = b.op("Unsqueeze", [cos, c([0])], name="meta.cos")  # [1, T, R/2]
-        meta["sin"] = b.op("Unsqueeze", [sin, c([0])], name="meta.sin")
     return meta
+
+
+def _rope_rows(b: GraphBuilder, table: str, positions: str, rotary_dim: int, name: str) -> tuple[str, str, int]:
+    """``(cos [1, T, R/2], sin [1, T, R/2], R)``: the rows of the cos/sin ``table`` at the step's positions."""
+    rows = b.op("Gather", [table, positions], name=name + "_rows")  # [T, R]
+    cos, sin = b.op_multi("Split", [rows], outputs=2, axis=1, num_outputs=2, name=name + "_split")
+    return (
+        b.op("Unsqueeze", [cos, b.const([0])], name=name + "_cos"),
+        b.op("Unsqueeze", [sin, b.const([0])], name=name + "_sin"),
+        rotary_dim,
+    )
 
 
 def _dequantize_cache(b: GraphBuilder, blocks: str, scale: str, kv_type: int, name: str) -> str:
@@ -181,12 +186,13 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     cos_sin = node.input[6] if len(node.input) > 6 else ""
     if cos_sin:  # one RotaryEmbedding over q and k together: the same angles for every head of a token
         qk, v = b.op_multi("Split", [qkv, c([(hq + hkv) * d, hkv * d])], outputs=2, axis=1, name=p + ".split")
+        cos, sin, rotary_dim = meta["rope"][cos_sin]
         qk = b.op(
             "RotaryEmbedding",
-            [b.op("Unsqueeze", [qk, c([0])]), meta["cos"], meta["sin"]],
+            [b.op("Unsqueeze", [qk, c([0])]), cos, sin],
             interleaved=int(interleaved),
             num_heads=hq + hkv,
-            rotary_embedding_dim=meta["rotary_dim"],
+            rotary_embedding_dim=rotary_dim,
             name=p + ".rope",
         )
         qk = b.op("Squeeze", [qk, c([0])], name=p + ".rope_out")

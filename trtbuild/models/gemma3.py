@@ -1,0 +1,115 @@
+"""Gemma 3, text only (``Gemma3ForCausalLM``): the Llama layout with
+
+- RMSNorms that scale by ``1 + w`` (the checkpoint stores ``1 + w``: ``convert.tensor_names`` adds the one), a
+  per-head q/k norm as Qwen3's, and sandwich norms: ``post_attention_layernorm`` on the attention output and
+  ``post_feedforward_layernorm`` on the MLP output before each residual add, ``pre_feedforward_layernorm`` before
+  the MLP (``ModelConfig.sandwich_norms``);
+- embeddings multiplied by sqrt(hidden_size) rounded to the model's dtype (a tied LM head reads the raw table);
+- a GeGLU MLP (``gelu_pytorch_tanh(gate) * up``);
+- sliding-window layers interleaved with full ones (``layer_types``; by default every sixth layer is full,
+  transformers' ``sliding_window_pattern``), each kind with its own rotary base (``rope_parameters`` per layer type
+  in transformers 5; ``rope_theta`` / ``rope_local_base_freq`` before), the full layers' possibly linearly scaled;
+- the softmax scale ``query_pre_attn_scalar ** -0.5`` and, where the config sets them, soft-capping of the attention
+  scores and of the final logits (Gemma 2 used both; Gemma 3's released configs set neither).
+
+Refused, each in one line: an activation other than gelu_pytorch_tanh, q/k/v/o biases, bidirectional attention,
+rotary types other than default and linear, and layer types other than full and sliding attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..config import AttentionKind, DType, MlpKind, ModelConfig, RopeConfig
+from .llama import llama_layout_config, rope_from_hf
+from .registration import Refusals, register_architecture
+
+# transformers' Gemma3TextConfig defaults, for the keys config.json (or a GGUF file) may leave out
+GEMMA3_DEFAULTS = {
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "sliding_window_pattern": 6,
+    "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0,
+    "max_position_embeddings": 131_072,
+}
+LAYER_TYPES = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
+
+
+def dtype_round(x: float, dtype: DType) -> float:
+    """``x`` rounded to ``dtype`` (transformers casts Gemma's embedding multiplier to the weights' dtype)."""
+    import ml_dtypes
+
+    kind = {DType.FLOAT32: np.float32, DType.FLOAT16: np.float16, DType.BFLOAT16: ml_dtypes.bfloat16}[dtype]
+    return float(np.asarray(x, np.float32).astype(kind))
+
+
+def _ropes(hf: dict[str, Any], head_size: int, refusals: Refusals) -> tuple[RopeConfig, RopeConfig]:
+    """The full layers' and the sliding layers' rotary embeddings."""
+    params = hf.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:  # transformers 5: one entry per layer type
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+    else:  # transformers 4.x: rope_theta, rope_local_base_freq, rope_scaling for the full layers
+        full = dict(hf.get("rope_scaling") or {})
+        local = {"rope_theta": hf.get("rope_local_base_freq", GEMMA3_DEFAULTS["rope_local_base_freq"])}
+        full.setdefault("rope_theta", hf.get("rope_theta", GEMMA3_DEFAULTS["rope_theta"]))
+    full.setdefault("rope_theta", GEMMA3_DEFAULTS["rope_theta"])
+    local.setdefault("rope_theta", GEMMA3_DEFAULTS["rope_local_base_freq"])
+    return tuple(rope_from_hf({"rope_parameters": p}, head_size, refusals) for p in (full, local))  # type: ignore[return-value]
+
+
+@register_architecture("Gemma3ForCausalLM")
+def gemma3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
+    hf = {**GEMMA3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+    layers = int(hf["num_hidden_layers"])
+    head_size = int(hf["head_dim"])
+    act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        refusals.refuse(f"hidden_activation {act!r} is not supported for Gemma 3 (gelu_pytorch_tanh)")
+    if hf.get("attention_bias"):
+        refusals.refuse("attention_bias is not supported for Gemma 3")
+    if hf.get("use_bidirectional_attention"):
+        refusals.refuse("use_bidirectional_attention is not supported (trtbuild's attention is causal)")
+    pattern = int(hf["sliding_window_pattern"])
+    names = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
+    ]
+    if len(names) != layers:
+        raise ValueError(f"layer_types names {len(names)} layers, num_hidden_layers is {layers}")
+    unknown = sorted({n for n in names if n not in LAYER_TYPES})
+    if unknown:
+        refusals.refuse(f"layer type {unknown[0]!r} is not supported (full_attention, sliding_attention)")
+    kinds = [LAYER_TYPES.get(n, AttentionKind.FULL) for n in names]
+    sliding = AttentionKind.SLIDING in kinds
+    full_rope, local_rope = _ropes(hf, head_size, refusals)
+    plain = {k: v for k, v in hf.items() if k not in ("rope_parameters", "rope_scaling", "partial_rotary_factor")}
+    cfg = llama_layout_config(
+        arch,
+        plain,
+        dtype,
+        refusals,
+        head_size=head_size,
+        max_position_embeddings=int(hf["max_position_embeddings"]),
+        qkv_bias=False,
+        attn_out_bias=False,
+        qk_norm=True,
+    )
+    final_cap, attn_cap = hf.get("final_logit_softcapping"), hf.get("attn_logit_softcapping")
+    return replace(
+        cfg,
+        mlp=MlpKind.GEGLU,
+        rope=full_rope,
+        layer_types=kinds,
+        sliding_window=int(hf["sliding_window"]) if sliding else None,
+        local_rope=local_rope if sliding and local_rope != full_rope else None,
+        attention_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
+        attn_softcap=None if attn_cap is None else float(attn_cap),
+        final_softcap=None if final_cap is None else float(final_cap),
+        embed_multiplier=dtype_round(int(hf["hidden_size"]) ** 0.5, dtype),
+        sandwich_norms=True,
+    )
