@@ -159,3 +159,47 @@ def test_gemma3_270m_greedy_text_equals_transformers(gemma3_270m):
             ref = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
         assert ours.generate([ids], greedy)[0].token_ids == ref[0, len(ids) :].tolist(), prompt
         assert blocks.generate([ids], greedy)[0].token_ids[:6] == ref[0, len(ids) : len(ids) + 6].tolist(), prompt
+
+
+def test_conditional_generation_folder_converts_its_text_model(tmp_path):
+    """A Gemma3ForConditionalGeneration folder: the vision tower and projector are dropped (said in one line and by
+    ``inspect``), and the text model's logits equal transformers' multimodal model's on text."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from trtbuild.convert.support import check_source
+
+    text = gemma3_hf()
+    text.pop("architectures")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28)
+    config = Gemma3Config(
+        text_config=text,
+        vision_config={**vision, "patch_size": 14},
+        mm_tokens_per_image=4,
+        image_token_index=110,
+        boi_token_index=111,
+        eoi_token_index=112,
+    )
+    torch.manual_seed(5)
+    model = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(tmp_path / "hf"))
+
+    report = check_source(tmp_path / "hf")
+    assert report.supported and report.model is not None and report.model.architecture == "Gemma3ForCausalLM"
+    assert report.notes == [
+        "Gemma3ForConditionalGeneration: vision tower (vision_config) not converted; the text model converts"
+    ]
+    result = convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    assert result.notes[0].startswith("Gemma3ForConditionalGeneration: dropped the vision tower (vision_config)")
+    assert result.config == report.model
+    build_engine(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
+
+    def text_only(ids):  # check_prefill_and_decode's view of a causal LM: logits of ids, config.vocab_size
+        return model(input_ids=ids)
+
+    text_only.config = config.text_config
+    check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), text_only, "gemma3")

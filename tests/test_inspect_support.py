@@ -126,10 +126,17 @@ def test_gemma3_for_conditional_generation(tmp_path):
         "text_config": {"model_type": "gemma3_text", "head_dim": 16, "vocab_size": 100, **TEXT},
         "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32},
     }
-    report = check_source(write_config(tmp_path / "gemma3", gemma3))
-    assert not report.supported
-    assert report.problems[0] == "Gemma3ForConditionalGeneration: vision tower (vision_config) not supported"
-    assert "its text model (Gemma3ForCausalLM)" in report.problems[1]  # converts or not: said either way
+    report = check_source(write_config(tmp_path / "gemma3", gemma3))  # convert takes its text model, towers dropped
+    assert report.notes == [
+        "Gemma3ForConditionalGeneration: vision tower (vision_config) not converted; the text model converts"
+    ]
+    assert len(report.problems) == 1 and "no model.safetensors" in report.problems[0]  # a config without weights
+    gemma3["text_config"]["hidden_activation"] = "relu"
+    report = check_source(write_config(tmp_path / "relu", gemma3))
+    assert (
+        report.problems[0]
+        == "its text model: hidden_activation 'relu' is not supported for Gemma 3 (gelu_pytorch_tanh)"
+    )
 
 
 def test_the_smollm2_gguf_is_supported_from_its_metadata():

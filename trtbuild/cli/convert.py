@@ -52,9 +52,9 @@ def convert(
     with Elapsed("converting"):
         result = run_convert(src, output, DType(dtype) if dtype else None, dequantize=dequantize, overwrite=overwrite)
     cfg = result.config
-    line = result.dequantized_line()
-    if line is not None:
-        click.echo(line)
+    for line in [*result.notes, result.dequantized_line()]:
+        if line is not None:
+            click.echo(line)
     q = cfg.quantization
     kept = f", {q.qformat.value} g{q.group_size}" if q is not None else ""
     click.echo(

@@ -25,6 +25,7 @@ from ..checkpoint.layout import canonical_linears, expected_quantized_tensors, e
 from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
+from .multimodal import TextModelReader
 from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
@@ -36,6 +37,8 @@ class ConvertResult:
     seconds: float
     # GGUF tensors of a quantized type that no trtbuild format holds, dequantized to float: GGUF type -> names
     dequantized: dict[str, list[str]] = field(default_factory=dict)
+    # What convert left out of the source, one line each (a multimodal folder's towers)
+    notes: list[str] = field(default_factory=list)
 
     def dequantized_line(self) -> str | None:
         """One line naming the dequantized tensors by type (None when there are none)."""
@@ -93,7 +96,8 @@ def convert(
             _write_tokenizer(reader, tmp)
     finally:
         reader.close()
-    return ConvertResult(cfg, len(tensors), time.perf_counter() - start, dequantized)
+    notes = [reader.dropped_line()] if isinstance(reader, TextModelReader) else []
+    return ConvertResult(cfg, len(tensors), time.perf_counter() - start, dequantized, notes)
 
 
 Tensor = torch.Tensor | BlockTensor

@@ -4,9 +4,10 @@ not, why; found without converting and without reading tensor data.
 - A problem is a line ``convert`` would stop at, all of them rather than the first: opening the source
   (``readers``: ``config.json``, the weights' files, a GGUF file's metadata and architecture) and reading its
   config (``models.config_problems``: each family's refusals, collected).
-- A multimodal config (``*ForConditionalGeneration`` with a ``text_config``) is not supported: its towers are not
-  converted and ``convert`` does not take such a folder. Whether its text model would convert, and as what, is
-  reported beside (``text_model``); that model's config is the ``text_config`` with transformers' defaults filled in.
+- A multimodal config (``*ForConditionalGeneration`` with a ``text_config``): its towers are never converted. For
+  the architectures of ``multimodal.TEXT_MODELS`` ``convert`` converts the text model and drops the towers: supported,
+  with a note saying so. Others are not supported; whether their text model would convert from a folder of its own,
+  and as what, is reported beside (``text_model``); that model's config is the completed ``text_config``.
 - Supported: the ``ModelConfig`` that ``convert`` would write (``model``).
 """
 
@@ -23,6 +24,7 @@ from ..checkpoint.files import WEIGHTS_FILE
 from ..config import DType, ModelConfig
 from ..errors import ConvertError, TrtbuildError
 from ..models import config_problems, hf_dtype, supported_architectures
+from .multimodal import TEXT_MODELS, text_config, text_model_config, towers
 from .tensor_names import SourceFormat
 
 
@@ -48,6 +50,7 @@ class SupportReport:
     model: ModelConfig | None = None
     text_model: ModelConfig | None = None
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: tensor type -> count
+    notes: list[str] = field(default_factory=list)  # what convert would leave out (a multimodal folder's towers)
 
     @property
     def supported(self) -> bool:
@@ -64,6 +67,7 @@ class SupportReport:
             "model": None if self.model is None else model_summary(self.model),
             "text_model": None if self.text_model is None else model_summary(self.text_model),
             "tensor_types": self.tensor_types,
+            "notes": self.notes,
         }
 
     def summary_line(self) -> str:
@@ -80,6 +84,7 @@ class SupportReport:
             lines.append("tensor types: " + ", ".join(f"{n} {t}" for t, n in self.tensor_types.items()))
         lines.append("supported: yes (trtbuild convert converts it)" if self.supported else "supported: no")
         lines += [f"  problem: {p}" for p in self.problems]
+        lines += [f"  note: {n}" for n in self.notes]
         if self.model is not None:
             lines += _model_lines("converts to", self.model)
         if self.text_model is not None:
@@ -172,6 +177,12 @@ def _check_hf(folder: Path) -> SupportReport:
     archs = [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else []
     problems = _weights_problems(folder)
     dtype = hf_dtype(hf)
+    if len(archs) == 1 and archs[0] in TEXT_MODELS and isinstance(hf.get("text_config"), dict):
+        cfg, config_refusals = config_problems(text_model_config(hf), dtype)
+        problems = [f"its text model: {p}" for p in config_refusals] + problems
+        named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers(hf))
+        note = f"{archs[0]}: {named} not converted; the text model converts"
+        return SupportReport(folder, SourceFormat.HF, archs, problems, None if problems else cfg, notes=[note])
     if len(archs) == 1 and archs[0] not in supported_architectures() and isinstance(hf.get("text_config"), dict):
         multimodal, text_model = _multimodal_problems(archs[0], hf, dtype)
         return SupportReport(folder, SourceFormat.HF, archs, multimodal + problems, text_model=text_model)
@@ -193,10 +204,9 @@ def _weights_problems(folder: Path) -> list[str]:
 
 def _multimodal_problems(arch: str, hf: dict[str, Any], dtype: DType) -> tuple[list[str], ModelConfig | None]:
     """The problems of a multimodal config, and its text model's ``ModelConfig`` when that would convert."""
-    towers = [k for k, v in hf.items() if k.endswith("_config") and k != "text_config" and isinstance(v, dict)]
-    named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers) or "what is beside its text model"
+    named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers(hf)) or "what is beside its text model"
     problems = [f"{arch}: {named} not supported"]
-    text_hf = _text_config(hf["text_config"])
+    text_hf = text_config(hf["text_config"])
     text_arch = (text_hf.get("architectures") or [None])[0]
     if text_arch is None:
         model_type = hf["text_config"].get("model_type")
@@ -207,24 +217,3 @@ def _multimodal_problems(arch: str, hf: dict[str, Any], dtype: DType) -> tuple[l
         return [*problems, *(f"its text model ({text_arch}) does not convert either: {p}" for p in text_problems)], None
     why = f"trtbuild convert takes {text_arch} folders, not the text model inside a {arch} folder"
     return [*problems, f"its text model ({text_arch}) would convert, but {why}"], text_cfg
-
-
-def _text_config(text: dict[str, Any]) -> dict[str, Any]:
-    """A multimodal config's ``text_config`` as a complete config of its own: transformers' defaults filled in
-    (``config.json`` stores a sub-config's differences from them) and ``architectures`` named by transformers'
-    causal-LM class of its ``model_type`` (``gemma3_text`` -> ``Gemma3ForCausalLM``) when it names none."""
-    model_type = text.get("model_type")
-    try:
-        from transformers import AutoConfig
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    except ImportError:
-        return dict(text)
-    full = dict(text)
-    if isinstance(model_type, str):
-        try:
-            full = {**AutoConfig.for_model(model_type, **text).to_dict(), **text}
-        except (ValueError, TypeError, KeyError):  # a model_type this transformers does not know
-            full = dict(text)
-    if not full.get("architectures") and model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        full["architectures"] = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]]
-    return full
