@@ -135,7 +135,7 @@ def test_gemma3_for_conditional_generation(tmp_path):
     report = check_source(write_config(tmp_path / "relu", gemma3))
     assert (
         report.problems[0]
-        == "its text model: hidden_activation 'relu' is not supported for Gemma 3 (gelu_pytorch_tanh)"
+        == "its text model: hidden_activation 'relu' is not supported for Gemma (gelu_pytorch_tanh)"
     )
 
 

@@ -129,21 +129,23 @@ def _gemma_hf(pattern: str) -> Spelling:
 
 # Architectures whose sources spell some tensors their own way (a name the common table gives another meaning, or
 # another transform): architecture -> source part -> spellings, consulted before ``SOURCE_PARTS``.
+_GEMMA_PARTS: dict[str, tuple[Spelling, ...]] = {
+    # Hugging Face stores w of Gemma's (1 + w) norms; llama.cpp's GGUF already holds 1 + w (the common table).
+    "final_norm.weight": (_gemma_hf("model.norm.weight"),),
+    "layers.{i}.input_norm.weight": (_gemma_hf("model.layers.{i}.input_layernorm.weight"),),
+    "layers.{i}.attn.q_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.q_norm.weight"),),
+    "layers.{i}.attn.k_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.k_norm.weight"),),
+    # Gemma's post_attention_layernorm norms the attention output; its pre-MLP norm is pre_feedforward_layernorm
+    "layers.{i}.attn.post_norm.weight": (_gemma_hf("model.layers.{i}.post_attention_layernorm.weight"),),
+    "layers.{i}.post_attn_norm.weight": (_gemma_hf("model.layers.{i}.pre_feedforward_layernorm.weight"),),
+    "layers.{i}.mlp.post_norm.weight": (_gemma_hf("model.layers.{i}.post_feedforward_layernorm.weight"),),
+    # llama.cpp permutes Q/K rows for its llama architecture only
+    "layers.{i}.attn.q.weight": (Spelling(GGUF, "blk.{i}.attn_q.weight"),),
+    "layers.{i}.attn.k.weight": (Spelling(GGUF, "blk.{i}.attn_k.weight"),),
+}
 ARCHITECTURE_PARTS: dict[str, dict[str, tuple[Spelling, ...]]] = {
-    "Gemma3ForCausalLM": {
-        # Hugging Face stores w of Gemma's (1 + w) norms; llama.cpp's GGUF already holds 1 + w (the common table).
-        "final_norm.weight": (_gemma_hf("model.norm.weight"),),
-        "layers.{i}.input_norm.weight": (_gemma_hf("model.layers.{i}.input_layernorm.weight"),),
-        "layers.{i}.attn.q_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.q_norm.weight"),),
-        "layers.{i}.attn.k_norm.weight": (_gemma_hf("model.layers.{i}.self_attn.k_norm.weight"),),
-        # Gemma's post_attention_layernorm norms the attention output; its pre-MLP norm is pre_feedforward_layernorm
-        "layers.{i}.attn.post_norm.weight": (_gemma_hf("model.layers.{i}.post_attention_layernorm.weight"),),
-        "layers.{i}.post_attn_norm.weight": (_gemma_hf("model.layers.{i}.pre_feedforward_layernorm.weight"),),
-        "layers.{i}.mlp.post_norm.weight": (_gemma_hf("model.layers.{i}.post_feedforward_layernorm.weight"),),
-        # llama.cpp permutes Q/K rows for its llama architecture only
-        "layers.{i}.attn.q.weight": (Spelling(GGUF, "blk.{i}.attn_q.weight"),),
-        "layers.{i}.attn.k.weight": (Spelling(GGUF, "blk.{i}.attn_k.weight"),),
-    },
+    "Gemma2ForCausalLM": _GEMMA_PARTS,
+    "Gemma3ForCausalLM": _GEMMA_PARTS,
 }
 
 # Source tensors that are known and deliberately dropped (buffers, not weights).

@@ -1,16 +1,17 @@
-"""Gemma 3, text only (``Gemma3ForCausalLM``): the Llama layout with
+"""Gemma 2 (``Gemma2ForCausalLM``) and Gemma 3, text only (``Gemma3ForCausalLM``): the Llama layout with
 
 - RMSNorms that scale by ``1 + w`` (the checkpoint stores ``1 + w``: ``convert.tensor_names`` adds the one), a
-  per-head q/k norm as Qwen3's, and sandwich norms: ``post_attention_layernorm`` on the attention output and
-  ``post_feedforward_layernorm`` on the MLP output before each residual add, ``pre_feedforward_layernorm`` before
-  the MLP (``ModelConfig.sandwich_norms``);
+  per-head q/k norm as Qwen3's (Gemma 3 only), and sandwich norms: ``post_attention_layernorm`` on the attention
+  output and ``post_feedforward_layernorm`` on the MLP output before each residual add, ``pre_feedforward_layernorm``
+  before the MLP (``ModelConfig.sandwich_norms``);
 - embeddings multiplied by sqrt(hidden_size) rounded to the model's dtype (a tied LM head reads the raw table);
 - a GeGLU MLP (``gelu_pytorch_tanh(gate) * up``);
-- sliding-window layers interleaved with full ones (``layer_types``; by default every sixth layer is full,
-  transformers' ``sliding_window_pattern``), each kind with its own rotary base (``rope_parameters`` per layer type
-  in transformers 5; ``rope_theta`` / ``rope_local_base_freq`` before), the full layers' possibly linearly scaled;
+- sliding-window layers interleaved with full ones (``layer_types``; by default every second layer is full in
+  Gemma 2, every sixth in Gemma 3: transformers' ``sliding_window_pattern``); Gemma 3 gives each kind its own rotary
+  base (``rope_parameters`` per layer type in transformers 5; ``rope_theta`` / ``rope_local_base_freq`` before),
+  the full layers' possibly linearly scaled, where Gemma 2 has one;
 - the softmax scale ``query_pre_attn_scalar ** -0.5`` and, where the config sets them, soft-capping of the attention
-  scores and of the final logits (Gemma 2 used both; Gemma 3's released configs set neither).
+  scores and of the final logits (Gemma 2 defaults to 50 and 30; Gemma 3's released configs set neither).
 
 Refused, each in one line: an activation other than gelu_pytorch_tanh, q/k/v/o biases, bidirectional attention,
 rotary types other than default and linear, and layer types other than full and sliding attention.
@@ -27,15 +28,27 @@ from ..config import AttentionKind, DType, MlpKind, ModelConfig, RopeConfig
 from .llama import llama_layout_config, rope_from_hf
 from .registration import Refusals, register_architecture
 
-# transformers' Gemma3TextConfig defaults, for the keys config.json (or a GGUF file) may leave out
-GEMMA3_DEFAULTS = {
-    "head_dim": 256,
-    "query_pre_attn_scalar": 256,
-    "sliding_window": 4096,
-    "sliding_window_pattern": 6,
-    "rope_theta": 1_000_000.0,
-    "rope_local_base_freq": 10_000.0,
-    "max_position_embeddings": 131_072,
+# transformers' Gemma2Config / Gemma3TextConfig defaults, for the keys config.json (or a GGUF file) may leave out
+GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "Gemma2ForCausalLM": {
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 2,
+        "rope_theta": 10_000.0,
+        "max_position_embeddings": 8192,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+    },
+    "Gemma3ForCausalLM": {
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 6,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": 131_072,
+    },
 }
 LAYER_TYPES = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
 
@@ -49,30 +62,34 @@ def dtype_round(x: float, dtype: DType) -> float:
 
 
 def _ropes(hf: dict[str, Any], head_size: int, refusals: Refusals) -> tuple[RopeConfig, RopeConfig]:
-    """The full layers' and the sliding layers' rotary embeddings."""
+    """Gemma 3's rotary embeddings of the full layers and of the sliding layers."""
     params = hf.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:  # transformers 5: one entry per layer type
         full = dict(params.get("full_attention") or {})
         local = dict(params.get("sliding_attention") or {})
     else:  # transformers 4.x: rope_theta, rope_local_base_freq, rope_scaling for the full layers
         full = dict(hf.get("rope_scaling") or {})
-        local = {"rope_theta": hf.get("rope_local_base_freq", GEMMA3_DEFAULTS["rope_local_base_freq"])}
-        full.setdefault("rope_theta", hf.get("rope_theta", GEMMA3_DEFAULTS["rope_theta"]))
-    full.setdefault("rope_theta", GEMMA3_DEFAULTS["rope_theta"])
-    local.setdefault("rope_theta", GEMMA3_DEFAULTS["rope_local_base_freq"])
-    return tuple(rope_from_hf({"rope_parameters": p}, head_size, refusals) for p in (full, local))  # type: ignore[return-value]
+        local = {"rope_theta": hf["rope_local_base_freq"]}
+        full.setdefault("rope_theta", hf["rope_theta"])
+    full.setdefault("rope_theta", hf["rope_theta"])
+    local.setdefault("rope_theta", hf["rope_local_base_freq"])
+    return rope_from_hf({"rope_parameters": full}, head_size, refusals), rope_from_hf(
+        {"rope_parameters": local}, head_size, refusals
+    )
 
 
-@register_architecture("Gemma3ForCausalLM")
-def gemma3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
-    hf = {**GEMMA3_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+@register_architecture("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+def gemma_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals) -> ModelConfig:
+    given = {k: v for k, v in hf.items() if v is not None or k.endswith("_softcapping")}  # None: no soft-capping
+    hf = {**GEMMA_DEFAULTS[arch], **given}
+    gemma3 = arch == "Gemma3ForCausalLM"
     layers = int(hf["num_hidden_layers"])
     head_size = int(hf["head_dim"])
     act = hf.get("hidden_activation", hf.get("hidden_act", "gelu_pytorch_tanh"))
     if act != "gelu_pytorch_tanh":
-        refusals.refuse(f"hidden_activation {act!r} is not supported for Gemma 3 (gelu_pytorch_tanh)")
+        refusals.refuse(f"hidden_activation {act!r} is not supported for Gemma (gelu_pytorch_tanh)")
     if hf.get("attention_bias"):
-        refusals.refuse("attention_bias is not supported for Gemma 3")
+        refusals.refuse("attention_bias is not supported for Gemma")
     if hf.get("use_bidirectional_attention"):
         refusals.refuse("use_bidirectional_attention is not supported (trtbuild's attention is causal)")
     pattern = int(hf["sliding_window_pattern"])
@@ -86,7 +103,13 @@ def gemma3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusal
         refusals.refuse(f"layer type {unknown[0]!r} is not supported (full_attention, sliding_attention)")
     kinds = [LAYER_TYPES.get(n, AttentionKind.FULL) for n in names]
     sliding = AttentionKind.SLIDING in kinds
-    full_rope, local_rope = _ropes(hf, head_size, refusals)
+    if gemma3:
+        full_rope, local_rope = _ropes(hf, head_size, refusals)
+    else:  # Gemma 2: one rotary embedding
+        params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        full_rope = local_rope = rope_from_hf(
+            {"rope_parameters": {"rope_theta": hf["rope_theta"], **params}}, head_size, refusals
+        )
     plain = {k: v for k, v in hf.items() if k not in ("rope_parameters", "rope_scaling", "partial_rotary_factor")}
     cfg = llama_layout_config(
         arch,
@@ -97,7 +120,7 @@ def gemma3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusal
         max_position_embeddings=int(hf["max_position_embeddings"]),
         qkv_bias=False,
         attn_out_bias=False,
-        qk_norm=True,
+        qk_norm=gemma3,
     )
     final_cap, attn_cap = hf.get("final_logit_softcapping"), hf.get("attn_logit_softcapping")
     return replace(
