@@ -130,6 +130,8 @@ def run_windowed(kv: KVCacheManager, seq: Sequence, num_new: int | None = None) 
 def test_window_releases_blocks_and_reuses_them() -> None:
     # Window 6, blocks of 4, 3 usable blocks: a 20-token prompt in chunks of 4 never holds more than 3 blocks.
     kv = KVCacheManager(num_blocks=4, block_size=BS, window=6)
+    stored: list[tuple[int, bytes]] = []  # what the KV offload would store: every full block, before its release
+    kv.on_block_cached = lambda block_id, block_hash: stored.append((block_id, block_hash))
     a = make_seq("a", list(range(20)))
     tables, held = [], []
     for _ in range(5):
@@ -144,6 +146,7 @@ def test_window_releases_blocks_and_reuses_them() -> None:
         [0, 0, 3, 1, 2],  # next position 16 reads 11..19: block 2 (4..7) likewise
     ]
     assert held == [1, 2, 3, 3, 3] and max(held) <= kv.max_blocks_held(20, 4) == 3
+    assert stored == list(zip([1, 2, 3, 1, 2], a.block_hashes, strict=True))
     assert kv.num_held_blocks(a) == 3 and ref_counts(kv) == [0, 1, 1, 1]
     # Each full block was registered once computed; reusing blocks 1 and 2 evicted their old prefixes.
     assert [kv.pool.cached[h].block_id for h in a.block_hashes[2:5]] == [3, 1, 2]

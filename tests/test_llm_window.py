@@ -1,0 +1,81 @@
+"""``LLM`` on an engine whose every layer slides (``ModelConfig.kv_window``): the runner releases the KV blocks
+that fall out of the window, so a long request holds a bounded number of blocks and fits a small pool.
+
+The tiny llama checkpoint is marked sliding (window 8) before the build. Until the paged-attention kernels take
+their ``sliding_window`` attribute the engine still attends to every position, so these tests check the runner's
+block bookkeeping only, not the tokens (the end-to-end comparison with transformers comes with the kernels).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tiny_models import make_hf_model
+
+from trtbuild.config import RuntimeConfig
+from trtbuild.errors import RequestError
+from trtbuild.runtime.kv_cache import bytes_per_block
+from trtbuild.runtime.kv_offload import KVOffloadConfig
+from trtbuild.runtime.llm import LLM, SamplingParams
+
+WINDOW, BLOCK = 8, 4
+
+
+@pytest.fixture(scope="module")
+def window_engine(tmp_path_factory) -> Path:
+    from trtbuild.build import build_engine
+    from trtbuild.config import BuildConfig, DType
+    from trtbuild.convert.convert import convert
+
+    root = tmp_path_factory.mktemp("window")
+    make_hf_model("llama_gqa", root / "hf")
+    convert(root / "hf", root / "ckpt", DType.FLOAT32)
+    config = json.loads((root / "ckpt" / "config.json").read_text())
+    config.update(layer_types=["sliding"] * config["num_layers"], sliding_window=WINDOW)
+    (root / "ckpt" / "config.json").write_text(json.dumps(config))
+    build_engine(root / "ckpt", root / "engine", BuildConfig(max_seq_len=128, kv_block_size=BLOCK))
+    return root / "engine"
+
+
+def test_llm_releases_blocks_outside_the_window(window_engine: Path) -> None:
+    llm = LLM(window_engine, max_num_batched_tokens=8)
+    assert llm.config.kv_window == WINDOW and llm.scheduler.kv_cache.window == WINDOW
+    per_request = llm.scheduler.kv_cache.max_blocks_held(127, 8)
+    assert per_request == 5  # ceil((8 + 8 - 2) / 4) + 1
+    prompts = [[3 + (7 * i + k) % 90 for i in range(40 + 10 * k)] for k in range(3)]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [30, 30, 30]
+    assert 0 < llm.stats.peak_used_blocks <= 3 * per_request  # without the window: 3 x 20 blocks at the end
+    assert llm.scheduler.kv_cache.num_used_blocks == 0
+
+
+def test_long_request_fits_a_pool_of_the_window(window_engine: Path) -> None:
+    # 5 usable blocks: a 100-token prompt + 27 tokens would need 32 without the window.
+    per_block = bytes_per_block(RuntimeConfig.load(window_engine).model, BLOCK)
+    llm = LLM(window_engine, kv_cache_memory=6 * per_block, max_num_batched_tokens=8)
+    assert llm.num_kv_blocks == 5
+    [out] = llm.generate([[3 + i % 90 for i in range(100)]], SamplingParams(temperature=0, max_tokens=27))
+    assert len(out.outputs[0].token_ids) == 27 and llm.stats.num_preemptions == 0
+    assert llm.stats.peak_used_blocks == 4  # chunks of 8 from multiples of 8: positions c - 7 .. c + 7
+    with pytest.raises(RequestError, match="need 6 KV-cache blocks"):  # a step of 12 tokens would not fit
+        LLM(window_engine, kv_cache_memory=6 * per_block, max_num_batched_tokens=12).generate([[3] * 100])
+
+
+def test_kv_offload_stores_blocks_before_the_window_releases_them(window_engine: Path) -> None:
+    # 12 usable blocks, chunks of 8: a 100-token prompt's 25 blocks are all stored as they are computed, though it
+    # never holds more than 4; after another prompt evicts them, the same prompt loads its prefix back.
+    per_block = bytes_per_block(RuntimeConfig.load(window_engine).model, BLOCK)
+    offload = KVOffloadConfig(memory=1 << 20)
+    llm = LLM(window_engine, kv_cache_memory=13 * per_block, max_num_batched_tokens=8, kv_offload=offload)
+    prompt, other = [3 + i % 90 for i in range(100)], [4 + (3 * i) % 80 for i in range(100)]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([prompt], params)
+    llm.offloader.flush()
+    assert llm.offloader.memory.stats.blocks_stored == 25  # every full block of the 103 computed positions
+    llm.generate([other], params)
+    llm.reset_stats()
+    [out] = llm.generate([prompt], params)
+    assert len(out.outputs[0].token_ids) == 4 and llm.stats.kv_offload_loaded_blocks > 0
+    assert llm.stats.num_preemptions == 0 and llm.scheduler.kv_cache.num_used_blocks == 0
