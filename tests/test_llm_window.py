@@ -9,14 +9,15 @@ block bookkeeping only, not the tokens (the end-to-end comparison with transform
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from tiny_models import make_hf_model
 
-from trtbuild.config import RuntimeConfig
+from trtbuild.config import AttentionKind, BuildConfig, RuntimeConfig
 from trtbuild.errors import RequestError
-from trtbuild.runtime.kv_cache import bytes_per_block
+from trtbuild.runtime.kv_cache import bytes_per_block, default_cpu_kv_cache_memory
 from trtbuild.runtime.kv_offload import KVOffloadConfig
 from trtbuild.runtime.llm import LLM, SamplingParams
 
@@ -79,3 +80,13 @@ def test_kv_offload_stores_blocks_before_the_window_releases_them(window_engine:
     [out] = llm.generate([prompt], params)
     assert len(out.outputs[0].token_ids) == 4 and llm.stats.kv_offload_loaded_blocks > 0
     assert llm.stats.num_preemptions == 0 and llm.scheduler.kv_cache.num_used_blocks == 0
+
+
+def test_default_cpu_pool_is_sized_for_the_window(window_engine: Path) -> None:
+    model = RuntimeConfig.load(window_engine).model
+    full = replace(model, layer_types=[AttentionKind.FULL] * model.num_layers, sliding_window=None)
+    build = BuildConfig(max_batch_size=2, max_seq_len=128, max_num_tokens=8, kv_block_size=BLOCK)
+    per_block = bytes_per_block(model, BLOCK)
+    # 2 sequences of at most 5 blocks each (chunks of 8) plus the null block, instead of 2 x 32 + 1
+    assert default_cpu_kv_cache_memory(model, build, 64 << 30) == (2 * 5 + 1) * per_block
+    assert default_cpu_kv_cache_memory(full, build, 64 << 30) == (2 * 32 + 1) * per_block

@@ -37,6 +37,17 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: tuple[int, ...], extr
     return hashlib.sha256(pickle.dumps((parent, token_ids, extra_key), protocol=5)).digest()
 
 
+def max_blocks_held(num_tokens: int, block_size: int, window: int | None, max_step_tokens: int) -> int:
+    """The most blocks a request of up to ``num_tokens`` positions holds at once when each step computes at most
+    ``max_step_tokens`` of its tokens: all its blocks without a window, else at most the blocks meeting
+    ``window + max_step_tokens - 1`` consecutive positions, ``ceil((window + max_step_tokens - 2) / block_size) + 1``
+    (see the module docstring). The scheduler admits a request only if this fits the pool."""
+    need = -(-num_tokens // block_size)
+    if window is None:
+        return need
+    return min(need, -(-(window + max_step_tokens - 2) // block_size) + 1)
+
+
 @dataclass(slots=True)
 class _HeldBlocks:
     """The manager's bookkeeping of one request holding blocks; its block table is the request's ``block_ids``."""
@@ -109,12 +120,8 @@ class KVCacheManager:
 
     def max_blocks_held(self, num_tokens: int, max_step_tokens: int) -> int:
         """The most blocks a request of up to ``num_tokens`` positions holds at once when each step computes at most
-        ``max_step_tokens`` of its tokens: all its blocks without a window, else at most the blocks meeting
-        ``window + max_step_tokens - 1`` consecutive positions (see the module docstring)."""
-        need = self.num_blocks_for(num_tokens)
-        if self.window is None:
-            return need
-        return min(need, self.num_blocks_for(self.window + max_step_tokens - 2) + 1)
+        ``max_step_tokens`` of its tokens (module-level ``max_blocks_held`` with this manager's window)."""
+        return max_blocks_held(num_tokens, self.block_size, self.window, max_step_tokens)
 
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[BlockHash]:
         """The hashes of ``seq``'s first ``num_blocks`` full blocks, extending ``seq.block_hashes`` as needed."""
