@@ -180,7 +180,7 @@ def test_window_hits_before_the_window_are_not_taken() -> None:
     # Same 16 leading tokens: four hits; the first new position is 16, reading 11..16, so hits 1 and 2 are null.
     b = make_seq("b", [*range(16), 60, 61])
     computed, hit = kv.get_computed_blocks(b)
-    assert hit == 16 and [blk.block_id for blk in computed.blocks] == [1, 2, 3, 4]
+    assert hit == 16 and [blk.block_id for blk in computed.blocks] == [0, 0, 3, 4]
     assert run(kv, b)
     assert b.block_ids == [0, 0, 3, 4, 6] and b.num_computed_tokens == 18
     assert ref_counts(kv)[:7] == [0, 0, 0, 1, 1, 0, 1]  # blocks 1 and 2 stay free (and cached)
@@ -195,6 +195,47 @@ def test_window_hits_before_the_window_are_not_taken() -> None:
     computed, hit = kv2.get_computed_blocks(c)
     assert hit == 12 and kv2.allocate_slots(c, 1, computed)
     assert c.block_ids == [0, 2, 3, 1]  # 12 - 6 + 1 = 7: block 1 (0..3) skipped, then evicted for position 12
+
+
+def test_window_lookup_needs_only_the_blocks_the_first_step_reads() -> None:
+    # 4 usable blocks, window 6: a 20-token prompt in chunks of 4 reuses its own released block 1, so the prefix of
+    # its first block is evicted; a later request with the same prompt still hits all 20 tokens, as position 20
+    # reads only 15..20 (blocks 3 and 4).
+    kv = KVCacheManager(num_blocks=5, block_size=BS, window=6)
+    a = make_seq("a", list(range(20)))
+    for _ in range(5):
+        assert run_windowed(kv, a, 4)
+    assert a.block_ids == [0, 0, 3, 4, 1] and kv.pool.get_cached_block(a.block_hashes[0]) is None
+    kv.free(a)
+    b = make_seq("b", [*range(20), 99])
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 20 and [blk.block_id for blk in computed.blocks] == [0, 0, 0, 4, 1]
+    assert run(kv, b, 1) and b.block_ids == [0, 0, 0, 4, 1, 2]
+    assert kv.num_held_blocks(b) == 3 and kv.prefix_cache_hits == 20
+    # Without a window the same cache state is a miss: the chain's first block is gone.
+    assert KVCacheManager(num_blocks=5, block_size=BS).get_computed_blocks(make_seq("c", [*range(20), 99]))[1] == 0
+
+
+def test_window_lookup_stops_at_a_gap_inside_the_window() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=BS, window=6)
+    a = make_seq("a", list(range(20)))
+    assert run(kv, a) and a.block_ids == [1, 2, 3, 4, 5]
+    kv.free(a)  # free queue [5, 4, 3, 2, 1]
+
+    def evict(block_id: int) -> None:  # evict one free cached block, keeping the others
+        keep = [blk for blk in kv.pool.free_queue if blk.block_id != block_id]
+        kv.pool.touch(keep)
+        [taken] = kv.pool.get_new_blocks(1)
+        kv.pool.free_blocks([taken, *keep])
+
+    def lookup() -> tuple[int, list[int]]:
+        computed, hit = kv.get_computed_blocks(make_seq("q", [*range(20), 99]))
+        return hit, [blk.block_id for blk in computed.blocks]
+
+    evict(3)  # tokens 8..11: before the window of position 20, which reads 15..20
+    assert lookup() == (20, [0, 0, 0, 4, 5])
+    evict(4)  # tokens 12..15: inside it; the longest end left whose window is cached is 8 (it reads 3..8)
+    assert lookup() == (8, [1, 2])
 
 
 def test_max_blocks_held_bound() -> None:

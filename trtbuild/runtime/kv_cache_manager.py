@@ -16,9 +16,10 @@ Footprint: with a step of n new tokens from position c, a request holds exactly 
 34 for chunks of up to 18 tokens); a prefill chunk of n tokens holds its own blocks plus the window before it.
 
 Prefix caching with a window: a released block that was registered stays registered (free, in the LRU queue like
-any freed block), so later requests can still hit it until it is evicted. Lookups take the unbroken run of leading
-cached blocks, as without a window; a request admitted with hits takes (and counts against the free blocks) only the
-hits its first step reads: the hits wholly before its window get null entries and are not referenced.
+any freed block), so later requests can still hit it until it is evicted. A hit of j blocks needs only the blocks
+its first step reads, those from the window of position j * block_size on: the lookup takes the longest such prefix
+whose needed blocks are all cached, even when earlier blocks (the oldest, evicted first) are gone; the earlier
+entries are the null block and are neither referenced nor counted against the free blocks.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class _HeldBlocks:
 class KVCacheBlocks:
     """Blocks found in the prefix cache for a request, handed from ``get_computed_blocks`` to ``allocate_slots``."""
 
+    # The hit's block-table entries, one per block of tokens; with a window, the ones wholly before the window of
+    # the first position after the hit are the null block.
     blocks: tuple[KVCacheBlock, ...] = ()
 
 
@@ -135,21 +138,31 @@ class KVCacheManager:
     def get_computed_blocks(self, seq: Sequence) -> tuple[KVCacheBlocks, int]:
         """The longest run of cached full blocks matching ``seq``'s leading tokens, and how many tokens they hold.
 
-        For a request holding no blocks (waiting or preempted). Invariant: the hit never covers every token — at
-        least the last token is recomputed, so the step that follows returns logits for it. No side effects but the
-        hashes memoised on ``seq``: the hit counters count at ``allocate_slots``, once per admission.
+        With a window, the longest prefix whose blocks from the window of its end on are cached (the module
+        docstring), its earlier entries the null block. For a request holding no blocks (waiting or preempted).
+        Invariant: the hit never covers every token — at least the last token is recomputed, so the step that
+        follows returns logits for it. No side effects but the hashes memoised on ``seq``: the hit counters count at
+        ``allocate_slots``, once per admission.
         """
         if seq.block_ids:
             raise ValueError(f"request {seq.request_id} already holds blocks")
         if not self.enable_prefix_caching:
             return KVCacheBlocks(), 0
-        hits: list[KVCacheBlock] = []
-        for block_hash in self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size):
+        found: list[KVCacheBlock | None] = []
+        num_hit, run_start = 0, 0  # run_start: the first block of the run of cached blocks ending at the current one
+        for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)):
             block = self.pool.get_cached_block(block_hash)
+            found.append(block)
             if block is None:
-                break
-            hits.append(block)
-        return KVCacheBlocks(tuple(hits)), len(hits) * self.block_size
+                if self.window is None:
+                    break
+                run_start = i + 1
+            elif run_start <= self.num_blocks_outside_window((i + 1) * self.block_size):
+                num_hit = i + 1  # every block the first step after block i reads is cached
+        num_null = self.num_blocks_outside_window(num_hit * self.block_size)
+        # found[num_null:num_hit] are all cached: the run ending at the hit's last block covers them
+        hits = (self.pool.null_block,) * num_null + tuple(b for b in found[num_null:num_hit] if b is not None)
+        return KVCacheBlocks(hits), num_hit * self.block_size
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | None = None) -> bool:
         """Give ``seq`` blocks for positions up to ``num_computed_tokens + hit tokens + num_new_tokens``.
