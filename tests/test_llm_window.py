@@ -3,7 +3,8 @@ that fall out of the window, so a long request holds a bounded number of blocks 
 
 The tiny llama checkpoint is marked sliding (window 8) before the build. Until the paged-attention kernels take
 their ``sliding_window`` attribute the engine still attends to every position, so these tests check the runner's
-block bookkeeping only, not the tokens (the end-to-end comparison with transformers comes with the kernels).
+block bookkeeping only, not the tokens (the end-to-end comparison with transformers comes with the kernels). The
+KV offload's loading is checked against a windowed cache manager directly.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from tiny_models import make_hf_model
 
 from trtbuild.config import AttentionKind, BuildConfig, RuntimeConfig
 from trtbuild.errors import RequestError
-from trtbuild.runtime.kv_cache import bytes_per_block, default_cpu_kv_cache_memory
-from trtbuild.runtime.kv_offload import KVOffloadConfig
+from trtbuild.runtime.kv_cache import PagedKVCache, bytes_per_block, default_cpu_kv_cache_memory
+from trtbuild.runtime.kv_cache_manager import KVCacheManager
+from trtbuild.runtime.kv_offload import KVOffloadConfig, KVOffloader
 from trtbuild.runtime.llm import LLM, SamplingParams
+from trtbuild.runtime.sequence import Sequence
 
 WINDOW, BLOCK = 8, 4
 
@@ -90,3 +93,33 @@ def test_default_cpu_pool_is_sized_for_the_window(window_engine: Path) -> None:
     # 2 sequences of at most 5 blocks each (chunks of 8) plus the null block, instead of 2 x 32 + 1
     assert default_cpu_kv_cache_memory(model, build, 64 << 30) == (2 * 5 + 1) * per_block
     assert default_cpu_kv_cache_memory(full, build, 64 << 30) == (2 * 32 + 1) * per_block
+
+
+def test_offload_load_keeps_the_pools_window_hit(window_engine: Path) -> None:
+    # Window 6, blocks of 4: a 21-token request hitting 20 tokens reads only blocks 3 and 4 (positions 15..20).
+    model = RuntimeConfig.load(window_engine).model
+    kv = KVCacheManager(num_blocks=10, block_size=BLOCK, window=6)
+    offloader = KVOffloader(KVOffloadConfig(memory=1 << 20), PagedKVCache(model, 10, BLOCK), "window-test")
+    kv.on_block_cached = offloader.store
+    a = Sequence("a", list(range(20)), SamplingParams(), 0)
+    assert kv.allocate_slots(a, 20)
+    a.num_computed_tokens = 20
+    kv.cache_blocks(a)
+    offloader.flush()
+    assert a.block_ids == [1, 2, 3, 4, 5] and offloader.memory.stats.blocks_stored == 5
+    kv.free(a)
+
+    def evict(*block_ids: int) -> None:  # evict free cached blocks, keeping the others
+        keep = [blk for blk in kv.pool.free_queue if blk.block_id not in block_ids]
+        kv.pool.touch(keep)
+        kv.pool.free_blocks(kv.pool.get_new_blocks(kv.pool.num_free_blocks) + keep)
+
+    evict(1, 2)  # the prefix's first two blocks: the pool alone still hits all 20 tokens, so nothing is loaded
+    b = Sequence("b", [*range(20), 99], SamplingParams(), 1)
+    assert kv.get_computed_blocks(b)[1] == 20 and offloader.load_prefix(kv, b) == 0
+    evict(5)  # the last: the pool hits 16 (blocks 3, 4); loading fills blocks 0, 1 and 4 and keeps 3, 4 in the pool
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 16 and [blk.block_id for blk in computed.blocks] == [0, 0, 3, 4]
+    assert offloader.load_prefix(kv, b) == 3 and kv.get_computed_blocks(b)[1] == 20
+    assert kv.num_used_blocks == 0 and kv.pool.get_cached_block(b.block_hashes[2]).block_id == 3
+    offloader.close()
