@@ -172,6 +172,16 @@ def test_window_release_of_a_shared_block_drops_one_reference() -> None:
     assert kv.num_used_blocks == 0
 
 
+def test_window_released_block_serves_another_request() -> None:
+    kv = KVCacheManager(num_blocks=4, block_size=BS, window=4)
+    a, b, c = make_seq("a", list(range(8))), make_seq("b", [20, 21, 22, 23]), make_seq("c", [30, 31])
+    assert run(kv, a) and run(kv, b) and (a.block_ids, b.block_ids) == ([1, 2], [3])
+    assert kv.pool.num_free_blocks == 0 and not kv.allocate_slots(c, 2)
+    assert kv.free_outside_window(a) == 1  # a's next position 8 reads 5..8: block 1 is out
+    assert run(kv, c) and c.block_ids == [1]  # ... and c computes into it, evicting a's first prefix block
+    assert kv.pool.get_cached_block(a.block_hashes[0]) is None and a.block_ids == [0, 2]
+
+
 def test_window_hits_before_the_window_are_not_taken() -> None:
     kv = KVCacheManager(num_blocks=10, block_size=BS, window=6)
     a = make_seq("a", list(range(18)))
