@@ -181,6 +181,8 @@ class KVCacheManager:
         )
         num_skipped = self.num_blocks_outside_window(num_computed) if hit_blocks else 0
         used_hits = hit_blocks[num_skipped:]
+        if any(block is self.pool.null_block for block in used_hits):
+            raise ValueError(f"request {seq.request_id}: a prefix-cache hit inside the window is the null block")
         # Free cached hits leave the free queue when touched, so they spend free blocks too.
         num_free_hits = sum(1 for block in used_hits if block.ref_cnt == 0)
         if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
