@@ -121,15 +121,158 @@ def test_lru_eviction_then_miss() -> None:
     assert kv.kv_waste_slots() == 3 * BS - 9
 
 
+def run_windowed(kv: KVCacheManager, seq: Sequence, num_new: int | None = None) -> bool:
+    """``run`` as the scheduler plans a step with a KV window: release the blocks outside the window first."""
+    kv.free_outside_window(seq)
+    return run(kv, seq, num_new)
+
+
+def test_window_releases_blocks_and_reuses_them() -> None:
+    # Window 6, blocks of 4, 3 usable blocks: a 20-token prompt in chunks of 4 never holds more than 3 blocks.
+    kv = KVCacheManager(num_blocks=4, block_size=BS, window=6)
+    stored: list[tuple[int, bytes]] = []  # what the KV offload would store: every full block, before its release
+    kv.on_block_cached = lambda block_id, block_hash: stored.append((block_id, block_hash))
+    a = make_seq("a", list(range(20)))
+    tables, held = [], []
+    for _ in range(5):
+        assert run_windowed(kv, a, 4)
+        tables.append(list(a.block_ids))
+        held.append(kv.num_used_blocks)
+    assert tables == [
+        [1],
+        [1, 2],
+        [1, 2, 3],
+        [0, 2, 3, 1],  # next position 12 reads 7..15: block 1 (0..3) is released and reused for 12..15
+        [0, 0, 3, 1, 2],  # next position 16 reads 11..19: block 2 (4..7) likewise
+    ]
+    assert held == [1, 2, 3, 3, 3] and max(held) <= kv.max_blocks_held(20, 4) == 3
+    assert stored == list(zip([1, 2, 3, 1, 2], a.block_hashes, strict=True))
+    assert kv.num_held_blocks(a) == 3 and ref_counts(kv) == [0, 1, 1, 1]
+    # Each full block was registered once computed; reusing blocks 1 and 2 evicted their old prefixes.
+    assert [kv.pool.cached[h].block_id for h in a.block_hashes[2:5]] == [3, 1, 2]
+    assert len(kv.pool.cached) == 3 and kv.kv_waste_slots() == 0
+    kv.free(a)
+    assert a.block_ids == [] and kv.num_used_blocks == 0 and [b.block_id for b in kv.pool.free_queue] == [2, 1, 3]
+
+
+def test_window_release_of_a_shared_block_drops_one_reference() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=BS, window=5)
+    a, b = make_seq("a", list(range(9))), make_seq("b", [*range(4), 50, 51, 52, 53, 54])
+    assert run(kv, a) and run(kv, b)
+    assert a.block_ids == [1, 2, 3] and b.block_ids == [1, 4, 5]  # b shares block 1 (tokens 0..3)
+    assert kv.free_outside_window(a) == 1  # next position 9 reads 5..9: block 1 (0..3) is out
+    assert a.block_ids == [0, 2, 3] and ref_counts(kv)[:6] == [0, 1, 1, 1, 1, 1]
+    assert kv.free_outside_window(a) == 0  # nothing more until a advances
+    assert kv.pool.num_free_blocks == 4  # block 1 is still b's
+    assert kv.free_outside_window(b) == 1
+    assert b.block_ids == [0, 4, 5] and kv.pool.blocks[1].ref_cnt == 0 and kv.pool.num_free_blocks == 5
+    assert [blk.block_id for blk in kv.pool.free_queue][-1] == 1 and kv.pool.blocks[1].block_hash is not None
+    kv.free(a)
+    kv.free(b)
+    assert kv.num_used_blocks == 0
+
+
+def test_window_released_block_serves_another_request() -> None:
+    kv = KVCacheManager(num_blocks=4, block_size=BS, window=4)
+    a, b, c = make_seq("a", list(range(8))), make_seq("b", [20, 21, 22, 23]), make_seq("c", [30, 31])
+    assert run(kv, a) and run(kv, b) and (a.block_ids, b.block_ids) == ([1, 2], [3])
+    assert kv.pool.num_free_blocks == 0 and not kv.allocate_slots(c, 2)
+    assert kv.free_outside_window(a) == 1  # a's next position 8 reads 5..8: block 1 is out
+    assert run(kv, c) and c.block_ids == [1]  # ... and c computes into it, evicting a's first prefix block
+    assert kv.pool.get_cached_block(a.block_hashes[0]) is None and a.block_ids == [0, 2]
+
+
+def test_window_hits_before_the_window_are_not_taken() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=BS, window=6)
+    a = make_seq("a", list(range(18)))
+    assert run(kv, a) and a.block_ids == [1, 2, 3, 4, 5]
+    kv.free(a)
+    # Same 16 leading tokens: four hits; the first new position is 16, reading 11..16, so hits 1 and 2 are null.
+    b = make_seq("b", [*range(16), 60, 61])
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 16 and [blk.block_id for blk in computed.blocks] == [0, 0, 3, 4]
+    assert run(kv, b)
+    assert b.block_ids == [0, 0, 3, 4, 6] and b.num_computed_tokens == 18
+    assert ref_counts(kv)[:7] == [0, 0, 0, 1, 1, 0, 1]  # blocks 1 and 2 stay free (and cached)
+    assert kv.pool.blocks[1].block_hash == b.block_hashes[0]
+    assert kv.prefix_cache_hits == 16 and kv.num_held_blocks(b) == 3
+    # A full pool but for the hits before the window still admits: only the hits read count.
+    kv2 = KVCacheManager(num_blocks=4, block_size=BS, window=6)
+    a2 = make_seq("a", list(range(12)))
+    assert run(kv2, a2) and a2.block_ids == [1, 2, 3]  # 3 blocks registered
+    kv2.free(a2)
+    c = make_seq("c", list(range(13)))  # 3 hits and a 4th block: fits only as the first hit is not taken
+    computed, hit = kv2.get_computed_blocks(c)
+    assert hit == 12 and kv2.allocate_slots(c, 1, computed)
+    assert c.block_ids == [0, 2, 3, 1]  # 12 - 6 + 1 = 7: block 1 (0..3) skipped, then evicted for position 12
+
+
+def test_window_lookup_needs_only_the_blocks_the_first_step_reads() -> None:
+    # 4 usable blocks, window 6: a 20-token prompt in chunks of 4 reuses its own released block 1, so the prefix of
+    # its first block is evicted; a later request with the same prompt still hits all 20 tokens, as position 20
+    # reads only 15..20 (blocks 3 and 4).
+    kv = KVCacheManager(num_blocks=5, block_size=BS, window=6)
+    a = make_seq("a", list(range(20)))
+    for _ in range(5):
+        assert run_windowed(kv, a, 4)
+    assert a.block_ids == [0, 0, 3, 4, 1] and kv.pool.get_cached_block(a.block_hashes[0]) is None
+    kv.free(a)
+    b = make_seq("b", [*range(20), 99])
+    computed, hit = kv.get_computed_blocks(b)
+    assert hit == 20 and [blk.block_id for blk in computed.blocks] == [0, 0, 0, 4, 1]
+    assert run(kv, b, 1) and b.block_ids == [0, 0, 0, 4, 1, 2]
+    assert kv.num_held_blocks(b) == 3 and kv.prefix_cache_hits == 20
+    # Without a window the same cache state is a miss: the chain's first block is gone.
+    assert KVCacheManager(num_blocks=5, block_size=BS).get_computed_blocks(make_seq("c", [*range(20), 99]))[1] == 0
+
+
+def test_window_lookup_stops_at_a_gap_inside_the_window() -> None:
+    kv = KVCacheManager(num_blocks=6, block_size=BS, window=6)
+    a = make_seq("a", list(range(20)))
+    assert run(kv, a) and a.block_ids == [1, 2, 3, 4, 5]
+    kv.free(a)  # free queue [5, 4, 3, 2, 1]
+
+    def evict(block_id: int) -> None:  # evict one free cached block, keeping the others
+        keep = [blk for blk in kv.pool.free_queue if blk.block_id != block_id]
+        kv.pool.touch(keep)
+        [taken] = kv.pool.get_new_blocks(1)
+        kv.pool.free_blocks([taken, *keep])
+
+    def lookup() -> tuple[int, list[int]]:
+        computed, hit = kv.get_computed_blocks(make_seq("q", [*range(20), 99]))
+        return hit, [blk.block_id for blk in computed.blocks]
+
+    evict(3)  # tokens 8..11: before the window of position 20, which reads 15..20
+    assert lookup() == (20, [0, 0, 0, 4, 5])
+    evict(4)  # tokens 12..15: inside it; the longest end left whose window is cached is 8 (it reads 3..8)
+    assert lookup() == (8, [1, 2])
+
+
+def test_max_blocks_held_bound() -> None:
+    kv = KVCacheManager(num_blocks=2, block_size=16, window=512)
+    assert kv.max_blocks_held(4096, 1) == 33  # a decode: positions p - 511 .. p meet at most 33 blocks
+    assert kv.max_blocks_held(4096, 16) == kv.max_blocks_held(4096, 18) == 34 == 512 // 16 + 2
+    assert kv.max_blocks_held(4096, 19) == 35
+    assert kv.max_blocks_held(4096, 4096) == 256  # one chunk of everything holds it all
+    assert kv.max_blocks_held(100, 1) == 7  # short requests hold what they have
+    assert KVCacheManager(num_blocks=2, block_size=16).max_blocks_held(4096, 1) == 256
+    # The bound is tight: a step of n tokens from position c meets max(0, c - 511) .. c + n - 1.
+    for n in (1, 5, 16, 17, 18, 40):
+        worst = max(-(-(c + n) // 16) - max(0, c - 511) // 16 for c in range(0, 4096 - n))
+        assert worst == kv.max_blocks_held(4096, n)
+
+
 SHARED = [5, 6, 7, 8, 5, 6, 7, 8]  # prompts start with a piece of this, so prefixes are often shared
 
 
 class CacheMachine(RuleBasedStateMachine):
     """Random interleavings of admit / step / decode / preempt / finish against a simulated cache of token ids."""
 
+    WINDOW: int | None = None  # the manager's KV window
+
     def __init__(self) -> None:
         super().__init__()
-        self.kv = KVCacheManager(num_blocks=7, block_size=2)
+        self.kv = KVCacheManager(num_blocks=7, block_size=2, window=self.WINDOW)
         self.slots: dict[int, int] = {}  # simulated cache: slot -> token id written there
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
@@ -144,6 +287,7 @@ class CacheMachine(RuleBasedStateMachine):
             self.slots[block.block_id * bs + p % bs] = seq.token_ids(p, p + 1)[0]
 
     def _advance(self, seq: Sequence, num_new: int) -> bool:
+        self.kv.free_outside_window(seq)
         start = seq.num_computed_tokens
         if not self.kv.allocate_slots(seq, num_new):
             return False
@@ -176,8 +320,9 @@ class CacheMachine(RuleBasedStateMachine):
         self.waiting.remove(seq)
         self.running.append(seq)
         bs = self.kv.block_size
-        for p in range(hit):  # the hit blocks hold exactly this request's tokens
-            assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
+        for p in range(hit):  # the hit blocks it took hold exactly this request's tokens
+            if seq.block_ids[p // bs] != 0:
+                assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
         seq.num_computed_tokens = hit
         self._write(seq, hit, hit + num_new)
         seq.num_computed_tokens += num_new
@@ -209,9 +354,13 @@ class CacheMachine(RuleBasedStateMachine):
         pool = self.kv.pool
         owners = [0] * pool.num_blocks
         for seq in self.running:
-            assert len(set(seq.block_ids)) == len(seq.block_ids) and 0 not in seq.block_ids
+            # the released entries are the leading ones, all of them wholly before the window
+            num_null = len(seq.block_ids) - self.kv.num_held_blocks(seq)
+            assert num_null <= self.kv.num_blocks_outside_window(seq.num_computed_tokens)
+            held = seq.block_ids[num_null:]
+            assert seq.block_ids[:num_null] == [0] * num_null and len(set(held)) == len(held) and 0 not in held
             assert len(seq.block_ids) == self.kv.num_blocks_for(seq.num_computed_tokens)
-            for b in seq.block_ids:
+            for b in held:
                 owners[b] += 1
         for seq in self.waiting:
             assert seq.block_ids == [] and seq.num_computed_tokens == 0
@@ -226,6 +375,8 @@ class CacheMachine(RuleBasedStateMachine):
         filled: dict[int, int] = {}
         for seq in self.running:
             for i, b in enumerate(seq.block_ids):
+                if b == 0:
+                    continue
                 filled[b] = max(filled.get(b, 0), min(bs, max(0, seq.num_computed_tokens - i * bs)))
         assert self.kv.kv_waste_slots() == pool.num_used_blocks * bs - sum(filled.values())
 
@@ -243,10 +394,21 @@ class CacheMachine(RuleBasedStateMachine):
             assert block.block_hash == h
             content = tuple(self.slots[block.block_id * bs + o] for o in range(bs))
             assert content == self.prefix_of[h][-bs:]
-        for seq in self.running:  # every computed position reads back its own token
+        for seq in self.running:  # every computed position still held reads back its own token
             for p in range(seq.num_computed_tokens):
-                assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
+                if seq.block_ids[p // bs] != 0:
+                    assert self.slots[seq.block_ids[p // bs] * bs + p % bs] == seq.token_ids(p, p + 1)[0]
 
 
 CacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
 test_cache_machine = CacheMachine.TestCase
+
+
+class WindowCacheMachine(CacheMachine):
+    """The same interleavings with a KV window of 3 positions (blocks of 2): blocks are released as requests run."""
+
+    WINDOW = 3
+
+
+WindowCacheMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+test_window_cache_machine = WindowCacheMachine.TestCase

@@ -3,7 +3,8 @@
 The scheduler is driven by ``FakeModel``, a tiny test driver over ``StepBatch`` (the real engine is tested
 elsewhere): it writes each step's token ids into a simulated cache through the block tables and predicts the next
 token from every earlier token read back through the block table. So a wrong block table, a bad prefix-cache hit or
-a lost token changes the output, which the tests compare with a plain reference loop.
+a lost token changes the output, which the tests compare with a plain reference loop. With a KV window W it reads
+only the last W positions (as a sliding-window model), so a block released too early is read as never written.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from trtbuild.errors import RequestError
 from trtbuild.runtime.batch import StepBatch
+from trtbuild.runtime.kv_cache_manager import KVCacheManager
 from trtbuild.runtime.sampling import Sampler, SamplingParams
 from trtbuild.runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from trtbuild.runtime.sequence import FinishReason, RequestStatus, Sequence
@@ -27,20 +29,24 @@ def next_token(context: list[int]) -> int:
     return (sum((i + 1) * t for i, t in enumerate(context)) + 7 * len(context)) % VOCAB
 
 
-def reference(prompt: list[int], max_tokens: int) -> list[int]:
+def reference(prompt: list[int], max_tokens: int, window: int | None = None) -> list[int]:
     tokens = list(prompt)
     for _ in range(max_tokens):
-        tokens.append(next_token(tokens))
+        tokens.append(next_token(tokens if window is None else tokens[-window:]))
     return tokens[len(prompt) :]
 
 
 class FakeModel:
-    """Test driver: a step writes token ids into a slot array and reads each sequence's context back."""
+    """Test driver: a step writes token ids into a slot array and reads each sequence's context back (the last
+    ``window`` positions only, when given)."""
 
-    def __init__(self, num_blocks: int, block_size: int, random_logits: bool = False) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, random_logits: bool = False, window: int | None = None
+    ) -> None:
         self.block_size = block_size
         self.slots = np.full(num_blocks * block_size, -1, dtype=np.int64)
         self.random_logits = random_logits
+        self.window = window
 
     def step(self, batch: StepBatch) -> np.ndarray:
         bs, qsl, tables = self.block_size, batch.query_start_loc, batch.block_tables
@@ -55,7 +61,7 @@ class FakeModel:
         logits = np.zeros((len(batch.logits_indices), VOCAB), dtype=np.float32)
         for row, t in enumerate(batch.logits_indices):
             b, p = int(seq_of[t]), int(batch.positions[t])
-            q = np.arange(p + 1)
+            q = np.arange(0 if self.window is None else max(0, p - self.window + 1), p + 1)
             context = self.slots[tables[b, q // bs] * bs + q % bs].tolist()
             assert -1 not in context, "read a slot never written"
             if self.random_logits:
@@ -67,7 +73,11 @@ class FakeModel:
 
 def make(num_blocks: int = 64, block_size: int = 4, seqs: int = 8, tokens: int = 64, max_len: int = 64, **kw):
     config = SchedulerConfig(seqs, tokens, max_len, block_size, num_blocks, **kw)
-    return Scheduler(config), FakeModel(num_blocks, block_size)
+    return Scheduler(config), FakeModel(num_blocks, block_size, window=config.kv_window)
+
+
+def make_with(config: SchedulerConfig) -> tuple[Scheduler, FakeModel]:
+    return Scheduler(config), FakeModel(config.num_blocks, config.block_size, window=config.kv_window)
 
 
 def step(sched: Scheduler, model: FakeModel, sampler: Sampler | None = None) -> tuple[SchedulerOutput, list]:
@@ -290,6 +300,7 @@ def test_seeded_sampling_is_independent_of_batching_and_preemption() -> None:
     seqs=st.integers(1, 5),
     tokens=st.integers(1, 24),
     caching=st.booleans(),
+    window=st.sampled_from([None, None, 1, 2, 3, 5, 8]),
 )
 def test_random_workloads_all_complete_correctly(
     requests: list[tuple[int, int, int, int]],
@@ -298,12 +309,15 @@ def test_random_workloads_all_complete_correctly(
     seqs: int,
     tokens: int,
     caching: bool,
+    window: int | None,
 ) -> None:
-    """Requests (shared-prefix kind, prompt length, max_tokens, arrival step) under random limits."""
-    need = max(-(-(n + m - 1) // block_size) for _, n, m, _ in requests)
+    """Requests (shared-prefix kind, prompt length, max_tokens, arrival step) under random limits, with or without a
+    KV window; the pool is as small as the largest request's footprint allows, plus ``extra_blocks``."""
+    bound = KVCacheManager(2, block_size, window=window).max_blocks_held
+    need = max(bound(n + m - 1, tokens) for _, n, m, _ in requests)
     num_blocks = 1 + need + extra_blocks
-    config = SchedulerConfig(seqs, tokens, 32, block_size, num_blocks, enable_prefix_caching=caching)
-    sched, model = Scheduler(config), FakeModel(num_blocks, block_size)
+    config = SchedulerConfig(seqs, tokens, 32, block_size, num_blocks, enable_prefix_caching=caching, kv_window=window)
+    sched, model = make_with(config)
     pending = sorted(enumerate(requests), key=lambda r: r[1][3])
     added: list[tuple[Sequence, int]] = []
     n_step = 0
@@ -318,5 +332,111 @@ def test_random_workloads_all_complete_correctly(
         assert n_step < 1000
     assert sched.kv_cache.num_used_blocks == 0
     for seq, m in added:
-        assert seq.output_token_ids == reference(seq.prompt_token_ids, m)
+        assert seq.output_token_ids == reference(seq.prompt_token_ids, m, window)
         assert seq.finish_reason is FinishReason.LENGTH
+
+
+@pytest.mark.parametrize("tokens", [16, 64])
+def test_window_4096_token_sequence_holds_a_bounded_number_of_blocks(tokens: int) -> None:
+    # W 512, blocks of 16: a 4,000-token prompt in chunks of `tokens`, then 96 decodes, in a pool of exactly the
+    # bound (34 blocks for chunks of 16). Without the window it would need 256 blocks and be rejected.
+    bound = {16: 34, 64: 37}[tokens]
+    config = SchedulerConfig(1, tokens, 4096, 16, 1 + bound, kv_window=512)
+    sched, model = make_with(config)
+    assert sched.kv_cache.max_blocks_held(4095, tokens) == bound
+    seq = sched.add_request(
+        "long", [(7 * i) % VOCAB for i in range(4000)], SamplingParams(temperature=0, max_tokens=96)
+    )
+    held, decode_held = [], []
+    while sched.has_unfinished():
+        out = sched.schedule()
+        batch = out.to_step_batch()
+        [(_, n)] = out.scheduled
+        held.append(sched.kv_cache.num_used_blocks)
+        if n == 1:
+            decode_held.append(held[-1])
+        # the entries before the window of the step's first token are the null block, the others real blocks
+        row, first = batch.block_tables[0], max(0, int(batch.positions[0]) - 511) // 16
+        assert (row[:first] == 0).all() and (row[first:] != 0).all()
+        logits = model.step(batch)
+        sched.update_from_output(out, logits[out.sample_rows].argmax(1).tolist())
+    assert len(held) == -(-4000 // tokens) + 95  # the last prefill chunk samples the first token
+    assert max(held) <= bound and max(decode_held) == 33  # ceil((512 - 1) / 16) + 1
+    assert sched.num_preemptions == 0
+    assert seq.output_token_ids == reference(seq.prompt_token_ids, 96, window=512)
+    with pytest.raises(RequestError, match="need 256 KV-cache blocks"):
+        make_with(SchedulerConfig(1, tokens, 4096, 16, 1 + bound))[0].add_request(
+            "full", [1] * 4000, SamplingParams(max_tokens=96)
+        )
+
+
+def test_window_released_blocks_serve_other_requests() -> None:
+    # Window 8, blocks of 4, 10 usable blocks: two 40-token prompts (12 blocks each over their lives) run side by
+    # side without preemption, each holding at most 5 blocks, and reuse each other's released blocks.
+    sched, model = make(num_blocks=11, block_size=4, seqs=2, tokens=8, kv_window=8)
+    a = sched.add_request("a", [1 + i % 5 for i in range(40)], SamplingParams(temperature=0, max_tokens=8))
+    b = sched.add_request("b", [2 + i % 7 for i in range(40)], SamplingParams(temperature=0, max_tokens=8))
+    last_holder: dict[int, str] = {}  # block id -> the request that held it at the latest step
+    handovers = 0  # blocks one request released and the other then held (the prompts share no block)
+    while sched.has_unfinished():
+        out, _ = step(sched, model)
+        for seq, _ in out.scheduled:
+            assert sched.kv_cache.num_held_blocks(seq) <= 5
+            for block in set(seq.block_ids) - {0}:
+                handovers += last_holder.get(block, seq.request_id) != seq.request_id
+                last_holder[block] = seq.request_id
+    assert handovers > 0 and sched.num_preemptions == 0
+    assert a.output_token_ids == reference(a.prompt_token_ids, 8, window=8)
+    assert b.output_token_ids == reference(b.prompt_token_ids, 8, window=8)
+
+
+def test_window_prefix_cache_hit_enters_null_blocks() -> None:
+    sched, model = make(block_size=4, kv_window=6)
+    prompt = list(range(1, 19))
+    a = sched.add_request("a", prompt, SamplingParams(temperature=0, max_tokens=3))
+    drain(sched, model)
+    b = sched.add_request("b", prompt, SamplingParams(temperature=0, max_tokens=3))
+    out = sched.schedule()
+    assert plan(out) == [("b", 2)] and b.num_cached_tokens == 16
+    # positions 16, 17 read from 11: a's first two cached blocks are not taken
+    assert out.to_step_batch().block_tables.tolist() == [[0, 0, *b.block_ids[2:]]] and 0 not in b.block_ids[2:]
+    assert sched.kv_cache.num_held_blocks(b) == 3
+    logits = model.step(out.to_step_batch())
+    sched.update_from_output(out, logits[out.sample_rows].argmax(1).tolist())
+    drain(sched, model)
+    assert b.output_token_ids == a.output_token_ids == reference(prompt, 3, window=6)
+
+
+def test_window_preemption_and_abort() -> None:
+    # 4 usable blocks of 4, window 8: three 4-token prompts start with a block each; their second blocks do not all
+    # fit, so the last admitted is preempted; later each holds at most 3 blocks as the window releases the first.
+    sched, model = make(num_blocks=5, block_size=4, seqs=3, tokens=12, kv_window=8)
+    seqs = [
+        sched.add_request(f"r{i}", [i + 1, 2, 3, 4], SamplingParams(temperature=0, max_tokens=12)) for i in range(3)
+    ]
+    assert plan(step(sched, model)[0]) == [("r0", 4), ("r1", 4), ("r2", 4)]
+    out, _ = step(sched, model)
+    assert out.preempted == [seqs[2]] and plan(out) == [("r0", 1), ("r1", 1)]
+    for _ in range(8):
+        step(sched, model)
+    r0 = seqs[0]
+    assert r0.block_ids[0] == 0 and sched.kv_cache.num_held_blocks(r0) == len(r0.block_ids) - 1
+    assert sched.abort("r0")  # a request with released entries leaves cleanly
+    assert r0.block_ids == [] and r0.finish_reason is FinishReason.ABORT
+    drain(sched, model)
+    assert sched.num_preemptions >= 1
+    for s in seqs[1:]:
+        assert s.output_token_ids == reference(s.prompt_token_ids, 12, window=8)
+
+
+def test_window_longer_than_every_request_changes_nothing() -> None:
+    def plans(kv_window: int | None) -> tuple[list, list]:
+        sched, model = make(num_blocks=9, block_size=4, seqs=3, tokens=6, kv_window=kv_window)
+        seqs = [sched.add_request(f"r{i}", [i + 1] * (3 + 4 * i), SamplingParams(max_tokens=6)) for i in range(3)]
+        tables = []
+        while sched.has_unfinished():
+            out, _ = step(sched, model)
+            tables.append((plan(out), out.to_step_batch().block_tables.tolist()))
+        return tables, [s.output_token_ids for s in seqs]
+
+    assert plans(64) == plans(None)

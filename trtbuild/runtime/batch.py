@@ -13,7 +13,9 @@ class StepBatch:
     """Flattened inputs of one step (the ``trtbuild::PagedAttention`` metadata plus token ids).
 
     Invariants: ``query_start_loc`` starts at 0, is strictly increasing and ends at ``len(input_ids)``; the
-    positions of a sequence's tokens are consecutive; ``block_tables`` row b covers every position of sequence b;
+    positions of a sequence's tokens are consecutive; ``block_tables`` row b covers every position of sequence b
+    (padded with 0, the null block; with a KV window, entries of the blocks wholly before the window of the
+    sequence's first new token are 0 too: the paged-attention op reads no such block);
     ``logits_indices`` are rows of ``input_ids`` whose logits the step returns (usually each sequence's last token).
     """
 

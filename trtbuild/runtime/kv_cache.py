@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from ..config import BuildConfig, KVCacheDType, ModelConfig
+from .kv_cache_manager import max_blocks_held
 
 # Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
 CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
@@ -49,12 +50,14 @@ def available_memory() -> int | None:
 
 def default_cpu_kv_cache_memory(model: ModelConfig, build: BuildConfig, available: int | None) -> int:
     """The KV cache a CPU engine opens with when none is named: room for ``max_batch_size`` sequences of
-    ``max_seq_len`` tokens (the engine's own limits, so a full batch never preempts), at most
-    ``KV_MEMORY_FRACTION`` of ``available`` memory (``DEFAULT_KV_CACHE_MEMORY`` when that is unknown), never less
-    than ``DEFAULT_KV_CACHE_MEMORY`` (or the need, when smaller). numpy's zeroed arrays take pages only as blocks
-    are first written, so a large default costs nothing until it is used."""
+    ``max_seq_len`` tokens (the engine's own limits, so a full batch never preempts; with a KV window, of the blocks
+    such a sequence holds at once, ``kv_cache_manager.max_blocks_held``), at most ``KV_MEMORY_FRACTION`` of
+    ``available`` memory (``DEFAULT_KV_CACHE_MEMORY`` when that is unknown), never less than
+    ``DEFAULT_KV_CACHE_MEMORY`` (or the need, when smaller). numpy's zeroed arrays take pages only as blocks are
+    first written, so a large default costs nothing until it is used."""
     per_block = bytes_per_block(model, build.kv_block_size)
-    need = (build.max_batch_size * math.ceil(build.max_seq_len / build.kv_block_size) + 1) * per_block
+    per_seq = max_blocks_held(build.max_seq_len, build.kv_block_size, model.kv_window, build.max_num_tokens)
+    need = (build.max_batch_size * per_seq + 1) * per_block
     cap = DEFAULT_KV_CACHE_MEMORY if available is None else int(KV_MEMORY_FRACTION * available)
     return min(need, max(cap, DEFAULT_KV_CACHE_MEMORY))
 

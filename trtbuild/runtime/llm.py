@@ -71,6 +71,8 @@ class LLM:
     engine's samples on the device. Loading checks the size of every file the engine's manifest lists;
     ``verify=True`` checks their sha256 too. ``kv_offload``: KV offload tiers (host memory, a disk
     directory) that keep full blocks past the pool's eviction and load them back (docs/kv_offload.md); off by default.
+    An engine whose every layer slides (``ModelConfig.kv_window``) has each request's blocks outside the window
+    released as it runs, so a long request holds a bounded number of blocks (docs/runner.md, "Sliding-window models").
     Not thread-safe: drive one LLM from one thread.
     """
 

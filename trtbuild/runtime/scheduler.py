@@ -1,7 +1,9 @@
 """Continuous batching (nano-vllm / vLLM v1 style): which requests run in the next step, and with how many tokens.
 
 Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
-of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). When a running
+of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). With a KV
+window (every layer sliding), each running request first releases its blocks wholly before the window of its next
+token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. When a running
 request cannot get a block, the most recently admitted running request is preempted by recompute: its blocks are
 freed and it goes back to the FRONT of the waiting queue with its tokens kept. No request is ever lost.
 
@@ -45,17 +47,23 @@ class SchedulerConfig:
     num_blocks: int  # blocks in the cache, the null block 0 included
     enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()  # tokens that finish a request unless its params say ignore_eos
+    # ModelConfig.kv_window: the positions every layer attends to, its own included; None when some layer attends
+    # fully. When set, blocks wholly before a request's window are released while it runs.
+    kv_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "block_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.kv_window is not None and self.kv_window <= 0:
+            raise ValueError("kv_window must be positive (or None)")
         if self.num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
 
     @classmethod
     def for_session(cls, session: EngineSession, *, enable_prefix_caching: bool = True) -> SchedulerConfig:
-        """The engine's own limits: its batch size, step tokens, sequence length, block size and cache size."""
+        """The engine's own limits: its batch size, step tokens, sequence length, block size, cache size and the
+        KV window of its model."""
         build = session.config.build
         return cls(
             max_num_seqs=build.max_batch_size,
@@ -65,6 +73,7 @@ class SchedulerConfig:
             num_blocks=session.num_blocks,
             enable_prefix_caching=enable_prefix_caching,
             eos_token_ids=tuple(session.config.model.eos_token_ids),
+            kv_window=session.config.model.kv_window,
         )
 
 
@@ -114,7 +123,9 @@ class Scheduler:
         self.config = config
         self.stop_hook = stop_hook
         self.prefix_loader = prefix_loader
-        self.kv_cache = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache = KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, window=config.kv_window
+        )
         self.waiting: deque[Sequence] = deque()  # WAITING and PREEMPTED requests, in admission order
         self.running: deque[Sequence] = deque()  # RUNNING requests, oldest admission first
         self.requests: dict[str, Sequence] = {}  # every unfinished request, waiting or running
@@ -143,8 +154,9 @@ class Scheduler:
                 f"{max_len} exceeds the engine's max_seq_len ({cfg.max_seq_len})"
             )
         # The last generated token is never fed back, so max_len - 1 positions need K/V. A request that cannot fit
-        # even alone in the pool would be preempted forever: reject it now.
-        need = self.kv_cache.num_blocks_for(max_len - 1)
+        # even alone in the pool would be preempted forever: reject it now. With a KV window it holds at most the
+        # window plus one step's tokens at once, however long it grows.
+        need = self.kv_cache.max_blocks_held(max_len - 1, cfg.max_num_batched_tokens)
         if need > self.kv_cache.num_usable_blocks:
             raise RequestError(
                 f"request {request_id!r}: up to {max_len - 1} tokens need {need} KV-cache blocks of {cfg.block_size} "
@@ -164,6 +176,8 @@ class Scheduler:
         scheduled: list[tuple[Sequence, int]] = []
         preempted: list[Sequence] = []
         budget = self.config.max_num_batched_tokens
+        for seq in self.running:  # before any allocation, so the released blocks serve this step
+            self.kv_cache.free_outside_window(seq)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]

@@ -71,7 +71,11 @@ class Sequence:
     num_preemptions: int = 0  # times this request was preempted (its K/V freed and recomputed later)
     stop_reason: int | str | None = None  # the stop token id or stop string that finished it; None otherwise
     # The block table, written only by KVCacheManager: block i holds positions [i * block_size, (i + 1) * block_size).
-    # Append-only while the request holds blocks; empty while waiting or preempted, and once finished.
+    # Grows only at the end while the request holds blocks; empty while waiting or preempted, and once finished.
+    # With a KV window W (ModelConfig.kv_window) its leading entries lying wholly before num_computed_tokens - W + 1
+    # become 0, the null block, as KVCacheManager.free_outside_window releases them: a step of n new tokens then
+    # holds only the blocks meeting positions [num_computed_tokens - W + 1, num_computed_tokens + n), at most
+    # ceil((W + n - 2) / block_size) + 1 (KVCacheManager.max_blocks_held; 33 for a decode at W 512, block 16).
     block_ids: list[int] = field(default_factory=list)
     # Chained hashes of the full blocks of the tokens, extended by KVCacheManager; tokens are append-only, so a
     # hash never changes and survives preemption.

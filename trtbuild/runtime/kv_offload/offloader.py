@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ConfigError
-from ..block_pool import BlockHash
+from ..block_pool import BlockHash, KVCacheBlock
 from ..engine_session import EngineSession
 from ..kv_cache import PagedKVCache
 from ..kv_cache_manager import KVCacheManager
@@ -150,11 +150,16 @@ class KVOffloader:
         free blocks registered in the prefix cache; returns how many were loaded.
 
         Loads only while the pool keeps room for the blocks the rest of the request needs, and never evicts the
-        request's own pool hits (they are held while loading). The last token is never covered (as the lookup's).
+        request's own pool hits (they are held while loading): with a KV window those are also the blocks of the
+        pool's own hit past a gap (``KVCacheManager.get_computed_blocks``). A block found in the pool past a gap is
+        held, not loaded again. The last token is never covered (as the lookup's).
         """
         if not kv.enable_prefix_caching or seq.block_ids:
             return 0
         pool, num_full = kv.pool, (seq.num_tokens - 1) // kv.block_size
+        computed, num_hit_tokens = kv.get_computed_blocks(seq)
+        if num_hit_tokens == num_full * kv.block_size:
+            return 0
         hashes = kv.block_hashes(seq, num_full)
         hits = []
         for h in hashes:
@@ -162,27 +167,34 @@ class KVOffloader:
             if block is None:
                 break
             hits.append(block)
-        if len(hits) == num_full:
-            return 0
+        # With a window the pool's hit may lie past the leading run: held too, after it (so evicted later).
+        later = [b for b in computed.blocks[len(hits) :] if b is not pool.null_block]
         rest = kv.num_blocks_for(seq.num_tokens) - num_full  # blocks past the full ones, whatever is loaded
-        room = pool.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0) - rest
+        room = pool.num_free_blocks - sum(1 for b in (*hits, *later) if b.ref_cnt == 0) - rest
         if room <= 0:
             return 0
-        pool.touch(hits)  # so that taking free blocks below cannot evict them
-        loaded = []
+        pool.touch(hits + later)  # so that taking free blocks below cannot evict them
+        taken: list[KVCacheBlock] = []  # the prefix's blocks past the leading hits: loaded, or held from the pool
+        num_loaded = 0
         try:
             for h in hashes[len(hits) : len(hits) + room]:
-                data = self.lookup(h)
-                if data is None:
-                    break
-                [block] = pool.get_new_blocks(1)
-                loaded.append(block)
-                self.cache.write_block(block.block_id, data)
-                pool.cache_full_block(block, h)
+                block = pool.get_cached_block(h)
+                if block is not None:  # in the pool past a gap: held, not loaded again
+                    pool.touch([block])
+                else:
+                    data = self.lookup(h)
+                    if data is None:
+                        break
+                    [block] = pool.get_new_blocks(1)
+                    self.cache.write_block(block.block_id, data)
+                    pool.cache_full_block(block, h)
+                    num_loaded += 1
+                taken.append(block)
         finally:
-            pool.free_blocks(reversed(hits + loaded))  # last block first: the prefix's tail is evicted first
-        self.loaded_blocks += len(loaded)
-        return len(loaded)
+            # last block first: the prefix's tail is evicted first; the window's blocks after it
+            pool.free_blocks([*reversed(hits + taken), *later])
+        self.loaded_blocks += num_loaded
+        return num_loaded
 
     # ------------------------------------------------------------------------------------------------ stats
 
