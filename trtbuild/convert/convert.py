@@ -25,8 +25,8 @@ from ..checkpoint.layout import canonical_linears, expected_quantized_tensors, e
 from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
-from .multimodal import TextModelReader
-from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, open_source
+from .multimodal import TextModelReader, open_source
+from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader
 from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
 
 

@@ -4,7 +4,8 @@ trtbuild converts language models. For the architectures of ``TEXT_MODELS`` ``co
 text model: the ``text_config`` (transformers' defaults filled in) is the config, the text model's tensors are
 renamed to the names its own causal-LM checkpoint would have, and the towers' tensors are dropped and counted, so
 the command says what it left out. Other multimodal folders are refused (``inspect`` says whether their text model
-would convert from a folder of its own).
+would convert from a folder of its own). ``open_source`` opens what ``convert`` reads, such a folder as its text
+model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import torch
 
-from .readers import HFReader
+from ..errors import ConvertError
+from .readers import GGUFReader, HFReader
 
 
 @dataclass(frozen=True)
@@ -109,3 +111,20 @@ class TextModelReader(HFReader):
         """One line saying what was left out."""
         named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in self.towers) or "its towers"
         return f"{self.multimodal_architecture}: dropped the {named}, {self.dropped} tensors; the text model converts"
+
+
+def open_source(src: Path) -> HFReader | GGUFReader:
+    """Open ``src``: a ``.gguf`` file or a Hugging Face folder (a multimodal one of ``multimodal.TEXT_MODELS`` as
+    its text model)."""
+    if not src.exists():
+        raise ConvertError(f"{src}: no such file or directory")
+    if src.is_file():
+        if src.suffix != ".gguf":
+            raise ConvertError(f"{src}: expected a .gguf file or a Hugging Face model folder")
+        return GGUFReader(src)
+    reader = HFReader(src)
+    archs = reader.hf_config.get("architectures") or [None]
+    if archs[0] in TEXT_MODELS and isinstance(reader.hf_config.get("text_config"), dict):
+        reader.close()
+        return TextModelReader(src, TEXT_MODELS[archs[0]])
+    return reader

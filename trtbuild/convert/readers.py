@@ -239,25 +239,6 @@ class GGUFReader:
         pass
 
 
-def open_source(src: Path) -> HFReader | GGUFReader:
-    """Open ``src``: a ``.gguf`` file or a Hugging Face folder (a multimodal one of ``multimodal.TEXT_MODELS`` as
-    its text model)."""
-    if not src.exists():
-        raise ConvertError(f"{src}: no such file or directory")
-    if src.is_file():
-        if src.suffix != ".gguf":
-            raise ConvertError(f"{src}: expected a .gguf file or a Hugging Face model folder")
-        return GGUFReader(src)
-    from .multimodal import TEXT_MODELS, TextModelReader
-
-    reader = HFReader(src)
-    archs = reader.hf_config.get("architectures") or [None]
-    if archs[0] in TEXT_MODELS and isinstance(reader.hf_config.get("text_config"), dict):
-        reader.close()
-        return TextModelReader(src, TEXT_MODELS[archs[0]])
-    return reader
-
-
 def iter_tensors(reader: HFReader | GGUFReader) -> Iterator[tuple[str, torch.Tensor]]:
     for name in reader.names():
         yield name, reader.get(name)
