@@ -112,11 +112,11 @@ BlockPrefetch item_block_lines(const Attrs& a, const Step& s, const WorkItem& w,
 
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions from its first token's window start (0 without a sliding window) to its last
-// token's position, block by block (online softmax). A block's rows
-// of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
-// as one contiguous run. Per block and head: the scores of the head's rows against the block's keys in register
-// tiles of 3 rows x 4 keys, each row's softmax update on 8 lanes, then the weighted values added into the rows'
-// accumulators in tiles of 3 rows x 32 dims (the accumulators rescaled on the way).
+// token's position, block by block (online softmax). A block's rows of all KV heads lie together ([BS, Hkv, D]),
+// so an item covering every head reads (and prefetches) each block as one contiguous run. Per block and head: the
+// scores of the head's rows against the block's keys in register tiles of 3 rows x 4 keys, each row's softmax
+// update on 8 lanes (soft-capped first with a softcap), then the weighted values added into the rows' accumulators
+// in tiles of 3 rows x 32 dims (the accumulators rescaled on the way).
 // next: the item this thread attends after this one, or nullptr: its first block is prefetched during this item's
 // last, as each block during the one before. first_fetched: this item's first block was prefetched so.
 void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* next, bool first_fetched) {
@@ -194,9 +194,10 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
           }
           const float* qr = q + r * d;
           float* pr = p + r * ps;
-          if (nr == 3) block_scores_softmax<3>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, m + r, l + r, alpha + r);
-          else if (nr == 2) block_scores_softmax<2>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, m + r, l + r, alpha + r);
-          else block_scores_softmax<1>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, m + r, l + r, alpha + r);
+          float *mr = m + r, *lr = l + r, *ar = alpha + r;
+          if (nr == 3) block_scores_softmax<3>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
+          else if (nr == 2) block_scores_softmax<2>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
+          else block_scores_softmax<1>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
         }
       } else
 #endif
