@@ -18,6 +18,7 @@ from trtbuild.plugins.paged_attention import (
     KV_FP8,
     KV_INT8,
     PagedAttentionAttrs,
+    dequantize_kv,
     paged_attention,
     quantize_kv,
     rotary_cos_sin_cache,
@@ -118,6 +119,104 @@ def test_native_kernel_matches_reference(case, kv_type):
     ref, ref_k, ref_v = paged_attention(qkv, ref_kc, ref_vc, positions, tables, qsl, cos_sin, attrs, *scales)
     out = _run(_session(attrs, rotary, threads), qkv, *caches, positions, tables, qsl, cos_sin)
     _check(out, caches, ref, ref_k, ref_v, kv_type)
+
+
+# (CASES entry, KV cache type, sliding_window, softcap). The windows end mid-block and are shorter than most contexts;
+# the 100-token chunk's rows each start their window elsewhere (one work item: rows of several starts per block).
+WINDOW_CASES = {
+    "window_gqa3_block16": ("gqa3_rope", KV_FLOAT, 20, None),  # whole blocks of 16: the register path
+    "window_mha_block4": ("mha_no_rope", KV_FLOAT, 7, None),
+    "window_1_gqa2": ("gqa2_one_thread", KV_FLOAT, 1, None),  # each token sees only itself
+    "window_gqa8_int8": ("gqa8_interleaved_partial", KV_INT8, 13, None),
+    "window_gqa2_block16_fp8": ("gqa2_block_16", KV_FP8, 5, None),  # a window shorter than a block
+    "window_head_size_12": ("head_size_12", KV_FLOAT, 9, None),  # plain loops
+    "softcap_gqa3": ("gqa3_rope", KV_FLOAT, None, 1.5),
+    "softcap_head_size_12": ("head_size_12", KV_FLOAT, None, 1.0),
+    "softcap_block12_int8": ("head_size_40_block_12", KV_INT8, None, 2.0),
+    "both_mha_block16": ("mha_block_16", KV_FLOAT, 11, 1.5),
+    "both_block12_fp8": ("head_size_40_block_12", KV_FP8, 30, 3.0),
+    "both_gqa2_block16_int8": ("gqa2_block_16", KV_INT8, 40, 0.8),
+}
+
+
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_native_kernel_window_and_softcap_match_reference(case):
+    """A ragged step like the one above with a sliding window and/or soft-capping. With a window, the block-table
+    entries of the blocks wholly before each sequence's window are then pointed at block 0 (the runner's null block)
+    filled with NaN (or the largest codes), or at other valid blocks, some of them written by this step: the output
+    must not change by a bit (the kernel skips those blocks)."""
+    base, kv_type, window, softcap = WINDOW_CASES[case]
+    hq, hkv, d, bs, rotary, interleaved, rot_dim, threads = CASES[base]
+    attrs = PagedAttentionAttrs(hq, hkv, d, d**-0.5, interleaved, kv_type, sliding_window=window, softcap=softcap)
+    rng = np.random.default_rng(1)
+    lens, firsts = [37, 1, 5, 100, 1, 2], [0, 90, 60, 3, 0, 150]  # later decodes and a chunk: more blocks skipped
+    max_blocks = max((f + n + bs - 1) // bs for f, n in zip(firsts, lens, strict=True))
+    num_blocks = 1 + len(lens) * max_blocks
+    caches, (ref_kc, ref_vc) = _caches(rng, (num_blocks, bs, hkv, d), kv_type)
+    tables = rng.permutation(np.arange(1, num_blocks)).reshape(len(lens), max_blocks).astype(np.int64)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    positions = np.concatenate([np.arange(f, f + n) for f, n in zip(firsts, lens, strict=True)]).astype(np.int64)
+    qkv = rng.standard_normal((int(qsl[-1]), (hq + 2 * hkv) * d)).astype(np.float32)
+    if kv_type != KV_FLOAT:  # new values (and unrotated keys) on the cache's grid: both sides store the same codes
+        for head, scale in [(hq + hkv, SCALES[1])] + ([] if rotary else [(hq, SCALES[0])]):
+            x = qkv[:, head * d : (head + hkv) * d]
+            x[:] = dequantize_kv(quantize_kv(x, scale, kv_type), scale)
+    cos_sin = rotary_cos_sin_cache(256, rot_dim, 10000.0) if rotary else None
+    scales = SCALES if kv_type != KV_FLOAT else (None, None)
+    ref, ref_k, ref_v = paged_attention(qkv, ref_kc, ref_vc, positions, tables, qsl, cos_sin, attrs, *scales)
+    sess = _session(attrs, rotary, threads)
+    fresh = [c.copy() for c in caches]
+    out = _run(sess, qkv, *caches, positions, tables, qsl, cos_sin)
+    _check(out, caches, ref, ref_k, ref_v, kv_type)
+    if window is None:
+        return
+    before = np.arange(max_blocks)[None, :] < (np.maximum(np.array(firsts) - window + 1, 0) // bs)[:, None]
+    assert before.sum() >= 3
+    for cache in fresh:  # the null block: garbage that would show if it were read
+        cache[0] = np.nan if kv_type == KV_FLOAT else 0x7E if kv_type == KV_FP8 else 127
+    for fill in (np.zeros_like(tables), rng.integers(0, num_blocks, tables.shape)):
+        caches = [c.copy() for c in fresh]
+        moved = _run(sess, qkv, *caches, positions, np.where(before, fill, tables), qsl, cos_sin)
+        np.testing.assert_array_equal(moved, out)
+
+
+def test_lower_to_native_carries_window_and_softcap():
+    """The build step that places the native op keeps the optional attributes (absent stays absent) and refuses a
+    non-positive window; the placed op then computes what the reference does."""
+    from onnx import TensorProto, helper
+
+    from trtbuild.backends.onnxruntime.build.native import lower_to_native
+    from trtbuild.plugins.paged_attention import DOMAIN, OP_TYPE
+
+    def portable(**optional):
+        names = ["qkv", "key_cache", "value_cache", "positions", "block_tables", "query_start_loc"]
+        types = [TensorProto.FLOAT] * 3 + [TensorProto.INT64] * 3
+        node = helper.make_node(
+            OP_TYPE, names, ["out", "kc_out", "vc_out"], domain=DOMAIN, num_heads=4, num_kv_heads=2, head_size=16,
+            scale=0.25, **optional,
+        )  # fmt: skip
+        inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types, strict=True)]
+        outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in node.output]
+        graph = helper.make_graph([node], "attention", inputs, outputs)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])
+
+    plain = {a.name for a in lower_to_native(portable()).graph.node[0].attribute}
+    assert not plain & {"sliding_window", "softcap"}
+    with pytest.raises(ValueError, match="sliding_window"):
+        lower_to_native(portable(sliding_window=0))
+    native = lower_to_native(portable(sliding_window=6, softcap=1.25))
+    attrs = {a.name: helper.get_attribute_value(a) for a in native.graph.node[0].attribute}
+    assert (attrs["sliding_window"], attrs["softcap"]) == (6, 1.25)
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(str(library_path()))
+    sess = ort.InferenceSession(native.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(4)
+    caches = [rng.standard_normal((8, 4, 2, 16)).astype(np.float32) for _ in range(2)]
+    tables = np.array([[1, 2, 3, 4], [5, 6, 7, 0]], np.int64)
+    positions, qsl = np.array([9, 10, 11, 12, 0, 1, 2], np.int64), np.array([0, 4, 7], np.int64)
+    qkv = rng.standard_normal((7, 128)).astype(np.float32)
+    ref = paged_attention(qkv, *caches, positions, tables, qsl, None, PagedAttentionAttrs.from_onnx(attrs))[0]
+    np.testing.assert_allclose(_run(sess, qkv, *caches, positions, tables, qsl, None), ref, atol=ATOL, rtol=0)
 
 
 def test_native_kernel_reads_shared_prefix_blocks():

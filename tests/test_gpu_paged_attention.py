@@ -4,8 +4,10 @@ cases on the CPU through Triton's interpreter (the default suite).
 Each case runs in a child process of its own (``isolated_case``: a kernel fault costs one case); tensors go to
 the case's device, Triton compiles for the GPU there and interprets on the CPU. Cases: ragged batches (prefill,
 chunk after a cached prefix, decode, single-token context; block size 16 and 5) in fp32/fp16/bf16, both forms
-(two kernels, fused), forced split-KV, int8/fp8 caches: kernel vs ``reference.paged_attention`` (max abs error of
-the output and both caches, tolerance per dtype); garbage metadata of the whole int32 range (the kernel must not
+(two kernels, fused), forced split-KV, int8/fp8 caches, sliding windows and soft-capping: kernel vs
+``reference.paged_attention`` (max abs error of the output and both caches, tolerance per dtype; with a window, the
+same step again with the block-table entries before each sequence's window pointed at a spare block of NaNs must
+give the same output); garbage metadata of the whole int32 range (the kernel must not
 fault); on the GPU, the TensorRT AOT form compiled to PTX for the GPU's own architecture. The speed of the same
 kernel is ``benchmarks/paged_attention_gpu.py``.
 """
@@ -23,7 +25,7 @@ MARKS = {"cpu": [], "cuda": [pytest.mark.gpu]}
 TOL = {"float32": 2e-4, "float16": 1e-2, "bfloat16": 5e-2}  # max abs error of the output, float caches
 MODULE = "test_gpu_paged_attention"  # what the child processes import to find the cases below
 
-# (dtype, fused, num_kv_splits, kv cache, block size) of each oracle check, per device
+# (dtype, fused, num_kv_splits, kv cache, block size[, sliding window, softcap]) of each oracle check, per device
 CHECKS = {
     "cuda": [
         ("float32", False, None, "float", 16),
@@ -33,16 +35,36 @@ CHECKS = {
         ("bfloat16", True, None, "float", 16),
         ("bfloat16", False, 3, "float", 16),
         *[("bfloat16", fused, 4, kv, 16) for kv in ("int8", "fp8") for fused in (False, True)],
+        ("bfloat16", True, None, "float", 16, 100, None),  # the decode at 300 skips its first 12 blocks
+        ("float32", False, 3, "float", 5, 37, 2.0),
+        ("bfloat16", False, None, "float", 16, None, 50.0),  # Gemma 2's attention soft-capping
+        ("float16", True, None, "float", 5, 8, 1.5),  # a window shorter than a query tile
+        ("bfloat16", True, 4, "int8", 16, 64, 30.0),
+        ("bfloat16", False, 4, "fp8", 16, 20, None),
     ],
-    "cpu": [("float32", True, None, "float", 5), ("float32", False, 3, "int8", 16), ("float32", True, 2, "fp8", 16)],
+    "cpu": [
+        ("float32", True, None, "float", 5),
+        ("float32", False, 3, "int8", 16),
+        ("float32", True, 2, "fp8", 16),
+        ("float32", False, 3, "float", 5, 37, 2.0),
+    ],
 }
 # (fused, activation dtype) of each garbage-metadata case, per device
 GARBAGE = {"cuda": [(False, "bfloat16"), (True, "bfloat16")], "cpu": [(True, "float32")]}
 
 
-def check_id(dtype: str, fused: bool, splits: int | None, kv: str, bs: int) -> str:
+def check_id(
+    dtype: str,
+    fused: bool,
+    splits: int | None,
+    kv: str,
+    bs: int,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> str:
     split = "" if splits is None else f"-split{splits}"
-    return f"{dtype}-{kv}-{'fused' if fused else 'two-kernels'}{split}-bs{bs}"
+    extra = ("" if window is None else f"-window{window}") + ("" if softcap is None else f"-softcap{softcap:g}")
+    return f"{dtype}-{kv}-{'fused' if fused else 'two-kernels'}{split}-bs{bs}{extra}"
 
 
 @pytest.mark.parametrize(
@@ -54,7 +76,7 @@ def check_id(dtype: str, fused: bool, splits: int | None, kv: str, bs: int) -> s
     ],
 )
 def test_kernel_matches_the_oracle(device: str, case: tuple[Any, ...], isolated_case: Callable) -> None:
-    got = isolated_case(MODULE, "check_case", *case, device, device=device, timeout=600)
+    got = isolated_case(MODULE, "check_case", *case[:5], device, *case[5:], device=device, timeout=600)
     assert got["ok"], got
 
 
@@ -101,9 +123,20 @@ def make_step(rng: np.random.Generator, hq: int, hkv: int, d: int, bs: int, new:
     }
 
 
-def check_case(dtype: str, fused: bool, splits: int | None, kv: str, bs: int, device: str) -> dict[str, Any]:
+def check_case(
+    dtype: str,
+    fused: bool,
+    splits: int | None,
+    kv: str,
+    bs: int,
+    device: str,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> dict[str, Any]:
     """One ragged step through the kernel and the oracle: the max abs errors and whether they are in tolerance
-    (quantized caches: in quantization levels, 1 = one level apart)."""
+    (quantized caches: in quantization levels, 1 = one level apart). With a ``window``, the step runs again on the
+    untouched caches with the block-table entries wholly before each sequence's window pointed at a spare block
+    filled with NaN (float caches): the output must be the same (``null_block_diff`` 0)."""
     import torch
 
     from trtbuild.plugins.paged_attention import reference as ref
@@ -114,7 +147,9 @@ def check_case(dtype: str, fused: bool, splits: int | None, kv: str, bs: int, de
     step = make_step(rng, hq, hkv, d, bs, [37, 1, 20, 1, 5], [0, 300, 100, 0, 61])
     cos_sin = ref.rotary_cos_sin_cache(512, d, theta=10000.0)
     kv_type = {"float": ref.KV_FLOAT, "int8": ref.KV_INT8, "fp8": ref.KV_FP8}[kv]
-    attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d), kv_cache_dtype=kv_type)
+    attrs = ref.PagedAttentionAttrs(
+        hq, hkv, d, 1 / math.sqrt(d), kv_cache_dtype=kv_type, sliding_window=window, softcap=softcap
+    )
     tdt = getattr(torch, dtype)
     qkv = torch.from_numpy(step["qkv"]).to(device, tdt)
     scales: dict[str, float] = {}
@@ -130,10 +165,26 @@ def check_case(dtype: str, fused: bool, splits: int | None, kv: str, bs: int, de
         tt = torch.int8 if kv == "int8" else torch.float8_e4m3fn
         k, v = (torch.from_numpy(x.view(np.int8).copy()).view(tt).to(device) for x in (k_np, v_np))
     meta = [torch.from_numpy(step[x]).to(device) for x in ("positions", "tables", "qsl")]
-    out = tk.paged_attention_triton(
-        qkv, k, v, *meta, torch.from_numpy(cos_sin).to(device), attrs, fused=fused, num_kv_splits=splits, **scales
-    )
+    untouched = k.clone(), v.clone()
+    cos_sin_t = torch.from_numpy(cos_sin).to(device)
+    out = tk.paged_attention_triton(qkv, k, v, *meta, cos_sin_t, attrs, fused=fused, num_kv_splits=splits, **scales)
     sync(device)
+    null_diff = 0.0
+    if window is not None:
+        tables, positions, qsl = step["tables"], step["positions"], step["qsl"]
+        first, last = positions[qsl[:-1]], positions[qsl[1:] - 1]
+        cols = np.arange(tables.shape[1])[None, :]
+        before = cols < (np.maximum(first - window + 1, 0) // bs)[:, None]
+        null = min(set(range(len(step["k"]))) - set(tables[cols <= (last // bs)[:, None]].tolist()))  # unowned
+        k_null, v_null = untouched
+        if kv == "float":
+            k_null[null], v_null[null] = float("nan"), float("nan")
+        meta[1] = torch.from_numpy(np.where(before, null, tables)).to(device)
+        again = tk.paged_attention_triton(
+            qkv, k_null, v_null, *meta, cos_sin_t, attrs, fused=fused, num_kv_splits=splits, **scales
+        )
+        sync(device)
+        null_diff = float(np.nan_to_num((again.float() - out.float()).abs().max().cpu().numpy(), nan=np.inf))
     qkv_np = qkv.float().cpu().numpy()
     r_out, r_k, r_v = ref.paged_attention(
         qkv_np, k_np, v_np, step["positions"], step["tables"], step["qsl"], cos_sin, attrs, **scales
@@ -148,8 +199,11 @@ def check_case(dtype: str, fused: bool, splits: int | None, kv: str, bs: int, de
         err_v = float(np.abs(ref.dequantize_kv(got_v, 1.0) - ref.dequantize_kv(r_v, 1.0)).max())
     tol = TOL[dtype] * (4 if kv != "float" else 1)
     cache_tol = tol if kv == "float" else (1.0 if kv == "int8" else 32.0)  # fp8 levels: one step is up to 32
-    ok = err_out <= tol and err_k <= cache_tol and err_v <= cache_tol
-    return {"ok": ok, "max_err_out": err_out, "max_err_k": err_k, "max_err_v": err_v, "tol": tol}
+    ok = err_out <= tol and err_k <= cache_tol and err_v <= cache_tol and null_diff == 0.0
+    return {
+        "ok": ok, "max_err_out": err_out, "max_err_k": err_k, "max_err_v": err_v, "tol": tol,
+        "null_block_diff": null_diff,
+    }  # fmt: skip
 
 
 def garbage_case(fused: bool, dtype: str, device: str) -> dict[str, Any]:

@@ -34,11 +34,16 @@ def session(attrs: PagedAttentionAttrs, cos_sin: np.ndarray, k_scale: float, v_s
 
 @pytest.mark.parametrize("kv_type", [KV_INT8, KV_FP8])
 @pytest.mark.parametrize(
-    ("hq", "hkv", "d", "bs", "new", "ctx"), [(4, 2, 16, 4, [5, 1, 3], [0, 9, 6]), (6, 1, 8, 3, [1, 7], [10, 0])]
+    ("hq", "hkv", "d", "bs", "new", "ctx", "window", "softcap"),
+    [
+        (4, 2, 16, 4, [5, 1, 3], [0, 9, 6], None, None),
+        (6, 1, 8, 3, [1, 7], [10, 0], None, None),
+        (4, 2, 16, 4, [5, 1, 3], [0, 19, 6], 6, 1.5),  # a sliding window and soft-capping
+    ],
 )
-def test_quantized_cache_lowering_matches_reference(kv_type, hq, hkv, d, bs, new, ctx):
+def test_quantized_cache_lowering_matches_reference(kv_type, hq, hkv, d, bs, new, ctx, window, softcap):
     rng = np.random.default_rng(7)
-    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d), False, kv_type)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d), False, kv_type, window, softcap)
     cos_sin = rotary_cos_sin_cache(64, d, 10000.0)
     qkv, kc, vc, pos, bt, qsl = make_case(rng, new, ctx, hq, hkv, d, bs, num_blocks=24)
     k_scale, v_scale = 3.5 / 127, 2.5 / 127

@@ -33,9 +33,12 @@ META = ["positions", "block_tables", "query_start_loc"]
 PARSER_ATTRS = {"plugin_namespace", "plugin_version", "aot"}
 
 
-def portable_graph(rope: bool, rotary_dim: int = D, interleaved: bool = False) -> onnx.ModelProto:
+def portable_graph(
+    rope: bool, rotary_dim: int = D, interleaved: bool = False, layer0: dict | None = None
+) -> onnx.ModelProto:
     """2 layers of MatMul -> trtbuild::PagedAttention -> MatMul (+ residual); layer 0's QKV weight is int8 Q/DQ,
-    layer 1 quantizes its activation; only layer 0 exposes its cache outputs as graph outputs."""
+    layer 1 quantizes its activation; only layer 0 exposes its cache outputs as graph outputs. ``layer0``: optional
+    attributes of layer 0's attention (``sliding_window``, ``softcap``)."""
     rng = np.random.default_rng(0)
     inits, nodes = [], []
     inputs = [
@@ -80,6 +83,7 @@ def portable_graph(rope: bool, rotary_dim: int = D, interleaved: bool = False) -
                 head_size=D,
                 scale=1 / np.sqrt(D),
                 rotary_interleaved=int(interleaved),
+                **((layer0 or {}) if n == 0 else {}),
             )
         )
         w_o = rng.standard_normal((HQ * D, HIDDEN)).astype(np.float32) * 0.2
@@ -108,9 +112,10 @@ def _plugin_op(domain: str) -> type[OpRun]:
             assert cos_sin.dtype == np.float32
             if not attrs["has_rope"]:
                 cos_sin = None
-        a = PagedAttentionAttrs(
-            attrs["num_heads"], attrs["num_kv_heads"], attrs["head_size"], attrs["scale"], attrs["rotary_interleaved"]
-        )
+        if domain == PLUGIN_DOMAIN:  # the plugin's fields: 0 for an absent optional attribute
+            a = tensorrt_plugin.op_attrs(*(attrs[k] for k in tensorrt_plugin.ATTRIBUTES if k != "has_rope"))
+        else:
+            a = PagedAttentionAttrs.from_onnx(attrs)
         return paged_attention(qkv, kc, vc, positions, tables, qsl, cos_sin, a)
 
     return type("PagedAttention", (OpRun,), {"op_domain": domain, "_run": _run})
@@ -137,10 +142,16 @@ def run(model: onnx.ModelProto, inputs: dict[str, np.ndarray], outputs: list[str
 
 
 @pytest.mark.parametrize(
-    ("rope", "rotary_dim", "interleaved"), [(True, D, False), (True, D // 2, True), (False, D, False)]
+    ("rope", "rotary_dim", "interleaved", "layer0"),
+    [
+        (True, D, False, None),
+        (True, D // 2, True, None),
+        (False, D, False, None),
+        (True, D, False, dict(sliding_window=3, softcap=0.8)),  # layer 1 has neither: absent stays absent
+    ],
 )
-def test_lowering_preserves_semantics(rope: bool, rotary_dim: int, interleaved: bool) -> None:
-    portable = portable_graph(rope, rotary_dim, interleaved)
+def test_lowering_preserves_semantics(rope: bool, rotary_dim: int, interleaved: bool, layer0: dict | None) -> None:
+    portable = portable_graph(rope, rotary_dim, interleaved, layer0)
     lowered = lower_for_tensorrt(portable, BuildConfig(kv_block_size=BS))
     onnx.checker.check_model(lowered, full_check=False)
     names = ["l1.res", "key_cache_out.0", "value_cache_out.0", "key_cache_out.1", "value_cache_out.1"]
@@ -205,6 +216,15 @@ def test_non_float32_cos_sin_is_cast() -> None:
     plugins = [n for n in lowered.graph.node if n.op_type == "PagedAttention"]
     assert {n.input[6] for n in plugins} == {"rotary.cos_sin_cache.float32"}
     onnx.checker.check_model(lowered, full_check=False)
+
+
+def test_window_and_softcap_become_plugin_fields() -> None:
+    lowered = lower_for_tensorrt(portable_graph(True, layer0=dict(sliding_window=3, softcap=0.8)), BuildConfig())
+    plugins = [n for n in lowered.graph.node if n.op_type == "PagedAttention"]
+    fields = [{a.name: helper.get_attribute_value(a) for a in n.attribute} for n in plugins]
+    assert [(f["sliding_window"], f["softcap"]) for f in fields] == [(3, pytest.approx(0.8)), (0, 0.0)]
+    with pytest.raises(BuildError, match="softcap"):
+        lower_for_tensorrt(portable_graph(True, layer0=dict(softcap=-1.0)), BuildConfig())
 
 
 def test_errors() -> None:

@@ -135,7 +135,10 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> Registry:
     return reg
 
 
-ATTRS = dict(num_heads=6, num_kv_heads=2, head_size=64, scale=0.125, rotary_interleaved=1, has_rope=1)
+ATTRS = dict(
+    num_heads=6, num_kv_heads=2, head_size=64, scale=0.125, rotary_interleaved=1, has_rope=1, sliding_window=0,
+    softcap=0.0,
+)  # fmt: skip
 
 
 def descs(float_type: str = "DataType.HALF") -> list[TensorDesc]:
@@ -185,6 +188,7 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
         0.125,
         True,
     )
+    assert (attrs.sliding_window, attrs.softcap) == (None, None)  # fields 0: the attributes are absent
     assert kw == dict(has_rope=True, arch=80, float_type="fp16", index_type="i32", cos_sin_type="fp32", ptx_version=85)
     grid = (launch.grid_x, launch.grid_y, launch.block_x, launch.shared_mem)
     assert grid == (Expr("((T // 21) + (B1 - 1))"), 2, 128, 2048)  # query tiles of 21 tokens, kv heads
@@ -193,6 +197,9 @@ def test_aot_impl_wires_the_compiled_kernel(fake: Registry, monkeypatch: pytest.
     no_rope = dict(ATTRS, has_rope=0)
     *_, extra = fake.funcs[tensorrt_plugin.PLUGIN_ID]["aot_impl"](*inputs, **no_rope, outputs=(), tactic=0)
     assert [s.value for s in extra[-2:]] == [0, 1]
+    windowed = dict(ATTRS, sliding_window=4096, softcap=50.0)
+    fake.funcs[tensorrt_plugin.PLUGIN_ID]["aot_impl"](*inputs, **windowed, outputs=(), tactic=0)
+    assert (calls[-1][0].sliding_window, calls[-1][0].softcap) == (4096, 50.0)
 
 
 def test_without_aot_support_only_jit_is_registered(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,18 +185,64 @@ def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens):
         np.testing.assert_allclose(got.numpy().astype(np.float64), want.astype(np.float64), atol=1e-6, rtol=0)
 
 
-def test_custom_op_cuda_implementation_under_triton_interpreter():
+@pytest.mark.parametrize("lens", [(5, 3, 1), (1, 1, 1), (5, 6, 3)], ids=["ragged", "decode", "chunks"])
+@pytest.mark.parametrize(
+    ("heads", "kv", "window", "softcap"),
+    [((4, 2), KV_FLOAT, 3, None), ((6, 1), KV_FLOAT, 6, None), ((4, 2), KV_FLOAT, None, 0.9),
+     ((4, 4), KV_FLOAT, 4, 1.7), ((4, 2), KV_INT8, 5, 1.2)],
+)  # fmt: skip
+def test_custom_op_window_and_softcap_match_oracle(heads, kv, window, softcap, lens):
+    """Sliding windows (across block boundaries, GQA) and soft-capping; with a window, the block-table entries of
+    blocks wholly before each sequence's window then point at block 0 holding NaN: the output does not change."""
+    hq, hkv = heads
+    d = 8
+    qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d, seed=3, lens=lens)
+    cos_sin = rotary_cos_sin_cache(64, d, 10000.0)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.3, False, kv, sliding_window=window, softcap=softcap)
+    scales = (0.05, 0.04) if kv != KV_FLOAT else (None, None)
+    kc_t, vc_t = torch.from_numpy(kc.copy()), torch.from_numpy(vc.copy())
+    if kv != KV_FLOAT:
+        (kc, kc_t), (vc, vc_t) = quantized_cache(kc, scales[0], kv), quantized_cache(vc, scales[1], kv)
+    ref_out, ref_k, ref_v = oracle(qkv, kc, vc, positions, tables, qsl, cos_sin, attrs, *scales)
+    fresh = kc_t.clone(), vc_t.clone()
+
+    def run(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: np.ndarray) -> torch.Tensor:
+        return torch.ops.trtbuild.paged_attention(
+            torch.from_numpy(qkv), k_cache, v_cache,
+            *(torch.from_numpy(a) for a in (positions, block_tables, qsl)), torch.from_numpy(cos_sin),
+            *(None if s is None else torch.tensor(s) for s in scales),
+            hq, hkv, d, 0.3, False, kv, window, softcap,
+        )  # fmt: skip
+
+    out = run(kc_t, vc_t, tables)
+    np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5, rtol=0)
+    for got, want in ((kc_t, ref_k), (vc_t, ref_v)):  # written in place
+        np.testing.assert_allclose(got.numpy().astype(np.float64), want.astype(np.float64), atol=1e-6, rtol=0)
+    if window is None:
+        return
+    first = positions[qsl[:-1]]
+    before = np.arange(tables.shape[1])[None, :] < (np.maximum(first - window + 1, 0) // 4)[:, None]
+    assert before.any()
+    k_null, v_null = fresh
+    if kv == KV_FLOAT:
+        k_null[0], v_null[0] = float("nan"), float("nan")
+    moved = run(k_null, v_null, np.where(before, 0, tables))
+    np.testing.assert_array_equal(moved.numpy(), out.numpy())
+
+
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, 1.1)], ids=["plain", "window-softcap"])
+def test_custom_op_cuda_implementation_under_triton_interpreter(window, softcap):
     """The op's CUDA implementation (the Triton kernel) on CPU tensors in Triton's interpreter equals the oracle."""
     pytest.importorskip("triton")
     hq, hkv, d = 4, 2, 8
     qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d, seed=5)
     cos_sin = rotary_cos_sin_cache(64, d, 10000.0)
-    attrs = PagedAttentionAttrs(hq, hkv, d, 0.3)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.3, sliding_window=window, softcap=softcap)
     ref_out, ref_k, _ = oracle(qkv, kc, vc, positions, tables, qsl, cos_sin, attrs)
     kc_t, vc_t = torch.from_numpy(kc.copy()), torch.from_numpy(vc.copy())
     out = ops.paged_attention_cuda(
         torch.from_numpy(qkv), kc_t, vc_t, *(torch.from_numpy(a) for a in (positions, tables, qsl)),
-        torch.from_numpy(cos_sin), None, None, hq, hkv, d, 0.3, False, KV_FLOAT,
+        torch.from_numpy(cos_sin), None, None, hq, hkv, d, 0.3, False, KV_FLOAT, window, softcap,
     )  # fmt: skip
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5, rtol=0)
     np.testing.assert_allclose(kc_t.numpy(), ref_k, atol=1e-6, rtol=0)

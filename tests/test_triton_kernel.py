@@ -250,8 +250,10 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
         import re
         from trtbuild.plugins.paged_attention.reference import PagedAttentionAttrs
         from trtbuild.plugins.paged_attention.triton_kernel import compile_ptx
-        for arch, ftype in ((80, "fp16"), (90, "fp32")):
-            k = compile_ptx(PagedAttentionAttrs(6, 2, 64, 0.125, True), has_rope=True, arch=arch, float_type=ftype)
+        windowed = PagedAttentionAttrs(6, 2, 64, 0.125, True, sliding_window=4096, softcap=50.0)
+        for arch, ftype, attrs in ((80, "fp16", None), (90, "fp32", None), (90, "bf16", windowed)):
+            attrs = attrs or PagedAttentionAttrs(6, 2, 64, 0.125, True)
+            k = compile_ptx(attrs, has_rope=True, arch=arch, float_type=ftype)
             entry = re.search(r"\\.entry\\s+(\\w+)\\(([^)]*)\\)", k.ptx, re.S)
             params = entry.group(2).count(".param")
             mma = "mma" in k.ptx  # tensor-core instructions (mma.sync on sm_80, wgmma on sm_90)
@@ -263,7 +265,7 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
     result = _run_python(code, env)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [line.split() for line in result.stdout.strip().splitlines()]
-    assert [line[0] for line in lines] == ["80", "90"]
+    assert [line[0] for line in lines] == ["80", "90", "90"]  # the last: with a sliding window and softcap
     for arch, name, entry, target, params, threads, _mma, block_q in lines:
         assert name == entry == "_paged_attention_kernel"
         assert target.startswith(f"sm_{arch}")
@@ -333,6 +335,65 @@ def test_quantized_kv_cache_matches_reference(kv_dtype: int, fused: bool, rope: 
     cos_sin = rotary_cos_sin_cache(32, d, theta=10000.0) if rope else None
     launch = dict(k_scale=k_scale, v_scale=v_scale, tiling=SMALL, num_kv_splits=splits)
     run_both(step, cos_sin, attrs, fused, atol=2e-3, **launch)
+
+
+# (sliding window, softcap, fused, split-KV segments, kv cache)
+WINDOW_CASES = [
+    (4, None, False, 1, KV_FLOAT),  # window < block size 5 and < a tile
+    (11, None, True, 1, KV_FLOAT),  # across blocks and 16-wide context tiles
+    (23, None, False, 3, KV_FLOAT),  # split-KV segments over the window only
+    (9, None, True, 2, KV_INT8),
+    (None, 1.5, False, 1, KV_FLOAT),
+    (None, 0.7, True, 3, KV_FLOAT),
+    (13, 2.0, True, 1, KV_FLOAT),
+    (7, 1.2, False, 2, KV_FP8),
+]
+
+
+@pytest.mark.parametrize(
+    ("window", "softcap", "fused", "splits", "kv_dtype"),
+    WINDOW_CASES,
+    ids=lambda x: str(x) if not isinstance(x, bool) else ("fused" if x else "two-kernels"),
+)
+def test_window_and_softcap_match_reference(
+    window: int | None, softcap: float | None, fused: bool, splits: int, kv_dtype: int
+) -> None:
+    """A ragged step (prefill longer than the window, decode and a chunk far past it) with a sliding window and/or
+    soft-capping. With a window, the block-table entries of blocks wholly before each sequence's window then point
+    at a spare block (the runner's null block) filled with NaN: the output is unchanged (the kernel never reads
+    those blocks)."""
+    rng = np.random.default_rng(41 + int(fused) + splits)
+    hq, hkv, d, bs = 6, 2, 16, 5
+    step = make_step(rng, hq, hkv, d, bs, [19, 1, 9, 1, 3], [0, 0, 40, 57, 31])
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.4, kv_cache_dtype=kv_dtype, sliding_window=window, softcap=softcap)
+    launch: dict[str, Any] = dict(tiling=SMALL, num_kv_splits=splits)
+    if kv_dtype != KV_FLOAT:
+        launch.update(k_scale=0.02, v_scale=0.03)
+        step.key_cache = quantize_kv(step.key_cache, 0.02, kv_dtype)
+        step.value_cache = quantize_kv(step.value_cache, 0.03, kv_dtype)
+    cos_sin = rotary_cos_sin_cache(64, d, theta=10000.0)
+    run_both(step, cos_sin, attrs, fused, atol=1e-4 if kv_dtype == KV_FLOAT else 2e-3, **launch)
+    if window is None:
+        return
+
+    def output(tables: np.ndarray, caches: list[torch.Tensor]) -> np.ndarray:
+        meta = (torch.from_numpy(x) for x in (step.positions, tables, step.query_start_loc))
+        out = triton_kernel.paged_attention_triton(
+            torch.from_numpy(step.qkv), *caches, *meta, torch.from_numpy(cos_sin), attrs, fused=fused, **launch
+        )
+        return out.numpy()
+
+    first, last = step.positions[step.query_start_loc[:-1]], step.positions[step.query_start_loc[1:] - 1]
+    columns = np.arange(step.block_tables.shape[1])[None, :]
+    before = columns < (np.maximum(first - window + 1, 0) // bs)[:, None]
+    assert before.sum() >= 4
+    owned = step.block_tables[columns <= (last // bs)[:, None]]
+    null = min(set(range(len(step.key_cache))) - set(owned.tolist()))  # a block no sequence owns
+    want = output(step.block_tables, [to_torch_cache(step.key_cache), to_torch_cache(step.value_cache)])
+    caches = [to_torch_cache(step.key_cache), to_torch_cache(step.value_cache)]
+    if kv_dtype == KV_FLOAT:
+        caches[0][null], caches[1][null] = float("nan"), float("nan")
+    np.testing.assert_array_equal(output(np.where(before, null, step.block_tables), caches), want)
 
 
 def test_choose_num_segments_fills_the_gpu() -> None:

@@ -138,12 +138,34 @@ def _write_kv_kernel(
 
 
 @triton.jit
+def _tanh(x):
+    """tanh in fp32 from exp2 (any backend, the interpreter included): Cephes' odd polynomial for |x| < 0.625, else
+    ``(1 - e) / (1 + e)`` with ``e = exp(-2|x|)`` (no cancellation there); +-1 for infinite x."""
+    a = tl.abs(x)
+    z = a * a
+    small = ((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1) * z
+             - 3.33332819422e-1) * z * a + a  # fmt: skip
+    e = tl.math.exp2(a * (-2.0 * LOG2E))  # tensor first: a constexpr times a tensor stays a constexpr (interpreter)
+    t = tl.where(a < 0.625, small, (1.0 - e) / (1.0 + e))
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
 def _attend_tile(
     q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr,
+    SLIDING_WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
-    """One online-softmax step (base 2) over the context positions ``j`` (``valid`` marks real ones)."""
+    """One online-softmax step (base 2) over the context positions ``j`` (``valid`` marks real ones): a row at
+    ``row_pos`` sees ``j <= row_pos`` (and ``j > row_pos - SLIDING_WINDOW``); scores soft-capped before the mask."""
     s = tl.dot(q, kT.to(q.dtype), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(valid[None, :] & (j[None, :] <= row_pos[:, None]), s, float("-inf"))
+    if (
+        SOFTCAP is not None
+    ):  # s is score * log2(e): cap with softcap * log2(e), the same softcap * tanh(score / softcap)
+        s = _tanh(s / (SOFTCAP * LOG2E)) * (SOFTCAP * LOG2E)
+    visible = valid[None, :] & (j[None, :] <= row_pos[:, None])
+    if SLIDING_WINDOW is not None:
+        visible = visible & (j[None, :] > row_pos[:, None] - SLIDING_WINDOW)
+    s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet (padding rows)
     alpha = tl.math.exp2(m_i - m_safe)
@@ -161,10 +183,13 @@ def _paged_attention_kernel(
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, SCALE: tl.constexpr,
     HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, FUSED: tl.constexpr, KV_QUANT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(tiles, Hkv, NUM_SEGMENTS)``: one query tile (``BLOCK_Q`` tokens x the ``Hq / Hkv`` query heads of kv
-    head ``program_id(1)`` = ``BLOCK_M`` rows) against one segment of its sequence's context, on tensor cores."""
+    head ``program_id(1)`` = ``BLOCK_M`` rows) against one segment of its sequence's context, on tensor cores.
+    With ``SLIDING_WINDOW`` the context starts at the tile's first token's window start: the blocks before it are
+    never read (the op's contract lets the runner free them)."""
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     WIDTH: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
     kvh = tl.program_id(1)
@@ -199,11 +224,15 @@ def _paged_attention_kernel(
         qk_scale = qk_scale * tl.load(k_scale).to(tl.float32)
 
     ctx_end = tl.max(tl.where(row_ok, row_pos, -1), axis=0) + 1  # the tile's last visible position + 1
-    lo = ctx_end * 0
+    ctx_start = ctx_end * 0  # the tile's first visible position
+    if SLIDING_WINDOW is not None:
+        first_pos = tl.min(tl.where(row_ok, row_pos, max_pos), axis=0)
+        ctx_start = tl.minimum(tl.maximum(first_pos - SLIDING_WINDOW + 1, 0), ctx_end)
+    lo = ctx_start
     hi = ctx_end
     if NUM_SEGMENTS > 1:
-        seg_len = tl.cdiv(tl.cdiv(ctx_end, NUM_SEGMENTS), BLOCK_N) * BLOCK_N
-        lo = tl.minimum(seg * seg_len, ctx_end)
+        seg_len = tl.cdiv(tl.cdiv(ctx_end - ctx_start, NUM_SEGMENTS), BLOCK_N) * BLOCK_N
+        lo = tl.minimum(ctx_start + seg * seg_len, ctx_end)
         hi = tl.minimum(lo + seg_len, ctx_end)
     cache_hi = hi
     if FUSED:  # positions from the sequence's first new one on come from qkv (this launch writes them)
@@ -221,7 +250,9 @@ def _paged_attention_kernel(
         off = ((blk * block_size + j % block_size) * NUM_KV_HEADS + kvh) * HEAD_SIZE
         kT = tl.load(k_in + off[None, :] + d[:, None], mask=valid[None, :] & dmask[:, None], other=0.0)
         v = tl.load(v_in + off[:, None] + d[None, :], mask=valid[:, None] & dmask[None, :], other=0.0)
-        m_i, l_i, acc = _attend_tile(q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+        m_i, l_i, acc = _attend_tile(
+            q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION, SLIDING_WINDOW, SOFTCAP
+        )
     if FUSED:
         for start in range(cache_hi, hi, BLOCK_N):
             j = start + jr
@@ -235,7 +266,9 @@ def _paged_attention_kernel(
             v_ptr = qkv + (k_col + NUM_KV_HEADS * HEAD_SIZE)[:, None] + d[None, :]
             v = tl.load(v_ptr, mask=valid[:, None] & dmask[None, :], other=0.0).to(tl.float32)
             v = _to_cache(v, v_scale, KV_QUANT, v_out.dtype.element_ty)
-            m_i, l_i, acc = _attend_tile(q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION)
+            m_i, l_i, acc = _attend_tile(
+                q, kT, v, j, valid, row_pos, m_i, l_i, acc, qk_scale, DOT_PRECISION, SLIDING_WINDOW, SOFTCAP
+            )
 
     if KV_QUANT != 0:
         acc = acc * tl.load(v_scale).to(tl.float32)

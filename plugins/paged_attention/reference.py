@@ -6,11 +6,17 @@ this file.
 A quantized KV cache (attribute ``kv_cache_dtype`` INT8 or FLOAT8E4M3FN, inputs ``k_scale`` / ``v_scale``) stores
 ``quantize_kv(k, k_scale)`` and attends over ``dequantize_kv(cache, k_scale)``, the step's own new keys included.
 int8 caches are ``np.int8`` arrays, fp8 caches ``ml_dtypes.float8_e4m3fn`` arrays.
+
+Optional attributes: ``sliding_window`` (token at position p sees positions ``p - sliding_window < k <= p``) and
+``softcap`` (scores ``softcap * tanh(score / softcap)`` after the scale, before the mask). With a window, the
+oracle reads no block that lies wholly before its sequence's first query position minus ``sliding_window - 1``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,12 +56,51 @@ class PagedAttentionAttrs:
     scale: float
     rotary_interleaved: bool = False
     kv_cache_dtype: int = KV_FLOAT  # ONNX element type of the caches: KV_FLOAT, KV_INT8 or KV_FP8
+    sliding_window: int | None = None  # attend to the last sliding_window positions (own included); None: all
+    softcap: float | None = None  # scores -> softcap * tanh(score / softcap); None: no capping
 
     def __post_init__(self) -> None:
+        window = self.sliding_window
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int | np.integer) or window < 1):
+            raise ValueError(f"sliding_window {window!r} is not a positive int (None: no window)")
+        if self.softcap is not None and not (np.isfinite(self.softcap) and self.softcap > 0):
+            raise ValueError(f"softcap {self.softcap!r} is not a positive finite float (None: no capping)")
         if self.kv_cache_dtype not in (KV_FLOAT, KV_INT8, KV_FP8):
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype} is not FLOAT (1), INT8 (3) or FLOAT8E4M3FN (17)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    @classmethod
+    def from_onnx(cls, attributes: Mapping[str, Any]) -> PagedAttentionAttrs:
+        """The attributes of one node of the op, given as ``{name: onnx.helper.get_attribute_value(a)}``, validated;
+        absent optional ones take their defaults (no window, no soft-capping)."""
+        window, softcap = attributes.get("sliding_window"), attributes.get("softcap")
+        return cls(
+            int(attributes["num_heads"]),
+            int(attributes["num_kv_heads"]),
+            int(attributes["head_size"]),
+            float(attributes["scale"]),
+            bool(attributes.get("rotary_interleaved", 0)),
+            int(attributes.get("kv_cache_dtype", KV_FLOAT)),
+            None if window is None else int(window),
+            None if softcap is None else float(softcap),
+        )
+
+    def onnx_attributes(self) -> dict[str, int | float]:
+        """These values as the op's ONNX node attributes: the optional ones only when set (absent means none)."""
+        out: dict[str, int | float] = {
+            "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads,
+            "head_size": self.head_size,
+            "scale": float(self.scale),
+            "rotary_interleaved": int(self.rotary_interleaved),
+            "kv_cache_dtype": self.kv_cache_dtype,
+        }
+        if self.sliding_window is not None:
+            out["sliding_window"] = int(self.sliding_window)
+        if self.softcap is not None:
+            out["softcap"] = float(self.softcap)
+        return out
 
 
 def rotary_cos_sin_cache(max_positions: int, rotary_dim: int, theta: float, scaling: float = 1.0) -> np.ndarray:
@@ -136,7 +181,10 @@ def paged_attention(
                 k_out[blk, off] = k[lo + i]
                 v_out[blk, off] = v[lo + i]
         ctx = int(pos[-1]) + 1
-        ctx_pos = np.arange(ctx)
+        # the first position any of the sequence's tokens sees: earlier blocks are never read (the runner may
+        # have freed them)
+        first = 0 if attrs.sliding_window is None else max(0, int(pos[0]) - attrs.sliding_window + 1)
+        ctx_pos = np.arange(first, ctx)
         keys = k_out[blocks[ctx_pos // block_size], ctx_pos % block_size]  # [ctx, hkv, d]
         vals = v_out[blocks[ctx_pos // block_size], ctx_pos % block_size]
         if quantized:
@@ -145,8 +193,13 @@ def paged_attention(
             keys, vals = keys.astype(np.float64), vals.astype(np.float64)
         keys = np.repeat(keys, group, axis=1)
         vals = np.repeat(vals, group, axis=1)
-        scores = np.einsum("qhd,khd->hqk", q[lo:hi], keys) * attrs.scale  # [hq, n, ctx]
-        scores = np.where(ctx_pos[None, None, :] <= pos[None, :, None], scores, -np.inf)
+        scores = np.einsum("qhd,khd->hqk", q[lo:hi], keys) * attrs.scale  # [hq, n, ctx - first]
+        if attrs.softcap is not None:
+            scores = attrs.softcap * np.tanh(scores / attrs.softcap)
+        visible = ctx_pos[None, :] <= pos[:, None]
+        if attrs.sliding_window is not None:
+            visible &= ctx_pos[None, :] > pos[:, None] - attrs.sliding_window
+        scores = np.where(visible[None], scores, -np.inf)
         scores -= scores.max(axis=-1, keepdims=True)
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)

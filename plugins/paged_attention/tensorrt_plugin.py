@@ -7,7 +7,10 @@ What :func:`register` declares (TensorRT >= 10.6; AOT needs a release whose ``te
 - ``@trtp.register("trtbuild::PagedAttention")``: seven inputs in the README's order, ``cos_sin_cache`` always
   present (the TensorRT lowering feeds a dummy table and ``has_rope=0`` when the model has no RoPE, because a
   Python plugin has a fixed number of inputs); attributes ``num_heads``, ``num_kv_heads``, ``head_size``
-  (int), ``scale`` (float), ``rotary_interleaved``, ``has_rope`` (int 0/1). Outputs: ``output [T, Hq * D]`` with
+  (int), ``scale`` (float), ``rotary_interleaved``, ``has_rope`` (int 0/1), ``sliding_window`` (int) and
+  ``softcap`` (float). A plugin field cannot be absent, so for the op's two optional attributes the field holds 0
+  where the attribute is absent (the TensorRT lowering writes it); :func:`op_attrs` turns 0 back into ``None``
+  before anything else sees it. Outputs: ``output [T, Hq * D]`` with
   qkv's dtype, and the two caches as ``TensorDesc.aliased()`` of inputs 1 and 2: TensorRT hands the plugin the
   *same* buffer for the cache input and output, and the kernel writes the new K/V into it in place. Aliased plugin
   I/O is a TensorRT preview feature (``PreviewFeature.ALIASED_PLUGIN_IO_10_03``), enabled by the backend's builder.
@@ -36,13 +39,15 @@ PLUGIN_NAME = "PagedAttention"
 PLUGIN_ID = f"{PLUGIN_NAMESPACE}::{PLUGIN_NAME}"
 # Version of this plugin's kernels and I/O contract, recorded in engine manifests: an engine only runs with the
 # plugin version it was built with. Bump it when the kernel semantics or the plugin's inputs/attributes change.
-PLUGIN_VERSION = "1.1.0"  # 1.1.0: tensor-core query tiles, clamped metadata, seven scalars
+PLUGIN_VERSION = "1.2.0"  # 1.2.0: sliding_window, softcap; 1.1.0: tensor-core query tiles, clamped metadata
 # TensorRT's own creator version: tensorrt.plugin registers every creator as "1" (the ONNX node's plugin_version).
 TENSORRT_CREATOR_VERSION = "1"
 # Supported dtypes per I/O position: qkv, key_cache, value_cache, positions, block_tables, query_start_loc,
 # cos_sin_cache, output, key_cache_out, value_cache_out ("A|B" pairs index-wise across positions: all-fp32 or fp16).
 TYPE_COMBINATION = ", ".join(["FP32|FP16"] * 3 + ["INT32"] * 3 + ["FP32"] + ["FP32|FP16"] * 3)
-ATTRIBUTES = ("num_heads", "num_kv_heads", "head_size", "scale", "rotary_interleaved", "has_rope")
+ATTRIBUTES = (
+    "num_heads", "num_kv_heads", "head_size", "scale", "rotary_interleaved", "has_rope", "sliding_window", "softcap"
+)  # fmt: skip
 
 _state: dict[str, Any] = {"registered": False, "aot": False, "aot_arch": None, "ptx_version": None, "ptx_isa": None}
 
@@ -84,9 +89,24 @@ def register() -> bool:
     return bool(_state["aot"])
 
 
-def _attrs(num_heads: int, num_kv_heads: int, head_size: int, scale: float, rotary_interleaved: int) -> Any:
+def op_attrs(
+    num_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    scale: float,
+    rotary_interleaved: int,
+    sliding_window: int,
+    softcap: float,
+) -> PagedAttentionAttrs:
+    """The op's attributes from the plugin's fields (``sliding_window`` / ``softcap`` 0: the attribute is absent)."""
     return PagedAttentionAttrs(
-        int(num_heads), int(num_kv_heads), int(head_size), float(scale), bool(rotary_interleaved)
+        int(num_heads),
+        int(num_kv_heads),
+        int(head_size),
+        float(scale),
+        bool(rotary_interleaved),
+        sliding_window=int(sliding_window) if sliding_window else None,
+        softcap=float(softcap) if softcap else None,
     )
 
 
@@ -108,6 +128,8 @@ def _register_definitions(trtp: Any) -> None:
         scale: float,
         rotary_interleaved: int,
         has_rope: int,
+        sliding_window: int,
+        softcap: float,
     ) -> tuple[desc, desc, desc]:
         output = trtp.from_shape_expr((qkv.shape_expr[0], num_heads * head_size), dtype=qkv.dtype)
         return output, key_cache.aliased(), value_cache.aliased()
@@ -140,6 +162,8 @@ def _register_definitions(trtp: Any) -> None:
         scale: float,
         rotary_interleaved: int,
         has_rope: int,
+        sliding_window: int,
+        softcap: float,
         outputs: tuple[tensor, tensor, tensor],
         stream: int,
     ) -> None:
@@ -159,7 +183,7 @@ def _register_definitions(trtp: Any) -> None:
                 view(block_tables),
                 view(query_start_loc),
                 view(cos_sin_cache) if has_rope else None,
-                _attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved),
+                op_attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, sliding_window, softcap),
                 fused=True,
                 out=view(outputs[0]),
             )
@@ -183,13 +207,15 @@ def _register_aot(trtp: Any) -> None:
         scale: float,
         rotary_interleaved: int,
         has_rope: int,
+        sliding_window: int,
+        softcap: float,
         outputs: tuple[desc, desc, desc],
         tactic: int,
     ) -> tuple[str | bytes, str | bytes, trtp.KernelLaunchParams, trtp.SymExprs]:
         from .triton_kernel import compile_ptx
 
         kernel = compile_ptx(
-            _attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved),
+            op_attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, sliding_window, softcap),
             has_rope=bool(has_rope),
             arch=_state["aot_arch"] or _local_arch(),
             float_type=_triton_type(qkv.dtype),

@@ -23,6 +23,12 @@ Design (after vLLM's Triton "unified attention"; kernels in ``_triton_kernels.py
   are quantized on write (``QuantizeLinear``: round half to even, saturate); the dots take the quantized levels as
   fp16/bf16 operands (exact) and apply ``k_scale`` to the scores and ``v_scale`` to the output. The step's own
   tokens attend to their quantized values, as the contract requires.
+- **Sliding window and soft-capping** (``attrs.sliding_window`` / ``attrs.softcap``, constexprs: absent ones are
+  compiled out): a query tile's context starts at its first token's window start, so the blocks wholly before it
+  are never read (the runner may have freed them) and split-KV segments divide the window only; each row masks
+  ``j > row_pos - window`` besides the causal ``j <= row_pos``. Scores are capped in the base-2 domain
+  (``c * log2(e) * tanh(s / (c * log2(e)))`` of ``s = score * log2(e)``, the same value) before the mask; tanh is
+  built from ``exp2`` so the interpreter and every GPU run the same code.
 - **Safe on garbage metadata** (TensorRT times plugins on made-up inputs): the sequence index, token rows,
   positions (``< max_blocks * block_size``), rotary rows (``< cos_sin_cache.shape[0]``) and block ids
   (``< key_cache.shape[0]``) are clamped in the kernel, so no metadata makes it read or write out of bounds.
@@ -115,6 +121,8 @@ def kernel_constexprs(
         "BLOCK_D": max(16, _next_pow2(attrs.head_size)),
         "BLOCK_N": max(16, tiling.block_n),
         "NUM_SEGMENTS": num_segments,
+        "SLIDING_WINDOW": attrs.sliding_window,  # None: no window (a constexpr None compiles the test out)
+        "SOFTCAP": None if attrs.softcap is None else float(attrs.softcap),
     }
 
 

@@ -244,6 +244,8 @@ def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequenc
         qkv, kc, vc, positions, tables, qsl, cos_sin, k_scale, v_scale,
         int(a["num_heads"]), int(a["num_kv_heads"]), int(a["head_size"]), float(a["scale"]),
         bool(a.get("rotary_interleaved", 0)), int(a.get("kv_cache_dtype", KV_FLOAT)),
+        None if a.get("sliding_window") is None else int(a["sliding_window"]),
+        None if a.get("softcap") is None else float(a["softcap"]),
     )  # fmt: skip
     return (out, kc, vc)  # the cache outputs alias the (mutated) inputs
 

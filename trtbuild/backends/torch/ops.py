@@ -48,6 +48,17 @@ def quantize_kv(x: Tensor, scale: Tensor, kv_cache_dtype: int) -> Tensor:
     return y.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
+def _attend(q: Tensor, keys: Tensor, vals: Tensor, mask: Tensor, attrs: PagedAttentionAttrs) -> Tensor:
+    """``softmax(q @ keys^T * scale, masked) @ vals`` over the last two dims (``mask`` True where a key is visible,
+    broadcast to the scores); the scores soft-capped before the mask when ``attrs.softcap`` is set."""
+    if attrs.softcap is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, vals, attn_mask=mask, scale=attrs.scale)
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * attrs.scale
+    scores = torch.tanh(scores / attrs.softcap) * attrs.softcap
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.matmul(probs, vals)
+
+
 def paged_attention_torch(
     qkv: Tensor, key_cache: Tensor, value_cache: Tensor, positions: Tensor, block_tables: Tensor,
     query_start_loc: Tensor, cos_sin_cache: Tensor | None, attrs: PagedAttentionAttrs,
@@ -58,7 +69,10 @@ def paged_attention_torch(
     Computes in float32. A decode step (one token per sequence) is one ``scaled_dot_product_attention`` call over
     every sequence's context gathered from its blocks (padded to the longest, masked); other steps take one call
     per sequence with a causal mask. The query heads sharing a KV head ride along the query-length dimension, so
-    the keys and values are never repeated per head. Reads ``positions``' largest value on the host."""
+    the keys and values are never repeated per head. With ``attrs.sliding_window`` each sequence gathers only the
+    positions from its first token's window start on (earlier blocks are never read); with ``attrs.softcap`` the
+    attention is computed as plain matmuls and softmax (``sdpa`` cannot cap its scores). Reads ``positions``'
+    largest value on the host."""
     hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
     t = qkv.shape[0]
     x = qkv.float()
@@ -88,19 +102,26 @@ def paged_attention_torch(
     group = hq // hkv
 
     def context(rows: Tensor, ctx_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values ``[..., Hkv, L, D]`` (float32) at ``ctx_pos`` of the sequences whose tables are ``rows``."""
-        ctx_slots = rows[..., ctx_pos // block_size] * block_size + ctx_pos % block_size
+        """Keys and values ``[..., Hkv, L, D]`` (float32) at ``ctx_pos [..., L]`` of the sequences whose tables are
+        ``rows [..., M]``."""
+        ctx_slots = rows.gather(-1, ctx_pos // block_size) * block_size + ctx_pos % block_size
         keys, vals = flat_k[ctx_slots].float(), flat_v[ctx_slots].float()
         if quantized:
             keys, vals = keys * k_scale.float(), vals * v_scale.float()  # type: ignore[union-attr]
         return keys.transpose(-3, -2), vals.transpose(-3, -2)
 
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    window = attrs.sliding_window
+
+    def window_start(pos: Tensor) -> Tensor:
+        """The first position a token at ``pos`` sees."""
+        return pos * 0 if window is None else (pos - window + 1).clamp(min=0)
+
     if t == num_seqs:  # decode: [B, Hkv, G, D] queries over [B, Hkv, L, D] contexts
-        ctx_pos = torch.arange(int(positions.max()) + 1, device=qkv.device)
-        keys, vals = context(block_tables, ctx_pos)
-        mask = (ctx_pos[None, :] <= positions[:, None])[:, None, None, :]
-        out = sdpa(q.view(t, hkv, group, d), keys, vals, attn_mask=mask, scale=attrs.scale)
+        length = int(positions.max()) + 1 if window is None else min(window, int(positions.max()) + 1)
+        ctx_pos = window_start(positions)[:, None] + torch.arange(length, device=qkv.device)  # [B, L]
+        mask = (ctx_pos <= positions[:, None])[:, None, None, :]
+        keys, vals = context(block_tables, torch.minimum(ctx_pos, positions[:, None]))  # past the end: masked
+        out = _attend(q.view(t, hkv, group, d), keys, vals, mask, attrs)
         return out.reshape(t, hq * d).to(qkv.dtype)
     out = torch.empty((t, hq * d), dtype=torch.float32, device=qkv.device)
     bounds = query_start_loc.tolist()
@@ -109,12 +130,13 @@ def paged_attention_torch(
         if hi == lo:
             continue
         pos = positions[lo:hi]
-        ctx_pos = torch.arange(int(pos[-1]) + 1, device=qkv.device)
+        ctx_pos = torch.arange(int(window_start(pos[:1])), int(pos[-1]) + 1, device=qkv.device)
         keys, vals = context(block_tables[b], ctx_pos)  # [Hkv, L, D]
         n = hi - lo
         queries = q[lo:hi].view(n, hkv, group, d).permute(1, 2, 0, 3).reshape(hkv, group * n, d)
-        mask = (ctx_pos[None, :] <= pos[:, None]).repeat(group, 1)  # row g * n + i: query i of head g
-        o = sdpa(queries, keys, vals, attn_mask=mask, scale=attrs.scale)  # [Hkv, G * n, D]
+        visible = (ctx_pos[None, :] <= pos[:, None]) & (ctx_pos[None, :] >= window_start(pos)[:, None])
+        mask = visible.repeat(group, 1)  # row g * n + i: query i of head g
+        o = _attend(queries, keys, vals, mask, attrs)  # [Hkv, G * n, D]
         out[lo:hi] = o.view(hkv, group, n, d).permute(2, 0, 1, 3).reshape(n, hq * d)
     return out.to(qkv.dtype)
 
@@ -136,11 +158,15 @@ def paged_attention(
     scale: float,
     rotary_interleaved: bool,
     kv_cache_dtype: int,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> Tensor:
     """``trtbuild::PagedAttention`` (plugins/paged_attention/README.md): writes the caches, returns ``[T, Hq*D]``.
 
     This body is the implementation for every device but CUDA (see :func:`paged_attention_cuda`)."""
-    attrs = PagedAttentionAttrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype)
+    attrs = PagedAttentionAttrs(
+        num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window, softcap
+    )
     return paged_attention_torch(
         qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale, v_scale
     )
@@ -149,11 +175,13 @@ def paged_attention(
 @paged_attention.register_kernel("cuda")
 def paged_attention_cuda(
     qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
-    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype,
+    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window=None, softcap=None,
 ):  # fmt: skip
     """The CUDA implementation: the Triton kernel for float caches (the torch code for quantized ones, which the
     kernel does not read). Runs on CPU tensors too under ``TRITON_INTERPRET=1`` (how the tests check it)."""
-    attrs = PagedAttentionAttrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype)
+    attrs = PagedAttentionAttrs(
+        num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window, softcap
+    )
     if kv_cache_dtype != KV_FLOAT:
         return paged_attention_torch(
             qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale,
@@ -169,6 +197,6 @@ def paged_attention_cuda(
 @paged_attention.register_fake
 def _paged_attention_fake(
     qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
-    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype,
+    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window=None, softcap=None,
 ):  # fmt: skip
     return qkv.new_empty((qkv.shape[0], num_heads * head_size))

@@ -175,10 +175,33 @@ void values_scalar(const float* p, int64_t ps, const float* v, int64_t stride, i
     }
 }
 
-// One row's scores of a block (the first `visible` of its ps, a multiple of 8, count) -> probabilities in place, the
-// row's running max m and sum l updated; returns the factor the row's accumulator is rescaled by.
-inline float softmax_block(float* pr, int64_t visible, int64_t ps, float& m, float& l) {
+// tanh on eight lanes, within a few ulp: Cephes' tanhf (an odd polynomial for |x| < 0.625, else
+// (1 - e) / (1 + e) with e = exp(-2|x|), which has no cancellation there); +-1 for infinite x.
+inline v8 tanh8(v8 x) {
+  const v8 a = x < 0.0f ? -x : x;
+  const v8 s = a * a;
+  v8 y = -5.70498872745e-3f * s + 2.06390887954e-2f;
+  y = y * s - 5.37397155531e-2f;
+  y = y * s + 1.33314422036e-1f;
+  y = y * s - 3.33332819422e-1f;
+  const v8 small = y * s * a + a;
+  const v8 e = exp8_nonpositive(-2.0f * a);
+  const v8 large = (1.0f - e) / (1.0f + e);
+  const v8 r = a < 0.625f ? small : large;
+  return x < 0.0f ? -r : r;
+}
+
+// Attention-logit soft-capping (attribute softcap c > 0): c * tanh(x / c) on eight scores.
+inline v8 softcap8(v8 x, float c) { return c * tanh8(x * (1.0f / c)); }
+
+// One row's scores of a block (ps of them, a multiple of 8; the row sees keys [first, visible)) -> probabilities in
+// place, soft-capped first when softcap > 0, the row's running max m and sum l updated; returns the factor the row's
+// accumulator is rescaled by. The row sees at least one key of the block unless m is finite already.
+inline float softmax_block(float* pr, int64_t first, int64_t visible, int64_t ps, float softcap, float& m, float& l) {
   const float ninf = -std::numeric_limits<float>::infinity();
+  if (softcap > 0.0f)
+    for (int64_t o = 0; o < ps; o += 8) store8(pr + o, softcap8(load8(pr + o), softcap));
+  for (int64_t o = 0; o < first; ++o) pr[o] = ninf;
   for (int64_t o = visible; o < ps; ++o) pr[o] = ninf;
   v8 mx = load8(pr);
   for (int64_t o = 8; o < ps; o += 8) {
@@ -207,10 +230,12 @@ inline float softmax_block(float* pr, int64_t visible, int64_t ps, float& m, flo
 // stored to p + r * ps for the value tiles. The same operations in the same order as scores_x4 -> softmax_block,
 // without the scores' trip through memory (their 16-byte stores read back as 32-byte loads: a store-forwarding
 // stall each); outputs agree with that path to 1-2 ulp, as GCC contracts and reassociates the two forms apart.
-// visible[r]: row r's keys that are not masked (a prefill row may see part of the block).
+// Row r sees keys [first[r], visible[r]) of the block (a prefill row may see part of it; a sliding window may hide
+// its start); softcap > 0 soft-caps the scores first.
 template <int R>
 inline void block_scores_softmax(const float* q, int64_t d, const float* keys, int64_t stride, float* p, int64_t ps,
-                                 BlockPrefetch& pf, const int64_t* visible, float* m, float* l, float* alpha) {
+                                 BlockPrefetch& pf, const int64_t* first, const int64_t* visible, float softcap,
+                                 float* m, float* l, float* alpha) {
   __m128 t[4][R];
 #pragma GCC unroll 4
   for (int tile = 0; tile < 4; ++tile) {
@@ -229,9 +254,10 @@ inline void block_scores_softmax(const float* q, int64_t d, const float* keys, i
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     v8 x0 = v8(_mm256_set_m128(t[1][r], t[0][r])), x1 = v8(_mm256_set_m128(t[3][r], t[2][r]));
-    const int32_t vis = int32_t(visible[r]);
-    x0 = lane < vis ? x0 : v8{} + ninf;
-    x1 = lane + 8 < vis ? x1 : v8{} + ninf;
+    const int32_t lo = int32_t(first[r]), vis = int32_t(visible[r]);
+    if (softcap > 0.0f) x0 = softcap8(x0, softcap), x1 = softcap8(x1, softcap);
+    x0 = (lane >= lo) & (lane < vis) ? x0 : v8{} + ninf;
+    x1 = (lane + 8 >= lo) & (lane + 8 < vis) ? x1 : v8{} + ninf;
     const v8 mx = x1 > x0 ? x1 : x0;
     float block_max = mx[0];
     for (int i = 1; i < 8; ++i) block_max = std::max(block_max, mx[i]);

@@ -120,7 +120,11 @@ void* create_attention(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* i
   ok(get_int(info, "head_size", &a.head_size));
   if (!ok(get_int(info, "rotary_interleaved", &a.interleaved))) a.interleaved = 0;
   if (!ok(get_int(info, "kv_cache_dtype", &a.cache_type))) a.cache_type = kCacheFloat;
-  ok(slot<GetAttrFloatFn>(kKernelInfoGetAttributeFloat)(info, "scale", &a.scale));
+  auto get_float = slot<GetAttrFloatFn>(kKernelInfoGetAttributeFloat);
+  ok(get_float(info, "scale", &a.scale));
+  // optional: absent means no window / no capping (native.py refuses non-positive values at build time)
+  if (!ok(get_int(info, "sliding_window", &a.window)) || a.window < 1) a.window = kNoWindow;
+  if (!ok(get_float(info, "softcap", &a.softcap)) || !(a.softcap > 0.0f)) a.softcap = 0.0f;
   return kernel;
 }
 

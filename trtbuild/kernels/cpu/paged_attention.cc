@@ -12,7 +12,9 @@
 // Inputs: 0 qkv [T, (Hq + 2 Hkv) D], 1 key_cache [NB, BS, Hkv, D], 2 value_cache (same), 3 positions [T],
 // 4 block_tables [B, M], 5 query_start_loc [B + 1] (int64), 6 cos_sin_cache [P, R] (optional), 7 k_scale and
 // 8 v_scale (float scalars, quantized caches only). Output: 0 attention output [T, Hq D].
-// Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype (default 1).
+// Attributes: num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype (default 1), and the
+// optional sliding_window (each token sees its last sliding_window positions: the blocks wholly before the window
+// of a work item's first token are skipped, never read) and softcap (scores soft-capped before the softmax).
 
 #include "paged_attention.h"
 
@@ -83,6 +85,16 @@ struct WorkItem {
   int64_t seq, first_token, num_tokens, h_lo, h_hi;  // tokens [first, first + num) x KV heads [h_lo, h_hi)
 };
 
+// A token at position pos sees positions [window_start(a, pos), pos].
+inline int64_t window_start(const Attrs& a, int64_t pos) { return std::max<int64_t>(0, pos - a.window + 1); }
+
+// The first block work item w reads: the one holding its first token's window start (0 without a window). The blocks
+// before it may be freed ones (the op's contract): they are never read.
+int64_t first_block(const Attrs& a, const Step& s, const WorkItem& w) {
+  const int64_t pos = clamp(s.positions[w.first_token], 0, s.max_blocks * s.block_size - 1);
+  return window_start(a, pos) / s.block_size;
+}
+
 // The lines of work item w's part of its sequence's block j (its KV heads' part of each of the block's rows).
 BlockPrefetch item_block_lines(const Attrs& a, const Step& s, const WorkItem& w, int64_t j) {
   const int64_t bs = s.block_size, hkv = a.num_kv_heads, d = a.head_size;
@@ -99,11 +111,12 @@ BlockPrefetch item_block_lines(const Attrs& a, const Step& s, const WorkItem& w,
 }
 
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
-// over the sequence's positions 0 ..= its last token's position, block by block (online softmax). A block's rows
-// of all KV heads lie together ([BS, Hkv, D]), so an item covering every head reads (and prefetches) each block
-// as one contiguous run. Per block and head: the scores of the head's rows against the block's keys in register
-// tiles of 3 rows x 4 keys, each row's softmax update on 8 lanes, then the weighted values added into the rows'
-// accumulators in tiles of 3 rows x 32 dims (the accumulators rescaled on the way).
+// over the sequence's positions from its first token's window start (0 without a sliding window) to its last
+// token's position, block by block (online softmax). A block's rows of all KV heads lie together ([BS, Hkv, D]),
+// so an item covering every head reads (and prefetches) each block as one contiguous run. Per block and head: the
+// scores of the head's rows against the block's keys in register tiles of 3 rows x 4 keys, each row's softmax
+// update on 8 lanes (soft-capped first with a softcap), then the weighted values added into the rows' accumulators
+// in tiles of 3 rows x 32 dims (the accumulators rescaled on the way).
 // next: the item this thread attends after this one, or nullptr: its first block is prefetched during this item's
 // last, as each block during the one before. first_fetched: this item's first block was prefetched so.
 void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* next, bool first_fetched) {
@@ -115,7 +128,7 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
   // size <= kMaxBlockSize. Row r = (head - h_lo) * head_rows + token * group + query head within the group.
   static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
   static thread_local float p[kMaxRows * kMaxBlockSize];
-  static thread_local int64_t last_pos[kMaxRows];
+  static thread_local int64_t last_pos[kMaxRows], first_pos[kMaxRows];  // a row sees [first_pos, last_pos]
   static thread_local float kq[kMaxBlockSize * kMaxHeadSize], vq[kMaxBlockSize * kMaxHeadSize];  // dequantized
   for (int64_t h = w.h_lo; h < w.h_hi; ++h)
     for (int64_t i = 0; i < w.num_tokens; ++i) {
@@ -125,6 +138,7 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
         const int64_t r = (h - w.h_lo) * head_rows + i * group + g;
         std::memcpy(q + r * d, s.out + (t * a.num_heads + h * group + g) * d, d * sizeof(float));
         last_pos[r] = pos;
+        first_pos[r] = window_start(a, pos);
         m[r] = -std::numeric_limits<float>::infinity();
         l[r] = 0.0f;
       }
@@ -132,21 +146,25 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
   std::fill(acc, acc + rows * d, 0.0f);
   const int64_t ctx = last_pos[head_rows - 1] + 1;  // positions ascend within a sequence
   const int64_t* table = s.block_tables + w.seq * s.max_blocks;
-  for (int64_t j = 0; j * bs < ctx; ++j) {
+  const int64_t j0 = first_block(a, s, w);
+  for (int64_t j = j0; j * bs < ctx; ++j) {
     const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
     const int64_t n = std::min(bs, ctx - j * bs);
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
     // reads come from DRAM. The item's lines of it go out a few at a time from the tiles, evenly over this
     // block's tiles, in address order (sent in one burst per block or head they filled the core's miss buffers
     // and stalled the compute, so memory and compute time added up).
-    int64_t first_row = 0;  // a head's rows before it come before this block (a prefill tile's early tokens)
+    // A head's rows that see this block: [first_row, end_row). Those before it come before the block (a prefill
+    // tile's early tokens), those after it have their window start after it (rows ascend in position).
+    int64_t first_row = 0, end_row = head_rows;
     while (first_row < head_rows && last_pos[first_row] < j * bs) ++first_row;
-    const int64_t rows_here = head_rows - first_row;
-    if (j == 0 && !first_fetched) item_block_lines(a, s, w, 0).finish();  // at once: nothing to overlap it with
+    while (end_row > first_row && first_pos[end_row - 1] >= j * bs + n) --end_row;
+    const int64_t rows_here = end_row - first_row;
+    if (j == j0 && !first_fetched) item_block_lines(a, s, w, j0).finish();  // at once: nothing to overlap it with
     BlockPrefetch pf;  // block j + 1 (after the last block: the next item's first), spread over this block's tiles
     const bool last = (j + 1) * bs >= ctx;
     if (!last || next != nullptr) {
-      pf = last ? item_block_lines(a, s, *next, 0) : item_block_lines(a, s, w, j + 1);
+      pf = last ? item_block_lines(a, s, *next, first_block(a, s, *next)) : item_block_lines(a, s, w, j + 1);
       const int64_t steps = tiled ? (w.h_hi - w.h_lo) * tile_steps(rows_here, n, d) : 0;
       pf.per_step = (pf.rows * pf.lines_per_row + steps - 1) / std::max<int64_t>(steps, 1);
     }
@@ -166,15 +184,20 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
       const int64_t lo = (h - w.h_lo) * head_rows + first_row, hi = lo + rows_here;
 #if defined(__AVX__)
       if (tiled && n == 16 && ps == 16) {  // a whole block of 16 (an engine's default): scores kept in registers
-        int64_t vis[3];
+        int64_t fst[3], vis[3];
+        const float c = a.softcap;
         for (int64_t r = lo; r < hi; r += 3) {
           const int64_t nr = std::min<int64_t>(3, hi - r);
-          for (int64_t i = 0; i < nr; ++i) vis[i] = std::min(n, last_pos[r + i] - j * bs + 1);
+          for (int64_t i = 0; i < nr; ++i) {
+            fst[i] = std::max<int64_t>(0, first_pos[r + i] - j * bs);
+            vis[i] = std::min(n, last_pos[r + i] - j * bs + 1);
+          }
           const float* qr = q + r * d;
           float* pr = p + r * ps;
-          if (nr == 3) block_scores_softmax<3>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
-          else if (nr == 2) block_scores_softmax<2>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
-          else block_scores_softmax<1>(qr, d, keys, stride, pr, ps, pf, vis, m + r, l + r, alpha + r);
+          float *mr = m + r, *lr = l + r, *ar = alpha + r;
+          if (nr == 3) block_scores_softmax<3>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
+          else if (nr == 2) block_scores_softmax<2>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
+          else block_scores_softmax<1>(qr, d, keys, stride, pr, ps, pf, fst, vis, c, mr, lr, ar);
         }
       } else
 #endif
@@ -190,8 +213,10 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
             else scores_rows<1>(q + r * d, d, keys, stride, n, pr, ps, pf);
           }
         }
-        for (int64_t r = lo; r < hi; ++r)
-          alpha[r] = softmax_block(p + r * ps, std::min(n, last_pos[r] - j * bs + 1), ps, m[r], l[r]);
+        for (int64_t r = lo; r < hi; ++r) {
+          const int64_t fst = std::max<int64_t>(0, first_pos[r] - j * bs);
+          alpha[r] = softmax_block(p + r * ps, fst, std::min(n, last_pos[r] - j * bs + 1), ps, a.softcap, m[r], l[r]);
+        }
       }
       if (!tiled) {
         values_scalar(p + lo * ps, ps, values, stride, n, rows_here, acc + lo * d, d, alpha + lo);
@@ -292,7 +317,8 @@ void paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s) {
   double work = 0;  // query rows x keys, to decide whether threads pay
   for (int64_t b = 0; b < s.num_seqs; ++b) {
     const int64_t lo = s.query_start_loc[b], hi = s.query_start_loc[b + 1];
-    work += double(hi - lo) * double(s.positions[hi - 1] + 1) * a.num_heads;
+    const double ctx = double(s.positions[hi - 1] + 1);  // a window bounds each token's keys
+    work += double(hi - lo) * std::min(ctx, double(a.window)) * a.num_heads;
     for (int64_t first = lo; first < hi; first += tile)
       for (int64_t h = 0; h < a.num_kv_heads; h += heads_per_item)
         items[k++] = {b, first, std::min(tile, hi - first), h, h + heads_per_item};

@@ -12,9 +12,13 @@ namespace trtbuild::cpu {
 
 enum CacheType : int64_t { kCacheFloat = 1, kCacheInt8 = 3, kCacheFp8 = 17 };  // attribute kv_cache_dtype
 
+constexpr int64_t kNoWindow = INT64_MAX;  // attribute sliding_window absent: every earlier position is in the window
+
 struct Attrs {
   int64_t num_heads, num_kv_heads, head_size, interleaved, cache_type;
   float scale;
+  int64_t window = kNoWindow;  // sliding_window: position p sees positions p - window < k <= p
+  float softcap = 0.0f;  // > 0: scores -> softcap * tanh(score / softcap); 0: attribute softcap absent
 };
 
 struct Step {

@@ -14,6 +14,13 @@ costs a few µs of dispatch on top of its work (about 20 nodes a layer; the firs
    itself is read-only to the graph); one opset-23 ``Attention`` (GQA, additive mask) over the padded queries
    ``[B, Sq, Hq * D]`` and the keys ``[B, Sctx + Sq, Hkv * D]``; ``GatherND`` back to ``[T, Hq * D]``.
 
+A layer with a ``sliding_window`` W gets its own context metadata (shared by the layers of that window): each
+sequence gathers only the block-table columns from the block of its first new token's window start (``first - W +
+1``) on, through ``GatherElements`` (so blocks wholly before the window, which the runner may have freed, are never
+read and the gathered context is bounded by W), and the mask adds ``key position > query position - W`` to the
+causal condition. A layer with ``softcap`` C runs its attention as standard ops (``MatMul``, then ``Div`` / ``Tanh``
+/ ``Mul`` on the scaled scores before the additive mask, ``Softmax``, ``MatMul``) in place of ``Attention``.
+
 The cache write becomes two graph outputs per layer, ``new_keys.{n}`` / ``new_values.{n}`` (``[T, Hkv, D]``,
 keys rotated), which the runtime stores at the step's slots after the run (``OrtSession``).
 
@@ -36,8 +43,8 @@ from onnx import TensorProto, helper
 
 from ....config import ORT_LOWERED_NODE_PREFIX, EngineIO
 from ....graph.builder import GraphBuilder
-from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE
-from .graph_edit import node_attr
+from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, OP_TYPE, PagedAttentionAttrs
+from .graph_edit import node_attr, node_attrs
 
 
 def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelProto:
@@ -58,6 +65,12 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     meta["rope"] = {
         table: _rope_rows(b, table, first.input[3], widths[table], f"meta.rope{i}") for i, table in enumerate(tables)
     }
+    contexts = {}  # the cached blocks and the mask per sliding window (None: the whole causal context)
+    windows = {_op_attrs(n).sliding_window for n in plugins}
+    if None in windows:
+        contexts[None] = _full_context(b, meta, block_tables=first.input[4])
+    for window in sorted(windows - {None}):
+        contexts[window] = _window_context(b, meta, block_tables=first.input[4], window=window)
     meta_nodes = list(b.nodes)
     new_nodes: list[onnx.NodeProto] = []
     cache_outs: set[str] = set()
@@ -70,7 +83,8 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
             if cache_types[-1] == KV_FP8:
                 fp8_caches.update(node.input[1:3])
             b.nodes = []
-            _expand(b, node, meta, io.new_keys.format(layer=layer), io.new_values.format(layer=layer))
+            context = meta | contexts[_op_attrs(node).sliding_window]
+            _expand(b, node, context, io.new_keys.format(layer=layer), io.new_values.format(layer=layer))
             new_nodes.extend(b.nodes)
             cache_outs.update(node.output[1:])
             layer += 1
@@ -105,6 +119,10 @@ def _kv_cache_dtype(node: onnx.NodeProto) -> int:
     return int(node_attr(node, "kv_cache_dtype", KV_FLOAT))
 
 
+def _op_attrs(node: onnx.NodeProto) -> PagedAttentionAttrs:
+    return PagedAttentionAttrs.from_onnx(node_attrs(node))
+
+
 def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_cache: str) -> dict:
     c = b.const
     t = b.op("Shape", [positions], name="meta.T")  # [1]
@@ -124,10 +142,36 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
         "Add", [b.op("Unsqueeze", [starts, c([1])]), b.op("Min", [b.op("Unsqueeze", [r, c([0])]), last])]
     )  # [B, Sq]
     bs = b.op("Slice", [b.op("Shape", [key_cache]), c([1]), c([2]), c([0])], name="meta.BS")
+    first = b.op("Gather", [positions, starts], name="meta.first_pos")  # [B]
+    meta = {
+        "first_pos": first,
+        "rows": r,
+        "BS": bs,
+        "Sq": sq,
+        "B": b.op("Shape", [starts], name="meta.B"),
+        "q_rows": b.op(
+            "Concat", [b.op("Unsqueeze", [x, c([1])]) for x in (seq, row)], axis=1, name="meta.q_rows"
+        ),  # [T, 2]: each token's (sequence, row) in the padded layout
+        "pad_index": pad_index,
+    }
+    return meta
+
+
+def _rope_rows(b: GraphBuilder, table: str, positions: str, rotary_dim: int, name: str) -> tuple[str, str, int]:
+    """``(cos [1, T, R/2], sin [1, T, R/2], R)``: the rows of the cos/sin ``table`` at the step's positions."""
+    rows = b.op("Gather", [table, positions], name=name + "_rows")  # [T, R]
+    cos, sin = b.op_multi("Split", [rows], outputs=2, axis=1, num_outputs=2, name=name + "_split")
+    cos = b.op("Unsqueeze", [cos, b.const([0])], name=name + "_cos")
+    return cos, b.op("Unsqueeze", [sin, b.const([0])], name=name + "_sin"), rotary_dim
+
+
+def _full_context(b: GraphBuilder, meta: dict, block_tables: str) -> dict:
+    """``cached_tables`` and ``mask`` of the layers without a sliding window."""
+    c = b.const
+    first, bs, r, sq, nseq = meta["first_pos"], meta["BS"], meta["rows"], meta["Sq"], meta["B"]
     # Keys of a step: the cached context of each sequence (only the block-table columns that hold a position before
     # some sequence's first new token: none for a batch of fresh prompts), then the step's own padded rows [B, Sq].
     # A query attends to the cached positions before its sequence's first new token, and to its new rows up to its own.
-    first = b.op("Gather", [positions, starts], name="meta.first_pos")  # [B]
     max_first = b.op("ReduceMax", [first, c([0])], keepdims=1)  # [1]
     ncached = b.op("Div", [b.op("Add", [max_first, b.op("Sub", [bs, c([1])])]), bs], name="meta.M_cached")  # ceil
     cached_tables = b.op("Slice", [block_tables, c([0]), ncached, c([1])], name="meta.cached_tables")  # [B, Mc]
@@ -135,7 +179,6 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     j = b.op("Range", [c(0), b.op("Squeeze", [sctx, c([0])]), c(1)], name="meta.ctx_pos")  # [Sctx]
     cached = b.op("Less", [b.op("Unsqueeze", [j, c([0, 1])]), b.op("Unsqueeze", [first, c([1, 2])])])  # [B, 1, Sctx]
     causal = b.op("LessOrEqual", [b.op("Unsqueeze", [r, c([0, 1])]), b.op("Unsqueeze", [r, c([0, 2])])])  # [1,Sq,Sq]
-    nseq = b.op("Shape", [starts], name="meta.B")
     allowed = b.op(
         "Concat",
         [
@@ -146,26 +189,69 @@ def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_
     )  # [B, Sq, Sctx + Sq]
     additive = b.op("Where", [allowed, c(0.0, dtype="float32"), c(float("-inf"), dtype="float32")])
     mask = b.op("Unsqueeze", [additive, c([1])], name="meta.mask")  # [B, 1, Sq, Sctx + Sq], 0 or -inf
-    meta = {
-        "q_rows": b.op(
-            "Concat", [b.op("Unsqueeze", [x, c([1])]) for x in (seq, row)], axis=1, name="meta.q_rows"
-        ),  # [T, 2]: each token's (sequence, row) in the padded layout
-        "pad_index": pad_index,
-        "cached_tables": cached_tables,
-        "mask": mask,
-    }
-    return meta
+    return {"cached_tables": cached_tables, "mask": mask}
 
 
-def _rope_rows(b: GraphBuilder, table: str, positions: str, rotary_dim: int, name: str) -> tuple[str, str, int]:
-    """``(cos [1, T, R/2], sin [1, T, R/2], R)``: the rows of the cos/sin ``table`` at the step's positions."""
-    rows = b.op("Gather", [table, positions], name=name + "_rows")  # [T, R]
-    cos, sin = b.op_multi("Split", [rows], outputs=2, axis=1, num_outputs=2, name=name + "_split")
-    return (
-        b.op("Unsqueeze", [cos, b.const([0])], name=name + "_cos"),
-        b.op("Unsqueeze", [sin, b.const([0])], name=name + "_sin"),
-        rotary_dim,
-    )
+def _window_context(b: GraphBuilder, meta: dict, block_tables: str, window: int) -> dict:
+    """``cached_tables`` and ``mask`` of the layers with this sliding window: sequence b gathers the block-table
+    columns ``sb .. sb + Mc`` (``sb``: the block of ``first_b - window + 1``, ``Mc``: the most cached blocks any
+    sequence has from its ``sb`` on), never an earlier one; a query at position ``first_b + r`` sees the cached
+    positions ``k < first_b`` with ``k > first_b + r - window``, and its new rows ``r - window < r' <= r``."""
+    c, w = b.const, f"meta.window{window}"
+    first, bs, r = meta["first_pos"], meta["BS"], meta["rows"]
+    start = b.op("Max", [b.op("Sub", [first, c(window - 1)]), c(0)], name=w + ".start")  # [B] first position seen
+    start_block = b.op("Div", [start, bs], name=w + ".start_block")  # [B]
+    cached_end = b.op("Div", [b.op("Add", [first, b.op("Sub", [bs, c(1)])]), bs])  # [B]: ceil(first / BS)
+    mc = b.op("ReduceMax", [b.op("Sub", [cached_end, start_block]), c([0])], keepdims=1, name=w + ".Mc")  # [1]
+    cols = b.op(
+        "Add",
+        [b.op("Unsqueeze", [start_block, c([1])]), b.op("Range", [c(0), b.op("Squeeze", [mc, c([0])]), c(1)])],
+        name=w + ".columns",
+    )  # [B, Mc]; a column past the table only holds positions >= first (masked): clamped to the last one
+    last_col = b.op("Sub", [b.op("Slice", [b.op("Shape", [block_tables]), c([1]), c([2]), c([0])]), c(1)])
+    tables = b.op("GatherElements", [block_tables, b.op("Min", [cols, last_col])], axis=1, name=w + ".tables")
+    slot = b.op("Range", [c(0), b.op("Squeeze", [bs, c([0])]), c(1)], name=w + ".slot")  # [BS]
+    key_pos = b.op(
+        "Reshape",
+        [b.op("Add", [b.op("Unsqueeze", [b.op("Mul", [cols, bs]), c([2])]), slot]), c([0, -1])],
+        name=w + ".key_pos",
+    )  # [B, Mc * BS]: the position each gathered cache slot holds
+    query_pos = b.op("Add", [b.op("Unsqueeze", [first, c([1])]), b.op("Unsqueeze", [r, c([0])])])  # [B, Sq]
+    lowest = b.op("Unsqueeze", [b.op("Sub", [query_pos, c(window)]), c([2])])  # [B, Sq, 1]: k must exceed it
+    key_pos = b.op("Unsqueeze", [key_pos, c([1])])  # [B, 1, Sctx]
+    cached = b.op(
+        "And", [b.op("Less", [key_pos, b.op("Unsqueeze", [first, c([1, 2])])]), b.op("Greater", [key_pos, lowest])]
+    )  # [B, Sq, Sctx]
+    r_q, r_k = b.op("Unsqueeze", [r, c([0, 2])]), b.op("Unsqueeze", [r, c([0, 1])])  # [1, Sq, 1], [1, 1, Sq]
+    new = b.op(
+        "And", [b.op("LessOrEqual", [r_k, r_q]), b.op("Greater", [r_k, b.op("Sub", [r_q, c(window)])])]
+    )  # [1, Sq, Sq]
+    new = b.op("Expand", [new, b.op("Concat", [meta["B"], meta["Sq"], meta["Sq"]], axis=0)])
+    allowed = b.op("Concat", [cached, new], axis=2)  # [B, Sq, Sctx + Sq]
+    additive = b.op("Where", [allowed, c(0.0, dtype="float32"), c(float("-inf"), dtype="float32")])
+    return {"cached_tables": tables, "mask": b.op("Unsqueeze", [additive, c([1])], name=w + ".mask")}
+
+
+def _softcapped_attention(
+    b: GraphBuilder, p: str, q: str, k: str, v: str, mask: str, attrs: PagedAttentionAttrs
+) -> str:
+    """``Attention`` with soft-capped scores as standard ops: ``q [B, Sq, Hq * D]`` against ``k``, ``v``
+    ``[B, L, Hkv * D]`` (query head h reads kv head ``h // G``) with the additive ``mask [B, 1, Sq, L]``; the
+    scaled scores go through ``softcap * Tanh(s / softcap)`` before the mask. Returns ``[B, Sq, Hq * D]``."""
+    c = b.const
+    hkv, d, softcap = attrs.num_kv_heads, attrs.head_size, attrs.softcap
+    group = attrs.num_heads // hkv
+    qh = b.op("Transpose", [b.op("Reshape", [q, c([0, 0, hkv, group, d])])], perm=[0, 2, 3, 1, 4])  # [B,Hkv,G,Sq,D]
+    kh = b.op("Transpose", [b.op("Reshape", [k, c([0, 0, hkv, d])])], perm=[0, 2, 3, 1])  # [B, Hkv, D, L]
+    vh = b.op("Transpose", [b.op("Reshape", [v, c([0, 0, hkv, d])])], perm=[0, 2, 1, 3])  # [B, Hkv, L, D]
+    scores = b.op("MatMul", [qh, b.op("Unsqueeze", [kh, c([2])])], name=p + ".scores")  # [B, Hkv, G, Sq, L]
+    scores = b.op("Mul", [scores, c(attrs.scale, dtype="float32")])
+    capped = b.op("Tanh", [b.op("Div", [scores, c(softcap, dtype="float32")])], name=p + ".softcap")
+    capped = b.op("Mul", [capped, c(softcap, dtype="float32")])
+    masked = b.op("Add", [capped, b.op("Unsqueeze", [mask, c([2])])])  # mask [B, 1, 1, Sq, L]
+    probs = b.op("Softmax", [masked], axis=-1, name=p + ".softmax")
+    o = b.op("MatMul", [probs, b.op("Unsqueeze", [vh, c([2])])], name=p + ".pv")  # [B, Hkv, G, Sq, D]
+    return b.op("Reshape", [b.op("Transpose", [o], perm=[0, 3, 1, 2, 4]), c([0, 0, -1])], name=p + ".attention")
 
 
 def _dequantize_cache(b: GraphBuilder, blocks: str, scale: str, kv_type: int, name: str) -> str:
@@ -185,8 +271,8 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
     qkv, key_cache, value_cache = node.input[0], node.input[1], node.input[2]
     cos_sin = node.input[6] if len(node.input) > 6 else ""
     if cos_sin:  # one RotaryEmbedding over q and k together: the same angles for every head of a token
-        qk, v = b.op_multi("Split", [qkv, c([(hq + hkv) * d, hkv * d])], outputs=2, axis=1, name=p + ".split")
         cos, sin, rotary_dim = meta["rope"][cos_sin]
+        qk, v = b.op_multi("Split", [qkv, c([(hq + hkv) * d, hkv * d])], outputs=2, axis=1, name=p + ".split")
         qk = b.op(
             "RotaryEmbedding",
             [b.op("Unsqueeze", [qk, c([0])]), cos, sin],
@@ -225,12 +311,17 @@ def _expand(b: GraphBuilder, node: onnx.NodeProto, meta: dict, new_keys: str, ne
         return b.op("Concat", [context, rows], axis=1, name=f"{p}.{tag}_all")
 
     qp = b.op("Gather", [q, meta["pad_index"]], name=p + ".q_pad")  # [B, Sq, Hq * D]
-    o = b.op(
-        "Attention",
-        [qp, keys(key_cache, k, "k"), keys(value_cache, v, "v"), meta["mask"]],
-        q_num_heads=hq,
-        kv_num_heads=hkv,
-        scale=scale,
-        name=p + ".attention",
-    )  # [B, Sq, Hq * D]
+    attrs = _op_attrs(node)
+    k_all, v_all = keys(key_cache, k, "k"), keys(value_cache, v, "v")
+    if attrs.softcap is None:
+        o = b.op(
+            "Attention",
+            [qp, k_all, v_all, meta["mask"]],
+            q_num_heads=hq,
+            kv_num_heads=hkv,
+            scale=scale,
+            name=p + ".attention",
+        )  # [B, Sq, Hq * D]
+    else:
+        o = _softcapped_attention(b, p, qp, k_all, v_all, meta["mask"], attrs)
     b.op("GatherND", [o, meta["q_rows"]], outputs=[node.output[0]], name=p + ".out")  # [T, Hq * D]

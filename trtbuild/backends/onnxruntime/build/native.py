@@ -4,7 +4,8 @@ The kernel is ``trtbuild/kernels/cpu/paged_attention.cc``, an onnxruntime custom
 ``trtbuild.cpu``) compiled for the machine at first use: ``kernel_library.py`` (the runtime's part, no ``onnx``).
 
 ``lower_to_native`` turns each plugin node into one ``trtbuild.cpu::PagedAttention`` node (float32, int8 or fp8
-cache, as the plugin's ``kv_cache_dtype`` says) with a single output: the cache inputs are written in place, so
+cache, as the plugin's ``kv_cache_dtype`` says; its optional ``sliding_window`` and ``softcap`` carried over) with a
+single output: the cache inputs are written in place, so
 the graph has no ``new_keys`` / ``new_values`` outputs and the session stores nothing after a step
 (``OrtSession``).
 
@@ -35,7 +36,7 @@ from ..kernel_library import (
     NATIVE_DOMAIN,
     SWIGLU_OP,
 )
-from .graph_edit import node_attr
+from .graph_edit import node_attr, node_attrs
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.
@@ -68,10 +69,9 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(node)
             continue
         cache_outs.update(node.output[1:])
-        kv_type = int(node_attr(node, "kv_cache_dtype", KV_FLOAT))
-        if kv_type == KV_FP8:
+        attrs = PagedAttentionAttrs.from_onnx(node_attrs(node))  # validated (sliding_window, softcap > 0)
+        if attrs.kv_cache_dtype == KV_FP8:
             fp8_caches.update(node.input[1:3])
-        attrs = {a: node_attr(node, a) for a in ("num_heads", "num_kv_heads", "head_size", "scale")}
         inputs = list(node.input[:9])
         while inputs and not inputs[-1]:
             inputs.pop()
@@ -82,9 +82,7 @@ def lower_to_native(model: onnx.ModelProto) -> onnx.ModelProto:
                 [node.output[0]],
                 name=ORT_LOWERED_NODE_PREFIX + node.name,
                 domain=NATIVE_DOMAIN,
-                rotary_interleaved=int(node_attr(node, "rotary_interleaved", 0)),
-                kv_cache_dtype=kv_type,
-                **attrs,
+                **attrs.onnx_attributes(),
             )
         )
     del out.graph.node[:]
@@ -180,12 +178,7 @@ def single_node_model(attrs: PagedAttentionAttrs, rotary: bool) -> onnx.ModelPro
         [n if rotary or n != "cos_sin" else "" for n, _ in names],
         ["out"],
         domain=NATIVE_DOMAIN,
-        num_heads=attrs.num_heads,
-        num_kv_heads=attrs.num_kv_heads,
-        head_size=attrs.head_size,
-        scale=attrs.scale,
-        rotary_interleaved=int(attrs.rotary_interleaved),
-        kv_cache_dtype=attrs.kv_cache_dtype,
+        **attrs.onnx_attributes(),
     )
     inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names if rotary or n != "cos_sin"]
     graph = helper.make_graph([node], "paged_attention", inputs, [helper.make_tensor_value_info("out", f32, None)])

@@ -19,6 +19,8 @@ The node itself is adapted to the plugin's fixed signature:
   stay (or become) graph outputs. The plugin declares them aliased to the cache inputs and writes in place, so the
   runtime binds each output to the address of its input: :func:`cache_aliases` lists the pairs, and the lowering
   records them in the model's ``metadata_props`` under ``trtbuild.cache_aliases``;
+- the op's optional ``sliding_window`` / ``softcap`` become the plugin fields of those names, 0 where the
+  attribute is absent (a plugin field cannot be absent; the plugin reads 0 as "none");
 - the cache dimension ``block_size`` is pinned to ``BuildConfig.kv_block_size``.
 
 Every other node (Q/DQ included) is left exactly as it is. :func:`profile_shapes` gives the min/opt/max shape of
@@ -36,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ....config import BuildConfig
 from ....errors import BuildError
-from ....plugins.paged_attention import DOMAIN, OP_TYPE
+from ....plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs
 
 PLUGIN_DOMAIN = "trt.plugins"
 PLUGIN_OP_TYPE = "PagedAttention"  # tensorrt_plugin.PLUGIN_NAME
@@ -89,6 +91,10 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
         missing = [a for a in REQUIRED_ATTRS if a not in attrs]
         if missing:
             raise BuildError(f"{node.name}: missing attribute(s) {', '.join(missing)}")
+        try:
+            op = PagedAttentionAttrs.from_onnx(attrs)
+        except ValueError as e:
+            raise BuildError(f"{node.name}: {e}") from e
         inputs = list(node.input[:3])
         inputs += [cast(name, TensorProto.INT32, "int32") for name in node.input[3:6]]
         cos_sin = node.input[6] if len(node.input) > 6 else ""
@@ -114,6 +120,8 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
                 scale=float(attrs["scale"]),
                 rotary_interleaved=int(attrs.get("rotary_interleaved", 0)),
                 has_rope=int(cos_sin != NO_ROPE_TABLE),
+                sliding_window=op.sliding_window or 0,  # 0: absent (plugin fields cannot be)
+                softcap=op.softcap or 0.0,
                 plugin_namespace=PLUGIN_NAMESPACE,
                 plugin_version=PLUGIN_CREATOR_VERSION,
                 **({} if aot is None else {"aot": int(aot)}),
