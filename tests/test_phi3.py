@@ -1,7 +1,7 @@
 """Phi-3 beyond the shared tiny-model tests (which run ``phi3`` of tiny_models.py through convert, both onnxruntime
 attention forms, the torch backend and the runner's greedy tokens; test_quantize_formats quantizes it): its config
-reading (partial rotary from either transformers' spelling), the fused source tensors, the sliding window capped to
-exactness, a tied-embedding variant (as Phi-4-mini), and the one-line refusals of what trtbuild does not implement."""
+reading (partial rotary from either transformers' spelling), the fused source tensors, the sliding window of every
+layer, a tied-embedding variant (as Phi-4-mini), and the one-line refusals of what trtbuild does not implement."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tiny_models import TINY_CONFIGS, make_hf_model
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.checkpoint.layout import expected_tensors
-from trtbuild.config import BuildConfig, DType, ModelConfig, RuntimeConfig
+from trtbuild.config import AttentionKind, BuildConfig, DType, ModelConfig, RuntimeConfig
 from trtbuild.convert.convert import convert
 from trtbuild.errors import ConvertError
 from trtbuild.models import model_config_from_hf
@@ -46,12 +46,12 @@ def test_config_and_layout():
     assert model_config_from_hf(phi3_hf(partial_rotary_factor=1.0), DType.FLOAT32).rope.rotary_dim == 16
 
 
-def test_sliding_window_caps_the_positions():
-    """Phi-3-mini-4k: window 2047 of 4096 positions -> 2047 usable; a window past the table changes nothing."""
-    mini_4k = phi3_hf(sliding_window=2047, max_position_embeddings=4096)
-    assert model_config_from_hf(mini_4k, DType.FLOAT32).max_position_embeddings == 2047
-    wide = phi3_hf(sliding_window=262144, max_position_embeddings=131072)  # Phi-4-mini's window
-    assert model_config_from_hf(wide, DType.FLOAT32).max_position_embeddings == 131072
+def test_sliding_window_slides_every_layer():
+    """Phi-3-mini-4k: every layer attends over the last 2047 of its 4096 positions."""
+    cfg = model_config_from_hf(phi3_hf(sliding_window=2047, max_position_embeddings=4096), DType.FLOAT32)
+    assert cfg.max_position_embeddings == 4096 and cfg.kv_window == cfg.sliding_window == 2047
+    assert set(cfg.layer_types) == {AttentionKind.SLIDING}
+    assert model_config_from_hf(phi3_hf(), DType.FLOAT32).kv_window is None
 
 
 def test_fused_source_tensors_convert_in_their_row_order(tmp_path):
@@ -68,14 +68,12 @@ def test_fused_source_tensors_convert_in_their_row_order(tmp_path):
     assert set(out) == set(expected_tensors(ModelConfig.load(tmp_path / "ckpt")))
 
 
-def test_windowed_model_matches_transformers_within_its_window(tmp_path):
-    """With a 24-token window the engine takes 24 tokens (the build caps max_seq_len), over which transformers'
-    windowed attention and the plugin's full attention agree."""
-    model = make_hf_model("phi3", tmp_path / "hf", seed=2, sliding_window=24)
+def test_windowed_model_matches_transformers_past_its_window(tmp_path):
+    """A 6-token window, far shorter than the sequences: the engine attends as transformers' windowed model does."""
+    model = make_hf_model("phi3", tmp_path / "hf", seed=2, sliding_window=6)
     convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
-    assert ModelConfig.load(tmp_path / "ckpt").max_position_embeddings == 24
     build_engine(tmp_path / "ckpt", tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4))
-    assert RuntimeConfig.load(tmp_path / "engine").build.max_seq_len == 24
+    assert RuntimeConfig.load(tmp_path / "engine").model.kv_window == 6
     check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, "phi3")
 
 

@@ -11,7 +11,7 @@ from tiny_models import TINY_CONFIGS, make_hf_model
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
 from trtbuild.checkpoint.layout import expected_tensors
-from trtbuild.config import BuildConfig, DType, ModelConfig
+from trtbuild.config import AttentionKind, BuildConfig, CpuAttention, DType, ModelConfig
 from trtbuild.configio import from_dict, to_dict
 from trtbuild.convert.convert import convert
 from trtbuild.errors import ConvertError
@@ -54,8 +54,7 @@ def test_checkpoint_config_without_qk_norm_still_reads():
 @pytest.mark.parametrize(
     ("overrides", "needle"),
     [
-        (dict(use_sliding_window=True, sliding_window=32, max_window_layers=1), "1 of 2 layers use sliding-window"),
-        (dict(layer_types=["full_attention", "sliding_attention"]), "1 of 2 layers use sliding-window"),
+        (dict(use_sliding_window=True, sliding_window=6, layer_types=["full_attention", "chunked"]), "'chunked'"),
         (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}), "rope type 'yarn'"),
         (dict(hidden_act="gelu"), "hidden_act"),
         (dict(partial_rotary_factor=0.5), "partial_rotary_factor"),
@@ -65,6 +64,21 @@ def test_unsupported_features_are_refused_in_one_line(overrides, needle):
     with pytest.raises(ConvertError) as e:
         model_config_from_hf(qwen3_hf(**overrides), DType.FLOAT32)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("attention", [CpuAttention.NATIVE, CpuAttention.LOWERED])
+def test_sliding_layers_match_transformers(tmp_path, attention):
+    """Layer 1 slides over 6 positions (from max_window_layers on), layer 0 attends fully, as transformers reads it;
+    without use_sliding_window the window is ignored, as transformers ignores it."""
+    window = dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)
+    cfg = model_config_from_hf(qwen3_hf(**window), DType.FLOAT32)
+    assert cfg.layer_types == [AttentionKind.FULL, AttentionKind.SLIDING] and cfg.kv_window is None
+    assert model_config_from_hf(qwen3_hf(sliding_window=6, max_window_layers=1), DType.FLOAT32).sliding_window is None
+    model = make_hf_model("qwen3", tmp_path / "hf", seed=2, **window)
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    build = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_attention=attention)
+    build_engine(tmp_path / "ckpt", tmp_path / "engine", build)
+    check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, "qwen3")
 
 
 def test_tied_embeddings_match_transformers(tmp_path):

@@ -1,10 +1,12 @@
-"""The Llama family: Llama, Mistral (sliding window capped to exactness) and Qwen2 (q/k/v bias)."""
+"""The Llama family: Llama, Mistral (every layer slides over ``sliding_window`` when the config sets one) and Qwen2
+(q/k/v bias; sliding layers from ``max_window_layers`` on, or as ``layer_types`` says, when ``use_sliding_window``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from ..config import DType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
+from ..config import AttentionKind, DType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
 from .registration import Refusals, register_architecture
 
 
@@ -32,20 +34,43 @@ def llama_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals
         refusals.refuse(f"hidden_act {hf['hidden_act']!r} is not supported (silu)")
     if hf.get("mlp_bias"):
         refusals.refuse("mlp_bias is not supported for gated MLPs")
-    max_pos = int(hf.get("max_position_embeddings", 2048))
-    window = hf.get("sliding_window") if hf.get("use_sliding_window", arch == "MistralForCausalLM") else None
-    if window:
-        max_pos = min(max_pos, int(window))  # beyond the window, full attention would differ from the model
+    if arch == "MistralForCausalLM":  # transformers' Mistral slides every layer when the config has a window
+        window = hf.get("sliding_window")
+        layer_types = [AttentionKind.SLIDING if window else AttentionKind.FULL] * int(hf["num_hidden_layers"])
+    else:
+        layer_types, window = window_layers(hf, refusals)
     return llama_layout_config(
         arch,
         hf,
         dtype,
         refusals,
         head_size=head_size,
-        max_position_embeddings=max_pos,
+        max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
         qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         attn_out_bias=bool(hf.get("attention_bias", False)) and arch != "Qwen2ForCausalLM",
+        layer_types=layer_types,
+        sliding_window=int(window) if window else None,
     )
+
+
+def window_layers(hf: dict[str, Any], refusals: Refusals) -> tuple[list[AttentionKind], int | None]:
+    """Qwen2 / Qwen3's per-layer attention kinds and window (None when no layer slides), as transformers reads them:
+    no layer slides unless ``use_sliding_window`` (and a ``sliding_window``); then ``layer_types`` where given, else
+    the layers from ``max_window_layers`` on."""
+    layers = int(hf["num_hidden_layers"])
+    given = hf.get("layer_types")
+    if given and len(given) != layers:  # transformers' config validation refuses it whether or not a layer slides
+        raise ValueError(f"layer_types names {len(given)} layers, num_hidden_layers is {layers}")
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
+    if not window:
+        return [AttentionKind.FULL] * layers, None
+    first_sliding = int(hf.get("max_window_layers", 28))
+    names = given or ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(layers)]
+    kinds = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
+    for name in sorted(set(names) - set(kinds)):
+        refusals.refuse(f"layer type {name!r} is not supported (full_attention, sliding_attention)")
+    layer_types = [kinds.get(n, AttentionKind.FULL) for n in names]
+    return layer_types, int(window) if AttentionKind.SLIDING in layer_types else None
 
 
 def llama_layout_config(
@@ -59,6 +84,8 @@ def llama_layout_config(
     qkv_bias: bool,
     attn_out_bias: bool,
     qk_norm: bool = False,
+    layer_types: Sequence[AttentionKind] = (),
+    sliding_window: int | None = None,
 ) -> ModelConfig:
     """The ``ModelConfig`` of a model in the Llama layout (RMSNorm, SwiGLU MLP without bias, RoPE) from its
     transformers ``config.json`` (``hf``); what a family reads its own way comes in as the keyword arguments."""
@@ -87,4 +114,6 @@ def llama_layout_config(
         bos_token_id=hf.get("bos_token_id"),
         eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [int(eos)]),
         qk_norm=qk_norm,
+        layer_types=list(layer_types),
+        sliding_window=sliding_window,
     )

@@ -12,17 +12,14 @@ Refused, each in one line:
   would ignore such weights); a ``head_dim`` other than hidden / heads.
 
 Sliding window: transformers' Phi-3 attends over the last ``sliding_window`` positions (key index > query index -
-window) when the config sets one; the paged-attention op attends over the whole context. The two agree exactly
-while a sequence is at most ``sliding_window`` tokens long, so the usable positions are capped there, as for
-Mistral (``max_position_embeddings = min(max_position_embeddings, sliding_window)``; the build caps
-``max_seq_len`` to it and says so). Phi-3-mini-4k (window 2047, 4096 positions) thus serves 2047-token sequences.
+window) in every layer when the config sets one (Phi-3-mini-4k: 2047); so does the engine (every layer sliding).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..config import DType, ModelConfig
+from ..config import AttentionKind, DType, ModelConfig
 from .llama import llama_layout_config
 from .registration import Refusals, register_architecture
 
@@ -45,17 +42,17 @@ def phi3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals)
         rope = {k: v for k, v in rope.items() if k in ("rope_theta", "partial_rotary_factor")}  # read on as default
     # transformers 5 keeps the factor in rope_parameters, 4.x at the top level
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-    max_pos = int(hf.get("max_position_embeddings", 4096))
     window = hf.get("sliding_window")
-    if window:
-        max_pos = min(max_pos, int(window))  # beyond the window, full attention would differ from the model
+    layers = int(hf["num_hidden_layers"])
     return llama_layout_config(
         arch,
         {**hf, "partial_rotary_factor": partial, "rope_parameters": rope, "rope_scaling": None},
         dtype,
         refusals,
         head_size=head_size,
-        max_position_embeddings=max_pos,
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         qkv_bias=False,
         attn_out_bias=False,
+        layer_types=[AttentionKind.SLIDING if window else AttentionKind.FULL] * layers,
+        sliding_window=int(window) if window else None,
     )

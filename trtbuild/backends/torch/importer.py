@@ -257,6 +257,7 @@ OPS: dict[str, Handler] = {
     "Add": lambda m, n, x: (x[0] + x[1],),
     "Mul": lambda m, n, x: (x[0] * x[1],),
     "Sigmoid": lambda m, n, x: (torch.sigmoid(x[0]),),
+    "Tanh": lambda m, n, x: (torch.tanh(x[0]),),
     "Split": _split,
     "Concat": lambda m, n, x: (torch.cat(list(x), dim=n.attrs["axis"]),),  # Qwen3's normed q | k | v
     "Gelu": _gelu,
