@@ -234,3 +234,27 @@ def test_conditional_generation_folder_converts_its_text_model(tmp_path):
 
     text_only.config = config.text_config
     check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), text_only, "gemma3")
+
+
+@pytest.mark.slow
+def test_gemma3_270m_long_prompt_logits_match_transformers_past_the_window(gemma3_270m):
+    """A 700-token real-text prompt (flask's docs, BSD-3-Clause; ``make datasets``) reaches past the 512-token window
+    of the sliding layers: every position's logits of the float engine match transformers' forward."""
+    import torch
+
+    from trtbuild.backends.onnxruntime.session import OrtSession
+    from trtbuild.calibration_data.datasets import Split
+    from trtbuild.calibration_data.documents import load_documents
+    from trtbuild.runtime.batch import StepBatch
+
+    model, tok, float_engine, _ = gemma3_270m
+    text = "\n\n".join(load_documents("flask_docs", Split.EVALUATION))
+    ids = tok(text)["input_ids"][:700]
+    session = OrtSession(float_engine, kv_cache_memory=1 << 27)
+    blocks = -(-len(ids) // session.config.build.kv_block_size)
+    logits = session.step(StepBatch.build([ids], [0], [list(range(1, blocks + 1))], all_logits=True))
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    assert len(ids) == 700 and session.config.model.sliding_window == 512
+    np.testing.assert_allclose(logits, ref, atol=2e-3, rtol=0)
+    assert (logits.argmax(-1) == ref.argmax(-1)).mean() > 0.99
