@@ -159,3 +159,23 @@ def test_gemma3_270m_greedy_text_equals_transformers(gemma3_270m):
             ref = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
         assert ours.generate([ids], greedy)[0].token_ids == ref[0, len(ids) :].tolist(), prompt
         assert blocks.generate([ids], greedy)[0].token_ids[:6] == ref[0, len(ids) : len(ids) + 6].tolist(), prompt
+
+
+def test_quantize_rebuilds_the_transformers_model(tmp_path):
+    """``quantize.hf_model`` inverts the conversion: the config it writes reads back to the checkpoint's, and the
+    model it rebuilds from the checkpoint ((1 + w) norms minus one, sandwich norms, q/k norms, per-layer-kind rotary,
+    a window shorter than the sequence, both soft-caps) computes the original transformers model's logits."""
+    import torch
+
+    from trtbuild.quantize.hf_model import build_hf_model, hf_config
+
+    overrides = dict(sliding_window=5, attn_logit_softcapping=3.0, final_logit_softcapping=2.5)
+    model = make_hf_model("gemma3", tmp_path / "hf", seed=5, **overrides)
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    cfg, weights = load_checkpoint(tmp_path / "ckpt")
+    assert model_config_from_hf(hf_config(cfg), DType.FLOAT32) == cfg
+    rebuilt = build_hf_model(cfg, weights)
+    ids = torch.tensor([[int(t) for t in np.random.default_rng(0).integers(0, 113, 17)]])
+    with torch.no_grad():
+        expected, got = model(ids).logits, rebuilt(ids).logits
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
