@@ -179,3 +179,23 @@ def test_quantize_rebuilds_the_transformers_model(tmp_path):
     with torch.no_grad():
         expected, got = model(ids).logits, rebuilt(ids).logits
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_awq_replays_each_layer_with_its_own_mask_and_rotary_tables(tmp_path):
+    """AWQ runs the decoder layer by layer (``quantize.awq._layer_inputs``): each layer called with what the model
+    passes that layer (sliding layers: a window of 5 and base 10^4; the full layer: no window, base 10^6 scaled)
+    reproduces the model's own hidden states."""
+    import torch
+
+    from trtbuild.quantize.awq import _layer_inputs
+
+    model = make_hf_model("gemma3", tmp_path / "hf", seed=6, sliding_window=5)
+    samples = np.random.default_rng(1).integers(0, 113, (2, 17))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(samples), output_hidden_states=True).hidden_states
+        hidden, per_layer = _layer_inputs(model, samples)
+        for n, layer in enumerate(model.model.layers):
+            torch.testing.assert_close(hidden, expected[n], atol=1e-5, rtol=0, msg=f"layer {n} input")
+            hidden = layer(hidden, **per_layer[n])
+        # the last hidden state transformers reports is after the final norm
+        torch.testing.assert_close(model.model.norm(hidden), expected[-1], atol=1e-5, rtol=0, msg="model output")
