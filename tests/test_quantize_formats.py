@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from quantize_helpers import CASES, PER_TOKEN, QUANTIZED_LINEARS, Case, quantized_cases
+from quantize_helpers import CASES, PER_TOKEN, Case, quantized_cases, quantized_linear_count
 from tiny_models import hf_logits
 
 from trtbuild.backends.onnxruntime.session import OrtSession
@@ -101,6 +101,7 @@ TORCH_CASES = [
     "int8_wo+kv_int8",
     "qwen3_int8_wo+kv_int8",
     "phi3_int8_wo+kv_int8",
+    "gemma3_int8_wo+kv_int8",
     "int4_awq_g64_partial",
     "int4_awq_zp_g64_partial",
     "fp8+kv_fp8",
@@ -150,7 +151,8 @@ def test_per_token_int8_in_standard_ops_matches_modelopt_fake_quant(quantized, t
         n.op_type
         for n in onnx.load(str(tmp_path / "e/engines/onnxruntime-cpu/model.onnx"), load_external_data=False).graph.node
     )
-    assert ops["MatMulInteger"] == ops["QuantizeLinear"] == QUANTIZED_LINEARS and ops["QuantizeRows"] == 0
+    linears = quantized_linear_count("int8_sq_per_token")
+    assert ops["MatMulInteger"] == ops["QuantizeLinear"] == linears and ops["QuantizeRows"] == 0
     check_against_fake_quant(OrtSession(tmp_path / "e", kv_cache_memory=1 << 20), model, "int8_sq_per_token")
 
 
