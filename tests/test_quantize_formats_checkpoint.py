@@ -178,3 +178,14 @@ def test_gemma3_smoothing_folds_into_the_stored_one_plus_w_norms(quantized):
             if linear is not None:
                 expected = expected * linear.input_quantizer.pre_quant_scale
             np.testing.assert_allclose(weights[f"layers.{n}.{norm}.weight"], expected.numpy(), rtol=1e-6, err_msg=norm)
+
+
+def test_gemma3_kv_cache_scales_are_calibrated_per_layer(quantized):
+    """Each layer's K and V ranges, as modelopt calibrated them on keys after Gemma's k norm and rotary."""
+    model, qckpt, _ = quantized["gemma3_int8_wo+kv_int8"]
+    _, weights = load_any_checkpoint(qckpt)
+    for n, layer in enumerate(model.model.layers):
+        for kv in ("k", "v"):
+            amax = float(getattr(layer.self_attn, f"{kv}_bmm_quantizer").amax)
+            np.testing.assert_allclose(weights[f"layers.{n}.attn.{kv}_scale"], amax / 127, rtol=1e-6, err_msg=kv)
+    assert len({float(weights[f"layers.{n}.attn.k_scale"]) for n in range(len(model.model.layers))}) == 3
