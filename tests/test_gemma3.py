@@ -199,3 +199,30 @@ def test_awq_replays_each_layer_with_its_own_mask_and_rotary_tables(tmp_path):
             hidden = layer(hidden, **per_layer[n])
         # the last hidden state transformers reports is after the final norm
         torch.testing.assert_close(model.model.norm(hidden), expected[-1], atol=1e-5, rtol=0, msg="model output")
+
+
+def test_quantize_takes_gemma_features_for_gemma_3_only():
+    """GeGLU, sandwich norms, an attention scale, soft-capping and an embedding multiplier are what Gemma 3's
+    transformers model computes; on another architecture the rebuilt model would not: one line each."""
+    from dataclasses import replace
+
+    from trtbuild.errors import TrtbuildError
+    from trtbuild.quantize.hf_model import check_quantizable
+
+    gemma = model_config_from_hf(gemma3_hf(), DType.FLOAT32)
+    check_quantizable(gemma)
+    llama = model_config_from_hf({**TINY_CONFIGS["llama_gqa"]}, DType.FLOAT32)
+    check_quantizable(llama)
+    for changes, needle in (
+        (dict(mlp=MlpKind.GEGLU), "unexpected norm/MLP/position layout"),
+        (dict(sandwich_norms=True), "unexpected norm layout"),
+        (dict(layer_types=[SLIDING, FULL], sliding_window=4), "sliding-window layers"),
+        (dict(attention_scale=0.5), "an attention scale"),
+        (dict(final_softcap=30.0), "soft-capping"),
+        (dict(embed_multiplier=2.0), "an embedding multiplier"),
+    ):
+        with pytest.raises(TrtbuildError, match=needle) as e:
+            check_quantizable(replace(llama, **changes))
+        assert "\n" not in str(e.value)
+    with pytest.raises(TrtbuildError, match="integer query_pre_attn_scalar"):
+        check_quantizable(replace(gemma, attention_scale=0.3))
