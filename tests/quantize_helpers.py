@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from tiny_models import make_hf_model
+from tiny_models import TINY_CONFIGS, make_hf_model
 
 from trtbuild.config import ActivationScales, KVCacheDType, QFormat
 
@@ -89,9 +89,19 @@ CASES = {
     "phi3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, model="phi3"),
     "phi3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="phi3"),
     "phi3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="phi3", activations=STATIC),
+    # Gemma 3: (1 + w) norms that absorb the pre-quant scales, sandwich norms, GeGLU (down's scale folds into the up
+    # rows), q/k norms, sliding and full layers with their own rotary tables; 3 layers. The window (6) is shorter
+    # than the sequences checked
+    "gemma3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="gemma3"),
+    "gemma3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="gemma3"),
+    "gemma3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="gemma3", activations=STATIC),
 }
 
-QUANTIZED_LINEARS = 8  # 2 layers x (qkv, out, gate_up, down); the cases exclude lm_head unless they say "+head"
+
+def quantized_linear_count(name: str) -> int:
+    """The decoder linears case ``name`` quantizes: layers x (qkv, out, gate_up, down); the cases exclude lm_head
+    unless they say "+head", and that one is not counted."""
+    return 4 * int(TINY_CONFIGS[CASES[name].model]["num_hidden_layers"])
 
 
 _QUANTIZED: dict[str, tuple] = {}

@@ -85,3 +85,33 @@ def test_int4_prints_what_it_costs_and_the_lm_head_is_quantized_by_default(sourc
     assert proc.returncode == 0 and "note:" not in proc.stderr, proc.stderr
     with safe_open(str(tmp_path / "q8/rank0.safetensors"), framework="pt") as f:
         assert str(f.get_slice("lm_head.weight").get_dtype()) == "F32"
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("mistral", dict(sliding_window=6)),
+        ("qwen3", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+        ("phi3", dict(sliding_window=6)),
+    ],
+)
+def test_quantize_rebuilds_windowed_models(tmp_path, name, overrides):
+    """Sliding windows survive quantize's round trip through transformers: the config it writes reads back to the
+    checkpoint's, and the rebuilt model computes the original's logits past the window."""
+    import numpy as np
+    import torch
+    from tiny_models import make_hf_model
+
+    from trtbuild.checkpoint.files import load_checkpoint
+    from trtbuild.config import DType
+    from trtbuild.convert.convert import convert
+    from trtbuild.models import model_config_from_hf
+    from trtbuild.quantize.hf_model import build_hf_model, hf_config
+
+    model = make_hf_model(name, tmp_path / "hf", **overrides)
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    cfg, weights = load_checkpoint(tmp_path / "ckpt")
+    assert cfg.sliding_window == 6 and model_config_from_hf(hf_config(cfg), DType.FLOAT32) == cfg
+    ids = torch.tensor([[int(t) for t in np.random.default_rng(0).integers(0, 80, 17)]])
+    with torch.no_grad():
+        torch.testing.assert_close(build_hf_model(cfg, weights)(ids).logits, model(ids).logits, atol=1e-5, rtol=0)

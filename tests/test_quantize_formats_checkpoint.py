@@ -160,3 +160,32 @@ def test_tensorrt_lowering_refuses_zero_points(quantized):
     _, _, _, graph = portable_graph(quantized["int4_wo_zp"][1], build)  # whole groups of 32: only the zero points
     with pytest.raises(BuildError, match="int4 with zero points, which TensorRT's DequantizeLayer does not take"):
         lower_for_tensorrt(graph, build)
+
+
+def test_gemma3_smoothing_folds_into_the_stored_one_plus_w_norms(quantized):
+    """Gemma's norms scale by 1 + w and the checkpoint stores 1 + w: SmoothQuant's pre-quant scales multiply that
+    (HF's w is 1 + w less one), into the norm before each smoothed linear (the pre-MLP one is HF's
+    pre_feedforward_layernorm); the sandwich norms stay as converted."""
+    model, qckpt, _ = quantized["gemma3_int8_sq_static"]
+    _, weights = load_any_checkpoint(qckpt)
+    for n, layer in enumerate(model.model.layers):
+        for norm, hf_norm, linear in (
+            ("input_norm", layer.input_layernorm, layer.self_attn.q_proj),
+            ("post_attn_norm", layer.pre_feedforward_layernorm, layer.mlp.gate_proj),
+            ("attn.post_norm", layer.post_attention_layernorm, None),
+        ):
+            expected = 1 + hf_norm.weight.detach()
+            if linear is not None:
+                expected = expected * linear.input_quantizer.pre_quant_scale
+            np.testing.assert_allclose(weights[f"layers.{n}.{norm}.weight"], expected.numpy(), rtol=1e-6, err_msg=norm)
+
+
+def test_gemma3_kv_cache_scales_are_calibrated_per_layer(quantized):
+    """Each layer's K and V ranges, as modelopt calibrated them on keys after Gemma's k norm and rotary."""
+    model, qckpt, _ = quantized["gemma3_int8_wo+kv_int8"]
+    _, weights = load_any_checkpoint(qckpt)
+    for n, layer in enumerate(model.model.layers):
+        for kv in ("k", "v"):
+            amax = float(getattr(layer.self_attn, f"{kv}_bmm_quantizer").amax)
+            np.testing.assert_allclose(weights[f"layers.{n}.attn.{kv}_scale"], amax / 127, rtol=1e-6, err_msg=kv)
+    assert len({float(weights[f"layers.{n}.attn.k_scale"]) for n in range(len(model.model.layers))}) == 3

@@ -14,7 +14,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from quantize_helpers import CASES, PER_TOKEN, QUANTIZED_LINEARS, STATIC, quantized_cases
+from quantize_helpers import CASES, PER_TOKEN, STATIC, quantized_cases, quantized_linear_count
 
 from trtbuild.backends.onnxruntime.build.native_linear import LinearSimd, cpu_linear_simd
 from trtbuild.backends.onnxruntime.session import OrtSession
@@ -74,23 +74,23 @@ def test_onnxruntime_uses_integer_kernels(quantized, name, tmp_path):
     ops = collections.Counter(
         n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx"), load_external_data=False).graph.node
     )
-    qformat = CASES[name].qformat
+    qformat, linears = CASES[name].qformat, quantized_linear_count(name)
     native_recorded = RuntimeConfig.load(engine).build.cpu_linear is CpuLinear.NATIVE
     assert native_recorded == (ops["QLinear"] > 0), dict(ops)  # the engine says what it holds
     if qformat is QFormat.FP8:  # emulated: Q/DQ stay, weights dequantized in float
         assert ops["MatMulIntegerToFloat"] == 0 and ops["MatMulNBits"] == 0
-        assert ops["DequantizeLinear"] >= QUANTIZED_LINEARS
+        assert ops["DequantizeLinear"] >= linears
     elif CASES[name].activations is PER_TOKEN and NATIVE:
-        assert ops["QLinear"] == QUANTIZED_LINEARS and ops["MatMulInteger"] == 0, dict(ops)
+        assert ops["QLinear"] == linears and ops["MatMulInteger"] == 0, dict(ops)
         assert ops["MatMulNBits"] == ops["DequantizeLinear"] == ops["QuantizeLinear"] == 0, dict(ops)
     elif CASES[name].activations is PER_TOKEN:  # uint8 x int8 integer GEMMs between the native row ops
-        assert ops["MatMulInteger"] == ops["QuantizeRows"] == ops["RescaleRows"] == QUANTIZED_LINEARS, dict(ops)
+        assert ops["MatMulInteger"] == ops["QuantizeRows"] == ops["RescaleRows"] == linears, dict(ops)
         assert ops["MatMulNBits"] == ops["DequantizeLinear"] == ops["QuantizeLinear"] == 0, dict(ops)
     else:
         kernel = "MatMulIntegerToFloat" if CASES[name].activations is STATIC else KERNELS[qformat]
         if CASES[name].zero_points:  # QLinear takes symmetric int4 only
             kernel = "MatMulNBits"
-        assert ops[kernel] == QUANTIZED_LINEARS, dict(ops)
+        assert ops[kernel] == linears, dict(ops)
         assert ops["DequantizeLinear"] == 0 or name.endswith("kv_fp8")
         assert ops["QuantizeLinear"] == 0 or name.endswith("kv_fp8") or CASES[name].activations is STATIC
 
@@ -104,7 +104,7 @@ def test_int8_weight_only_runs_on_16_wide_blocks(quantized, tmp_path):
     _, qckpt, engine = quantized["int8_wo"]
     _, _, _, portable = portable_graph(qckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
     weight_dq = [n for n in portable.graph.node if n.op_type == "DequantizeLinear" and n.name.endswith("weight_dq")]
-    assert len(weight_dq) == QUANTIZED_LINEARS
+    assert len(weight_dq) == quantized_linear_count("int8_wo")
     assert all({a.name: a.i for a in n.attribute} == {"axis": 1} for n in weight_dq)
     opts = ort.SessionOptions()
     opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
@@ -159,7 +159,7 @@ def test_weight_arena_holds_every_native_weight(quantized, name):
     weights = {i for n in graph.node if n.op_type == "QLinear" for i in n.input if i in external}  # not the inline
     assert path.with_name(huge_pages.ARENA_LAYOUT).is_file()  # the build wrote the layout: no onnx at run time
     arena = huge_pages.WeightArena(path, huge_pages.read_arena_layout(path))
-    assert set(arena.arrays) == weights and len(weights) >= QUANTIZED_LINEARS  # at least every codes tensor
+    assert set(arena.arrays) == weights and len(weights) >= quantized_linear_count(name)  # at least every codes tensor
     for w in weights:
         np.testing.assert_array_equal(arena.arrays[w], numpy_helper.to_array(inits[w]))
     batch = StepBatch.build([list(range(1, 20))], [0], [[1, 2, 3, 4, 5]], all_logits=True)

@@ -13,7 +13,8 @@ AWQ (Lin et al., 2023, as llm-awq runs it), layer by layer on the calibration to
    minimises that group's own output error (the diagonal blocks of ``H``); q and k are not clipped (their error
    reaches the output through the attention scores, as llm-awq found), nor the q and k rows of a fused
    ``qkv_proj`` (Phi-3);
-4. the next layer reads the float layer's output.
+4. the next layer reads the float layer's output, with the mask and rotary tables the model gives that layer
+   (``_layer_inputs``: Gemma 3's sliding and full layers differ).
 """
 
 from __future__ import annotations
@@ -73,13 +74,13 @@ def quantize_int4(model: Any, cfg: ModelConfig, qcfg: QuantConfig, samples: np.n
                     install(module, quantize_weight(module.weight, qcfg.group_size, qcfg.zero_points), qcfg.group_size)
         return
     with torch.no_grad():
-        hidden, kwargs = _first_layer_inputs(model, samples)
+        hidden, layer_kwargs = _layer_inputs(model, samples)
         qk_rows = (cfg.num_heads + cfg.num_kv_heads) * cfg.head_size
         desc = f"calibrating {qcfg.qformat.value} (AWQ searches)"
         with Progress(len(layers), desc, "layer", enabled=None if progress else False) as bar:
             for n, layer in enumerate(layers):
                 groups = _quantized_groups(cfg, n, excluded)
-                stats = _record_inputs(layer, groups, hidden, kwargs)
+                stats = _record_inputs(layer, groups, hidden, layer_kwargs[n])
                 hidden = stats.pop("__output__")
                 for canonical, names in groups:
                     modules = [layer.get_submodule(name) for name in names]
@@ -93,31 +94,33 @@ def _quantized_groups(cfg: ModelConfig, n: int, excluded: set[str]) -> list[tupl
     return [(suffix, modules) for suffix, modules in linears.items() if f"layers.{n}.{suffix}" not in excluded]
 
 
-class _Stop(Exception):
-    pass
-
-
-def _first_layer_inputs(model: Any, samples: np.ndarray) -> tuple[Any, dict[str, Any]]:
-    """The hidden states entering the first decoder layer for ``samples`` (one batch) and the keyword arguments
-    the model passes every layer (mask, rotary tables, positions)."""
+def _layer_inputs(model: Any, samples: np.ndarray) -> tuple[Any, list[dict[str, Any]]]:
+    """The hidden states entering the first decoder layer for ``samples`` (one batch) and, per layer, the keyword
+    arguments the model passes it (mask, rotary tables, positions: Gemma 3's sliding and full layers get their own
+    mask and tables). Recorded by one pass of the model's body with every layer swapped for a pass-through."""
     import torch
 
-    captured: dict[str, Any] = {}
+    layers = model.model.layers
+    originals = list(layers)
+    hidden: list[Any] = []
+    per_layer: list[dict[str, Any]] = []
 
-    def catch(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        captured["hidden"] = args[0] if args else kwargs.pop("hidden_states")
-        captured["kwargs"] = kwargs
-        raise _Stop
+    class Record(torch.nn.Module):
+        def forward(self, hidden_states: Any, **kwargs: Any) -> Any:
+            if not hidden:  # the later layers get the pass-through of the same tensor
+                hidden.append(hidden_states)
+            per_layer.append({k: v for k, v in kwargs.items() if k not in ("cache", "past_key_values")})
+            return hidden_states
 
-    handle = model.model.layers[0].register_forward_pre_hook(catch, with_kwargs=True)
     try:
-        model(torch.from_numpy(np.ascontiguousarray(samples)), use_cache=False)
-    except _Stop:
-        pass
+        for n in range(len(layers)):
+            layers[n] = Record()
+        model.model(torch.from_numpy(np.ascontiguousarray(samples)), use_cache=False)
     finally:
-        handle.remove()
-    kwargs = {k: v for k, v in captured["kwargs"].items() if k not in ("hidden_states", "cache", "past_key_values")}
-    return captured["hidden"], kwargs
+        for n, layer in enumerate(originals):
+            layers[n] = layer
+    assert len(per_layer) == len(originals), (len(per_layer), len(originals))
+    return hidden[0], per_layer
 
 
 def _record_inputs(

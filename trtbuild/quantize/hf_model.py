@@ -1,10 +1,16 @@
-"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family, Qwen3, Phi-3).
+"""A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family, Qwen3, Phi-3,
+Gemma 3).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
 ``mlp.gate_up`` -> gate/up_proj rows), except for Phi-3, whose modules are fused as the canonical tensors are
 (``qkv_proj``, ``gate_up_proj``). ``LINEARS`` / ``FUSED_LINEARS`` are the tables of which HF modules make each
 canonical linear (``checkpoint.layout.LAYER_LINEARS``, in the same order); ``layer_linears`` picks one.
-Qwen3's per-head q/k norms are not linears: they stay float (``NORMS``).
+Qwen3's and Gemma 3's per-head q/k norms are not linears: they stay float (``NORMS``).
+
+Gemma 3 (``models.gemma3``): its RMSNorms scale by ``1 + w``; the checkpoint stores ``1 + w`` and the HF model ``w``
+(``hf_state_dict`` subtracts the one; pre-quant scales are folded into the stored ``1 + w``, ``export.py``). Its
+pre-MLP norm, canonical ``post_attn_norm``, is HF's ``pre_feedforward_layernorm``; HF's ``post_attention_layernorm``
+is the sandwich norm on the attention output (``GEMMA3_LAYER_NORMS``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..checkpoint.layout import LAYER_LINEARS
-from ..config import MlpKind, ModelConfig, NormKind, PositionKind
+from ..config import AttentionKind, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
 from ..errors import TrtbuildError
 
 # Architectures quantize accepts -> transformers model_type.
@@ -24,6 +30,7 @@ MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 
 # Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) fused into it, in row order.
@@ -41,26 +48,69 @@ FUSED_LINEARS: dict[str, tuple[str, ...]] = {
     "mlp.down": ("mlp.down_proj",),
 }
 FUSED_ARCHITECTURES = frozenset({"Phi3ForCausalLM"})
+# Architectures whose transformers model takes ModelConfig's sliding windows (Gemma 3 reads its own layer_types).
+WINDOWED = frozenset({"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"})
 assert tuple(LINEARS) == tuple(FUSED_LINEARS) == LAYER_LINEARS  # one per canonical linear, in layer order
 
-# Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3).
+# Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3, Gemma 3).
 NORMS: dict[str, str] = {
     "attn.q_norm.weight": "self_attn.q_norm.weight",
     "attn.k_norm.weight": "self_attn.k_norm.weight",
 }
+# Canonical per-layer norms (below ``layers.{i}.``) -> their HF parameter (below ``model.layers.{i}.``).
+LAYER_NORMS: dict[str, str] = {
+    "input_norm.weight": "input_layernorm.weight",
+    "post_attn_norm.weight": "post_attention_layernorm.weight",
+}
+GEMMA3_LAYER_NORMS: dict[str, str] = {  # sandwich norms; HF's post_attention_layernorm norms the attention output
+    "input_norm.weight": "input_layernorm.weight",
+    "attn.post_norm.weight": "post_attention_layernorm.weight",
+    "post_attn_norm.weight": "pre_feedforward_layernorm.weight",
+    "mlp.post_norm.weight": "post_feedforward_layernorm.weight",
+}
+# Architectures whose RMSNorms scale by (1 + w): the checkpoint stores 1 + w (``convert.tensor_names``), HF w.
+ONE_PLUS_W_NORMS = frozenset({"Gemma3ForCausalLM"})
+GEMMA3 = "Gemma3ForCausalLM"
 
 
 def check_quantizable(cfg: ModelConfig) -> None:
-    """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild."""
+    """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild, or its checkpoint holds
+    what the rebuilt transformers model would not compute (``hf_config``)."""
     if cfg.architecture not in MODEL_TYPES:
         raise TrtbuildError(
             f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
         )
-    if cfg.norm is not NormKind.RMS or cfg.mlp is not MlpKind.SWIGLU or cfg.position is not PositionKind.ROPE:
+    gemma = cfg.architecture == GEMMA3
+    mlp = MlpKind.GEGLU if gemma else MlpKind.SWIGLU
+    if cfg.norm is not NormKind.RMS or cfg.mlp is not mlp or cfg.position is not PositionKind.ROPE:
         raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm/MLP/position layout")
+    if cfg.sandwich_norms != gemma or (gemma and not cfg.qk_norm):
+        raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm layout")
     partial_ok = cfg.architecture == "Phi3ForCausalLM"  # the one transformers model here that rotates part of a head
-    if cfg.rope is not None and cfg.rope.rotary_dim != cfg.head_size and not partial_ok:
+    ropes = [r for r in (cfg.rope, cfg.local_rope) if r is not None]
+    if any(r.rotary_dim != cfg.head_size for r in ropes) and not partial_ok:
         raise TrtbuildError(f"quantize: partial rotary embedding is not supported for {cfg.architecture}")
+    if gemma:
+        if query_pre_attn_scalar(cfg) ** -0.5 != cfg.softmax_scale:
+            raise TrtbuildError(
+                f"quantize: attention scale {cfg.softmax_scale} is not query_pre_attn_scalar ** -0.5 for an integer "
+                "query_pre_attn_scalar (what transformers' Gemma 3 takes)"
+            )
+        return
+    gemma_only = (
+        ("sliding-window layers", AttentionKind.SLIDING in cfg.layer_types and cfg.architecture not in WINDOWED),
+        ("an attention scale", cfg.attention_scale is not None),
+        ("soft-capping", cfg.attn_softcap is not None or cfg.final_softcap is not None),
+        ("an embedding multiplier", cfg.embed_multiplier != 1.0),
+    )
+    for feature, present in gemma_only:
+        if present:
+            raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has {feature}, which quantize cannot rebuild")
+
+
+def query_pre_attn_scalar(cfg: ModelConfig) -> int:
+    """Gemma 3's ``query_pre_attn_scalar`` (an integer in transformers) of the softmax scale ``q ** -0.5``."""
+    return round(cfg.softmax_scale**-2)
 
 
 def layer_linears(cfg: ModelConfig) -> dict[str, tuple[str, ...]]:
@@ -76,13 +126,20 @@ def hf_modules(cfg: ModelConfig, prefix: str) -> list[str]:
     return [f"model.layers.{n}.{m}" for m in layer_linears(cfg)[rest]]
 
 
+def hf_rope(rope: RopeConfig) -> dict[str, Any]:
+    """transformers' ``rope_parameters`` of ``rope`` (inverse of ``models.llama.rope_from_hf``, full rotation)."""
+    if rope.scaling != 1.0:
+        return {"rope_type": "linear", "rope_theta": rope.theta, "factor": rope.scaling}
+    return {"rope_type": "default", "rope_theta": rope.theta}
+
+
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config``,
-    ``models.qwen3.qwen3_config`` and ``models.phi3.phi3_config``)."""
+    ``models.qwen3.qwen3_config``, ``models.phi3.phi3_config`` and ``models.gemma.gemma_config``)."""
     assert cfg.rope is not None
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope.theta}
-    if cfg.rope.scaling != 1.0:
-        rope = {"rope_type": "linear", "rope_theta": cfg.rope.theta, "factor": cfg.rope.scaling}
+    if cfg.architecture == GEMMA3:
+        return gemma3_hf_config(cfg)
+    rope = hf_rope(cfg.rope)
     out: dict[str, Any] = dict(
         architectures=[cfg.architecture],
         model_type=MODEL_TYPES[cfg.architecture],
@@ -104,35 +161,82 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     )
     if cfg.architecture == "LlamaForCausalLM":
         out["attention_bias"] = cfg.qkv_bias
-    if cfg.architecture == "MistralForCausalLM":
-        out["sliding_window"] = None
-    if cfg.architecture == "Qwen2ForCausalLM":
-        out["use_sliding_window"] = False
+    if cfg.architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):  # a window slides every layer
+        out["sliding_window"] = cfg.sliding_window
+    if cfg.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):  # the window slides the layers it names
+        kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
+        out.update(use_sliding_window=cfg.sliding_window is not None, layer_types=[kinds[k] for k in cfg.layer_types])
+        out["sliding_window"] = cfg.sliding_window
     if cfg.architecture == "Qwen3ForCausalLM":
-        out.update(attention_bias=cfg.qkv_bias, use_sliding_window=False)
-    if cfg.architecture == "Phi3ForCausalLM":  # head_dim is hidden / heads; a window was folded into the positions
+        out["attention_bias"] = cfg.qkv_bias
+    if cfg.architecture == "Phi3ForCausalLM":  # head_dim is hidden / heads
         del out["head_dim"]
         rope["partial_rotary_factor"] = cfg.rope.rotary_dim / cfg.head_size
-        out.update(sliding_window=None, pad_token_id=None)  # Phi3Config's default pad id 32000 may exceed the vocab
+        out["pad_token_id"] = None  # Phi3Config's default pad id 32000 may exceed the vocab
     return out
 
 
+def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma 3's ``config.json`` (transformers 5: ``rope_parameters`` per layer type): the inverse of
+    ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there; ``build_hf_model``
+    sets the checkpoint's own (rounded to its dtype)."""
+    assert cfg.rope is not None
+    kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
+    return dict(
+        architectures=[cfg.architecture],
+        model_type=MODEL_TYPES[cfg.architecture],
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.norm_eps,
+        hidden_activation="gelu_pytorch_tanh",
+        layer_types=[kinds[kind] for kind in cfg.layer_types],
+        # a model with no sliding layer has no window; transformers wants a number all the same (then unused)
+        sliding_window=cfg.sliding_window or cfg.max_position_embeddings,
+        rope_parameters={
+            "full_attention": hf_rope(cfg.rope),
+            "sliding_attention": hf_rope(cfg.local_rope or cfg.rope),
+        },
+        query_pre_attn_scalar=query_pre_attn_scalar(cfg),
+        attn_logit_softcapping=cfg.attn_softcap,
+        final_logit_softcapping=cfg.final_softcap,
+        attention_bias=False,
+        use_bidirectional_attention=False,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        bos_token_id=cfg.bos_token_id,
+        eos_token_id=cfg.eos_token_ids[0] if cfg.eos_token_ids else None,
+        pad_token_id=None,
+    )
+
+
 def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Canonical float32 tensors -> the HF model's state dict (fused tensors split by rows)."""
+    """Canonical float32 tensors -> the HF model's state dict (fused tensors split by rows; Gemma's ``1 + w`` norm
+    weights back to ``w``)."""
     import torch
 
     def t(name: str) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(weights[name], dtype=np.float32))
 
-    sd = {"model.embed_tokens.weight": t("embed.weight"), "model.norm.weight": t("final_norm.weight")}
+    one = 1.0 if cfg.architecture in ONE_PLUS_W_NORMS else 0.0
+
+    def norm(name: str) -> torch.Tensor:
+        return t(name) - one
+
+    sd = {"model.embed_tokens.weight": t("embed.weight"), "model.norm.weight": norm("final_norm.weight")}
     if not cfg.tie_word_embeddings:
         sd["lm_head.weight"] = t("lm_head.weight")
     q, kv, i = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size, cfg.intermediate_size
     fused = cfg.architecture in FUSED_ARCHITECTURES
+    layer_norms = GEMMA3_LAYER_NORMS if cfg.architecture == GEMMA3 else LAYER_NORMS
     for n in range(cfg.num_layers):
         p, h = f"layers.{n}.", f"model.layers.{n}."
-        sd[h + "input_layernorm.weight"] = t(p + "input_norm.weight")
-        sd[h + "post_attention_layernorm.weight"] = t(p + "post_attn_norm.weight")
+        for name, hf_name in layer_norms.items():
+            sd[h + hf_name] = norm(p + name)
         sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
         if fused:  # no biases (models.phi3)
             sd[h + "self_attn.qkv_proj.weight"] = t(p + "attn.qkv.weight")
@@ -147,7 +251,7 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
                 sd[f"{h}self_attn.o_proj.{suffix}"] = t(f"{p}attn.out.{suffix}")
         for name, hf_name in NORMS.items():
             if p + name in weights:
-                sd[h + hf_name] = t(p + name)
+                sd[h + hf_name] = norm(p + name)
         gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
         sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
     return sd
@@ -172,4 +276,6 @@ def build_hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
         )
     if cfg.tie_word_embeddings:
         model.tie_weights()
+    if cfg.architecture == GEMMA3:  # the checkpoint's multiplier: sqrt(hidden_size) rounded to its dtype
+        model.model.embed_tokens.embed_scale.fill_(cfg.embed_multiplier)
     return model.eval()
