@@ -160,8 +160,8 @@ def near_rounding_tie(model, ids: list[int], margin: float = 5e-5) -> bool:
     """Whether an enabled input quantizer of the fake-quant model, run on ``ids``, sees a value within ``margin``
     (in units of its int8 scale: static, or per token) of a rounding tie. Such a value may round to the other code
     when its float sums run in another order (torch's GEMM for 2 rows against 11, onnxruntime's), and in these tiny
-    random models one code of a per-token scale moves the logits by ~0.05: x / s = 6.4999918 in layer 0's gate_proj input, row 1,
-    on a Xeon VM (2026-12-04), where every row after it then missed the reference by 0.01-0.05."""
+    random models one code of a per-token scale moves the logits by ~0.05: x / s = 6.4999918 in layer 0's gate_proj
+    input, row 1, on a Xeon VM (2026-12-04), where every row after it then missed the reference by 0.01-0.05."""
     import torch
 
     hit = False
