@@ -394,7 +394,7 @@ def test_a_failing_disk_drops_stores_and_the_engine_goes_on(engine, block_bytes,
     assert memory.hits == 3 * 14
 
 
-def serve_once(engine: Path, disk_dir: Path, prompt: list[int]) -> tuple[str, str]:
+def serve_once(engine: Path, disk_dir: Path, prompt: list[int], *, stores: bool) -> tuple[str, str]:
     """Start ``trtbuild serve`` on the disk tier, complete ``prompt`` greedily, read /metrics, SIGTERM it:
     (the completion's text, the KV offload lines of /metrics)."""
     flags = ["--no-access-log", "--kv-offload-dir", str(disk_dir), "--kv-offload-disk", "1MiB"]
@@ -406,7 +406,14 @@ def serve_once(engine: Path, disk_dir: Path, prompt: list[int]) -> tuple[str, st
             base + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
         )
         text = json.loads(urllib.request.urlopen(request, timeout=60).read())["choices"][0]["text"]
-        metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        # the disk tier writes behind the engine (a writer thread): when the request ``stores``, wait for its blocks
+        deadline = time.monotonic() + 10
+        while True:
+            metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+            stored = 'stored_bytes_total{tier="disk"} 0\n' not in metrics
+            if not stores or stored or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
         return text, "\n".join(ln for ln in metrics.splitlines() if "kv_offload" in ln and not ln.startswith("#"))
@@ -418,9 +425,9 @@ def serve_once(engine: Path, disk_dir: Path, prompt: list[int]) -> tuple[str, st
 
 def test_serve_restarted_on_the_disk_tier_loads_what_it_stored(engine, tmp_path):
     prompt = prompts()[0]
-    text, metrics = serve_once(engine, tmp_path, prompt)
+    text, metrics = serve_once(engine, tmp_path, prompt, stores=True)
     assert 'trtbuild_kv_offload_stored_bytes_total{tier="disk"} 0' not in metrics
-    again, metrics = serve_once(engine, tmp_path, prompt)
+    again, metrics = serve_once(engine, tmp_path, prompt, stores=False)
     assert again == text
     assert 'trtbuild_kv_offload_hits_total{tier="disk"} 14' in metrics.splitlines()
 

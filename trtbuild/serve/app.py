@@ -79,7 +79,7 @@ def build_app(llm: LLM, config: ServeConfig, model_name: str) -> Starlette:
         return PlainTextResponse("ok")
 
     async def metrics(request: Request) -> Response:
-        body = state.metrics.render(state.engine.snapshot)
+        body = state.metrics.render(state.engine.metrics_snapshot())
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
 
     routes = [

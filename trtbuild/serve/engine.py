@@ -14,7 +14,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import RequestError
@@ -225,6 +225,12 @@ class EngineLoop:
         )
         if deliveries:
             self._call(_deliver, deliveries)
+
+    def metrics_snapshot(self) -> EngineSnapshot:
+        """The last step's snapshot with the KV offload tiers' counters read now: the tiers store behind the engine
+        (a writer thread), so a request's stores land after the step that made them."""
+        offloader = self.llm.offloader
+        return self.snapshot if offloader is None else replace(self.snapshot, kv_offload=offloader.stats())
 
     def _update(self, sub: Submission, i: int, now: float) -> Update | None:
         """Completion ``i``'s new output since its last update; None when there is none (a finished completion's
