@@ -347,6 +347,31 @@ def test_session_step_without_sliding_tables_reads_block_tables(gemma3) -> None:
         session.step(StepBatch.build([prompt], [0], [[1, 2, 3, 4, 100]]))
 
 
+def test_engine_built_before_kv_groups_is_refused(gemma3, tmp_path) -> None:
+    # A Gemma engine whose graph predates the sliding_block_tables input (its sliding layers read block_tables)
+    # would read the full layers' block ids in the sliding pool: opening it says to rebuild.
+    import shutil
+
+    import onnx
+
+    from trtbuild.backends.onnxruntime.session import OrtSession
+    from trtbuild.errors import EngineError
+
+    _, _, engines = gemma3
+    old = tmp_path / "old"
+    shutil.copytree(engines["native"], old)
+    path = old / "engines" / "onnxruntime-cpu" / "model.onnx"
+    model = onnx.load(str(path), load_external_data=False)
+    kept = [i for i in model.graph.input if i.name != "sliding_block_tables"]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    for node in model.graph.node:
+        node.input[:] = ["block_tables" if name == "sliding_block_tables" else name for name in node.input]
+    onnx.save(model, str(path))
+    with pytest.raises(EngineError, match=r"built before KV-cache groups .* rebuild it"):
+        OrtSession(old)
+
+
 def test_kv_cache_manager_of_the_sliding_group_owns_sliding_block_ids() -> None:
     from trtbuild.runtime.kv_cache_manager import KVCacheGroup
 

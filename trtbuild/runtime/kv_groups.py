@@ -31,6 +31,7 @@ from collections.abc import Sequence as Seqs
 import numpy as np
 
 from ..config import BuildConfig, ModelConfig
+from ..errors import EngineError
 from .batch import StepBatch
 from .kv_cache_manager import KVCacheBlocks, KVCacheGroup, KVCacheManager, max_blocks_held
 from .sequence import Sequence
@@ -83,6 +84,17 @@ def group_memory_need(model: ModelConfig, build: BuildConfig, itemsize: int) -> 
     per_seq = max_blocks_held(build.max_seq_len, build.kv_block_size, model.kv_window, build.max_num_tokens)
     need = (build.max_batch_size * per_seq + 1) * full
     return need + (sliding_blocks_cap(model, build) * sliding if sliding else 0)
+
+
+def check_sliding_input(model: ModelConfig, has_input: bool, engine: object) -> None:
+    """``EngineError`` (one line) for an engine of a model of both attention kinds whose graph lacks the
+    ``sliding_block_tables`` input: built before KV-cache groups, its sliding layers would read the full layers'
+    block ids in their own, smaller pool."""
+    if model.has_sliding_kv_group and not has_input:
+        raise EngineError(
+            f"{engine}: built before KV-cache groups (no sliding_block_tables input for the sliding layers); "
+            "rebuild it with `trtbuild build`"
+        )
 
 
 def step_tables(batch: StepBatch, num_sliding_blocks: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from ...runtime.kv_cache import (
     default_cpu_kv_cache_memory,
     slot_mapping,
 )
-from ...runtime.kv_groups import sliding_group_layers, split_kv_blocks, step_tables
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 from . import huge_pages as hp
 
@@ -121,6 +121,8 @@ class OrtSession(EngineSession):
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise EngineError(f"{path}: onnxruntime cannot load the engine ({str(e).splitlines()[0]})") from None
+        names = {value.name for value in self._session.get_inputs()}
+        check_sliding_input(model, io.sliding_block_tables in names, engine_dir)
         # Before the KV cache exists: only the session's own allocations (its weights) change page size.
         advised = hp.advise_huge_pages(hp.subtract(hp.anonymous_ranges(), before)) if huge_pages else 0
         self.huge_page_bytes = advised + (self._arena.nbytes if self._arena else 0)

@@ -24,7 +24,7 @@ from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
-from ...runtime.kv_groups import sliding_group_layers, split_kv_blocks, step_tables
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 
 
 def open_session(
@@ -78,6 +78,8 @@ class TensorRTSession(EngineSession):
         self._context = self._engine.create_execution_context()
         self._aliases: dict[str, str] = json.loads(plan.with_name("cache_aliases.json").read_text())
         model, build, io = self.config.model, self.config.build, self.config.io
+        names = {self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)}
+        check_sliding_input(model, io.sliding_block_tables in names, engine_dir)
         sliding = sliding_group_layers(model)
         blocks: dict[bool, int] = {}  # in the sliding group -> the group's blocks
         for in_sliding, wanted in ((False, num_blocks), (True, num_sliding_blocks)):

@@ -38,7 +38,7 @@ from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
-from ...runtime.kv_groups import sliding_group_layers, split_kv_blocks, step_tables
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from . import ops  # registers torch.ops.trtbuild.paged_attention, which the package calls
 from .decode_graphs import DecodeGraphs
 from .memory import default_kv_cache_memory
@@ -103,6 +103,7 @@ class TorchSession(EngineSession):
             self._runner = load_compiled(
                 path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune
             )
+            check_sliding_input(model, getattr(self._runner, "sliding", False), engine_dir)  # the PortableModule's
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
             kv_cache_memory = self._default_kv_cache_memory(compute)
         self.kv_cache_memory = kv_cache_memory
