@@ -56,6 +56,9 @@ class TwoGroupModel:
         for slots, tables in ((self.full, batch.block_tables), (self.sliding, batch.sliding_block_tables)):
             where = tables[seq_of, batch.positions // bs] * bs + batch.positions % bs
             assert (where >= bs).all(), "a step wrote the null block"
+            for b in range(batch.num_seqs):  # no other sequence may hold a block written this step (prefix sharing)
+                written = set((where[qsl[b] : qsl[b + 1]] // bs).tolist())
+                assert all(c == b or not written & set(tables[c].tolist()) for c in range(batch.num_seqs))
             slots[where] = batch.input_ids
         logits = np.zeros((len(batch.logits_indices), VOCAB), dtype=np.float32)
         for row, t in enumerate(batch.logits_indices):
@@ -170,38 +173,81 @@ def test_admission_is_all_or_nothing_across_groups() -> None:
         assert seq.output_token_ids == reference(seq.prompt_token_ids, 3, 6)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
-    requests=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 10)), min_size=1, max_size=6),
+    requests=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 20), st.integers(1, 10), st.integers(0, 8)), min_size=1, max_size=6
+    ),
     block_size=st.sampled_from([1, 2, 4]),
     window=st.sampled_from([1, 2, 3, 5, 8]),
     seqs=st.integers(1, 4),
     tokens=st.integers(1, 12),
     extra=st.integers(0, 6),
+    caching=st.booleans(),
 )
-def test_random_workloads_complete_correctly(requests, block_size, window, seqs, tokens, extra) -> None:
-    """Random prompts and lengths under random limits; pools as small as the largest request allows (each group's
-    own bound), plus ``extra`` blocks in each."""
-    full = max(max_blocks_held(n + m - 1, block_size, None, tokens) for n, m in requests)
-    sliding = max(max_blocks_held(n + m - 1, block_size, window, tokens) for n, m in requests)
+def test_random_workloads_complete_correctly(requests, block_size, window, seqs, tokens, extra, caching) -> None:
+    """Requests (shared-prefix kind, prompt length, max_tokens, arrival step) under random limits, with or without
+    prefix caching; pools as small as the largest request allows (each group's own bound), plus ``extra`` blocks
+    in each."""
+    full = max(max_blocks_held(n + m - 1, block_size, None, tokens) for _, n, m, _ in requests)
+    sliding = max(max_blocks_held(n + m - 1, block_size, window, tokens) for _, n, m, _ in requests)
     sched, model = make(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, max_seq_len=32, block_size=block_size,
         num_blocks=1 + full + extra, sliding_window=window, num_sliding_blocks=1 + sliding + extra,
+        enable_prefix_caching=caching,
     )  # fmt: skip
-    added = [
-        sched.add_request(f"r{i}", [(3 * i + j) % VOCAB for j in range(n)], SamplingParams(max_tokens=m))
-        for i, (n, m) in enumerate(requests)
-    ]
-    for _ in range(1000):
-        if not sched.has_unfinished():
+    pending = sorted(enumerate(requests), key=lambda r: r[1][3])
+    added: list[tuple[Sequence, int]] = []
+    for n_step in range(1000):
+        while pending and pending[0][1][3] <= n_step:
+            i, (kind, n, m, _) = pending.pop(0)
+            prompt = [(kind * 5 + j) % VOCAB for j in range(n)]
+            added.append((sched.add_request(f"r{i}", prompt, SamplingParams(max_tokens=m)), m))
+        if not pending and not sched.has_unfinished():
             break
-        step(sched, model)
+        if sched.has_unfinished():
+            step(sched, model)
         for seq in sched.running:
             assert held(sched, seq)[1] <= sched.sliding_kv_cache.max_blocks_held(seq.num_tokens + 1, tokens)
-    assert not sched.has_unfinished()
+    assert not sched.has_unfinished() and not pending
     assert sched.kv_cache.num_used_blocks == sched.sliding_kv_cache.num_used_blocks == 0
-    for seq, (_, m) in zip(added, requests, strict=True):
+    for seq, m in added:
         assert seq.output_token_ids == reference(seq.prompt_token_ids, m, window)
+
+
+def test_prefix_cache_hit_needs_both_groups() -> None:
+    # Window 6, blocks of 4: "a" computes a 40-token prompt (10 blocks) and leaves; both groups keep its blocks
+    # cached. "b" shares its first 36 tokens: it hits 9 blocks in both groups, the sliding hit only the blocks of
+    # positions 31.. (7, 8), the rest null. Evicting the sliding group's blocks 7 and 8 then leaves no sliding hit
+    # within the full group's 9 blocks but the one ending at block 6 (positions 23..27: blocks 5, 6 still cached).
+    config = dict(max_num_seqs=1, max_num_batched_tokens=64, max_seq_len=64, block_size=4, num_blocks=40)
+    sched, model = make(**config, sliding_window=6, num_sliding_blocks=40)
+    sliding = sched.sliding_kv_cache
+    prompt = [(5 * i + 1) % VOCAB for i in range(40)]
+    a = sched.add_request("a", prompt, SamplingParams(max_tokens=1))
+    out = sched.schedule()  # the whole prompt in one step, which finishes it
+    a_blocks, a_sliding = list(a.block_ids), list(a.sliding_block_ids)
+    logits = model.step(out.to_step_batch())
+    assert sched.update_from_output(out, logits[out.sample_rows].argmax(1).tolist()) == [a]
+    b = sched.add_request("b", [*prompt[:36], 9, 9, 9], SamplingParams(max_tokens=4))
+    step(sched, model)
+    assert b.num_cached_tokens == 36 and b.sliding_block_ids[:7] == [0] * 7
+    assert b.block_ids[:9] == a_blocks[:9] and b.sliding_block_ids[7:9] == a_sliding[7:9]
+    while sched.has_unfinished():
+        step(sched, model)
+    assert b.output_token_ids == reference(b.prompt_token_ids, 4, 6)
+    # evict the sliding blocks of positions 28..35: take every free block but the others (evicting their hashes)
+    keep = [blk for blk in sliding.pool.free_queue if blk.block_id not in a_sliding[7:9]]
+    sliding.pool.touch(keep)
+    sliding.pool.free_blocks(sliding.pool.get_new_blocks(sliding.pool.num_free_blocks) + keep)
+    assert all(sliding.pool.blocks[i].block_hash is None for i in a_sliding[7:9])
+    c = sched.add_request("c", [*prompt[:36], 7, 7], SamplingParams(max_tokens=3))
+    step(sched, model)
+    assert c.num_cached_tokens == 28  # sliding blocks 5, 6 cover the window of position 28
+    while sched.has_unfinished():
+        step(sched, model)
+    assert c.output_token_ids == reference(c.prompt_token_ids, 3, 6)
+    assert sched.kv_cache.prefix_cache_hits == 36 + 28
 
 
 def test_scheduler_config_of_two_groups_is_checked() -> None:
@@ -211,7 +257,8 @@ def test_scheduler_config_of_two_groups_is_checked() -> None:
     with pytest.raises(ValueError, match="do not all slide"):
         SchedulerConfig(**base, kv_window=6, sliding_window=6, num_sliding_blocks=8)
     sched = Scheduler(SchedulerConfig(**base, sliding_window=6, num_sliding_blocks=8))
-    assert not sched.kv_cache.enable_prefix_caching and not sched.sliding_kv_cache.enable_prefix_caching
+    assert sched.kv_cache.window is None and sched.sliding_kv_cache.window == 6
+    assert sched.kv_cache.enable_prefix_caching and sched.sliding_kv_cache.enable_prefix_caching
     assert Scheduler(SchedulerConfig(**base)).sliding_kv_cache is None
 
 
@@ -298,16 +345,20 @@ def test_llm_greedy_tokens_match_transformers_with_a_bounded_sliding_group(gemma
     assert kv.num_used_blocks == sliding.num_used_blocks == 0
 
 
-def test_prefix_caching_is_off_and_kv_offload_refused(gemma3, caplog) -> None:
+@pytest.mark.parametrize("form", ["native", "lowered"])
+def test_prefix_cache_hits_and_kv_offload_refused(gemma3, form: str) -> None:
+    # A second request sharing a 40-token prefix hits it in both groups and still gets transformers' tokens; the KV
+    # offload tier is refused for two-group models.
     model, _, engines = gemma3
-    with caplog.at_level("INFO", logger="trtbuild.runtime.kv_groups"):
-        llm = LLM(engines["native"])
-    assert "prefix caching is off" in caplog.text and not llm.scheduler.kv_cache.enable_prefix_caching
-    prompt = [3 + i % 90 for i in range(24)]
-    params = SamplingParams(temperature=0, max_tokens=4)
-    first, again = llm.generate([prompt], params), llm.generate([prompt], params)
-    assert first[0].outputs[0].token_ids == again[0].outputs[0].token_ids == transformers_greedy(model, prompt, 4)
-    assert llm.stats.prefix_cache_queries == llm.stats.prefix_cache_hits == 0
+    llm = LLM(engines[form], max_num_batched_tokens=8)
+    prompt = [3 + (5 * i) % 90 for i in range(40)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm.generate([prompt], params)
+    llm.reset_stats()
+    longer = [*prompt, 7, 8, 9]
+    [out] = llm.generate([longer], params)
+    assert out.outputs[0].token_ids == transformers_greedy(model, longer, 6)
+    assert llm.stats.prefix_cache_hits == 40 and llm.stats.num_computed_tokens == 3 + 5
     with pytest.raises(ConfigError, match="two KV-cache groups"):
         LLM(engines["native"], kv_offload=KVOffloadConfig(memory=1 << 20))
 

@@ -159,11 +159,13 @@ class KVCacheManager:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, seq.cache_salt))
         return hashes[:num_blocks]
 
-    def get_computed_blocks(self, seq: Sequence) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, seq: Sequence, max_blocks: int | None = None) -> tuple[KVCacheBlocks, int]:
         """The longest run of cached full blocks matching ``seq``'s leading tokens, and how many tokens they hold.
 
         With a window, the longest prefix whose blocks from the window of its end on are cached (the module
-        docstring), its earlier entries the null block. For a request holding no blocks (waiting or preempted).
+        docstring), its earlier entries the null block. ``max_blocks``: the longest such prefix of at most that many
+        blocks (the sliding KV-cache group's hit within the full group's, ``kv_groups.get_computed_blocks``). For a
+        request holding no blocks (waiting or preempted).
         Invariant: the hit never covers every token — at least the last token is recomputed, so the step that
         follows returns logits for it. No side effects but the hashes memoised on ``seq``: the hit counters count at
         ``allocate_slots``, once per admission.
@@ -174,7 +176,10 @@ class KVCacheManager:
             return KVCacheBlocks(), 0
         found: list[KVCacheBlock | None] = []
         num_hit, run_start = 0, 0  # run_start: the first block of the run of cached blocks ending at the current one
-        for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)):
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        if max_blocks is not None:
+            num_blocks = min(num_blocks, max_blocks)
+        for i, block_hash in enumerate(self.block_hashes(seq, num_blocks)):
             block = self.pool.get_cached_block(block_hash)
             found.append(block)
             if block is None:

@@ -12,20 +12,26 @@ of both kinds (``ModelConfig.has_sliding_kv_group``) has:
 
 Invariants (the scheduler keeps them, through ``allocate_slots`` / ``free`` here): a request holds blocks in both
 groups or in neither; an allocation takes blocks in every group or changes nothing (all-or-nothing); preemption,
-abort and finish free both. Prefix caching and the KV offload tier are off for two-group models (a hit would have to
-be found in both pools at once; docs/runner.md, "KV-cache groups").
+abort and finish free both.
+
+Prefix caching: both groups register each full computed block under the same chained hash; a hit
+(``get_computed_blocks``) is a prefix found in both pools: the full group's longest cached prefix, cut to the
+longest prefix whose sliding blocks from the window of its end on are still cached (the sliding group's windowed
+lookup; its earlier entries are the null block). The KV offload tier stays off for two-group models (its blocks
+hold every layer of one pool): ``LLM(kv_offload=...)`` refuses them.
 
 Memory split (``split_kv_blocks``): a block of the sliding group costs ``bytes_per_block`` of the sliding layers
 only, one of the full group of the full layers only. A running request never holds more sliding blocks than full
 ones (its sliding blocks are those of its full blocks still in the window) nor more than ``max_blocks_held``, so
-``min(full blocks - 1, max_batch_size * max_blocks_held) + 1`` sliding blocks are never the scarcer pool. The
+``min(full blocks - 1, max_batch_size * max_blocks_held) + 1`` sliding blocks are never the scarcer pool (blocks
+shared through the prefix cache count once in each pool; should the sliding pool still run short, the scheduler
+preempts as for the full one). The
 budget gives both groups the same number of blocks while that is at most ``max_batch_size * max_blocks_held + 1``,
 and beyond it gives the sliding group exactly that cap and the rest to the full group.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence as Seqs
 
 import numpy as np
@@ -35,8 +41,6 @@ from ..errors import EngineError
 from .batch import StepBatch
 from .kv_cache_manager import KVCacheBlocks, KVCacheGroup, KVCacheManager, max_blocks_held
 from .sequence import Sequence
-
-log = logging.getLogger(__name__)
 
 
 def sliding_group_layers(model: ModelConfig) -> frozenset[int]:
@@ -118,28 +122,46 @@ def make_groups(
     num_sliding_blocks: int | None,
 ) -> list[KVCacheManager]:
     """The KV-cache managers of a scheduler: one (every layer's, with ``kv_window``), or the full layers' and the
-    sliding layers' (``KVCacheGroup.SLIDING``, with ``sliding_window``) when ``num_sliding_blocks`` is given; prefix
-    caching is then off in both (logged once when it was asked for)."""
+    sliding layers' (``KVCacheGroup.SLIDING``, with ``sliding_window``) when ``num_sliding_blocks`` is given."""
+    full = KVCacheManager(num_blocks, block_size, enable_prefix_caching, window=kv_window)
     if sliding_window is None or num_sliding_blocks is None:
-        return [KVCacheManager(num_blocks, block_size, enable_prefix_caching, window=kv_window)]
-    if enable_prefix_caching:
-        log.info("prefix caching is off: the model has sliding and full layers (two KV-cache groups)")
-    full = KVCacheManager(num_blocks, block_size, False, window=kv_window)
-    return [full, KVCacheManager(num_sliding_blocks, block_size, False, sliding_window, KVCacheGroup.SLIDING)]
+        return [full]
+    group = KVCacheGroup.SLIDING
+    return [full, KVCacheManager(num_sliding_blocks, block_size, enable_prefix_caching, sliding_window, group)]
+
+
+def get_computed_blocks(groups: Seqs[KVCacheManager], seq: Sequence) -> tuple[list[KVCacheBlocks], int]:
+    """A prefix-cache hit found in every group: (each group's ``KVCacheBlocks``, the tokens they hold).
+
+    The full group's hit is the longest cached prefix; the sliding group's, the longest prefix of at most as many
+    blocks whose blocks from its window on are cached (``KVCacheManager.get_computed_blocks(max_blocks=...)``); the
+    hit is the sliding group's, the full group's blocks cut to it (any shorter prefix of a full-group hit is one).
+    No side effects but the hashes memoised on ``seq``."""
+    computed, num_tokens = groups[0].get_computed_blocks(seq)
+    if len(groups) == 1:
+        return [computed], num_tokens
+    block_size = groups[0].block_size
+    sliding, num_tokens = groups[1].get_computed_blocks(seq, max_blocks=num_tokens // block_size)
+    return [KVCacheBlocks(computed.blocks[: num_tokens // block_size]), sliding], num_tokens
 
 
 def allocate_slots(
-    groups: Seqs[KVCacheManager], seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | None = None
+    groups: Seqs[KVCacheManager],
+    seq: Sequence,
+    num_new_tokens: int,
+    computed: Seqs[KVCacheBlocks] | None = None,
 ) -> bool:
     """``KVCacheManager.allocate_slots`` in every group, all or nothing: False, changing nothing, when some group's
-    free blocks do not suffice. ``computed`` (a prefix-cache hit) is the first group's; the others have none."""
+    free blocks do not suffice. ``computed``: each group's hit, from ``get_computed_blocks`` (for a request holding
+    no blocks)."""
+    hits: list[KVCacheBlocks | None] = [None] * len(groups) if computed is None else list(computed)
+    if len(hits) != len(groups):
+        raise ValueError(f"{len(hits)} prefix-cache hits for {len(groups)} KV-cache groups")
     if len(groups) == 1:
-        return groups[0].allocate_slots(seq, num_new_tokens, computed)
-    if computed is not None and computed.blocks:
-        raise ValueError("prefix-cache hits are not taken with two KV-cache groups")
-    if not all(kv.can_allocate(seq, num_new_tokens) for kv in groups):
+        return groups[0].allocate_slots(seq, num_new_tokens, hits[0])
+    if not all(kv.can_allocate(seq, num_new_tokens, hit) for kv, hit in zip(groups, hits, strict=True)):
         return False
-    for kv in groups:
-        if not kv.allocate_slots(seq, num_new_tokens):
+    for kv, hit in zip(groups, hits, strict=True):
+        if not kv.allocate_slots(seq, num_new_tokens, hit):
             raise AssertionError("a KV-cache group refused blocks it said it had")  # can_allocate is exact
     return True

@@ -74,8 +74,9 @@ class LLM:
     An engine whose every layer slides (``ModelConfig.kv_window``) has each request's blocks outside the window
     released as it runs, so a long request holds a bounded number of blocks (docs/runner.md, "Sliding-window models").
     An engine of both sliding and full layers (Gemma 2 / 3) has two KV-cache groups (``kv_groups.py``): the sliding
-    layers' blocks outside the window are released the same way while the full layers keep every block; prefix
-    caching is then off and ``kv_offload`` refused (docs/runner.md, "KV-cache groups").
+    layers' blocks outside the window are released the same way while the full layers keep every block; a
+    prefix-cache hit is then a prefix found in both groups, and ``kv_offload`` is refused (docs/runner.md, "KV-cache
+    groups").
     Not thread-safe: drive one LLM from one thread.
     """
 

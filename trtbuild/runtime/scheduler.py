@@ -48,7 +48,7 @@ class SchedulerConfig:
     max_seq_len: int  # positions per request, prompt plus generated tokens
     block_size: int  # token slots per KV-cache block
     num_blocks: int  # blocks in the cache, the null block 0 included
-    enable_prefix_caching: bool = True  # off regardless with a sliding KV-cache group (kv_groups.py; logged)
+    enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()  # tokens that finish a request unless its params say ignore_eos
     # ModelConfig.kv_window: the positions every layer attends to, its own included; None when some layer attends
     # fully. When set, blocks wholly before a request's window are released while it runs.
@@ -222,7 +222,7 @@ class Scheduler:
             seq = self.waiting[0]
             if self.prefix_loader is not None:
                 self.prefix_loader(self.kv_cache, seq)
-            computed, num_hit_tokens = self.kv_cache.get_computed_blocks(seq)
+            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
