@@ -25,9 +25,11 @@ only, one of the full group of the full layers only. A running request never hol
 ones (its sliding blocks are those of its full blocks still in the window) nor more than ``max_blocks_held``, so
 ``min(full blocks - 1, max_batch_size * max_blocks_held) + 1`` sliding blocks are never the scarcer pool (blocks
 shared through the prefix cache count once in each pool; should the sliding pool still run short, the scheduler
-preempts as for the full one). The
-budget gives both groups the same number of blocks while that is at most ``max_batch_size * max_blocks_held + 1``,
-and beyond it gives the sliding group exactly that cap and the rest to the full group.
+preempts as for the full one). The budget gives both groups the same number of blocks while that is at most
+``max_batch_size * max_blocks_held + 1`` (``sliding_blocks_cap``), and beyond it gives the sliding group exactly
+that cap and the rest to the full group. Gemma 3 (5 of 6 layers sliding, window 512, blocks of 16): a budget that
+one pool of every layer would spend on 8 requests of 32k tokens holds 5.9x as many full-layer blocks this way
+(steps of up to 18 tokens; 5.6x with steps of 2,048).
 """
 
 from __future__ import annotations
