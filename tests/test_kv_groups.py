@@ -316,6 +316,22 @@ def test_graph_gives_the_sliding_layers_their_own_tables(gemma3) -> None:
         assert {n.input[4] for n in graph.node if n.op_type == "PagedAttention"} == {"block_tables"}
 
 
+def test_tensorrt_lowering_takes_both_tables(gemma3) -> None:
+    # Pure onnx (no TensorRT): the sliding layers' plugin nodes read the int32 cast of sliding_block_tables, and the
+    # optimization profile covers the new input and the sliding caches.
+    from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt, profile_shapes
+
+    _, ckpt, _ = gemma3
+    cfg, weights = load_checkpoint(ckpt)
+    build = BuildConfig(max_batch_size=4, max_seq_len=128, kv_block_size=4)
+    lowered = lower_for_tensorrt(emit_portable_graph(cfg, weights, build, EngineIO()), build)
+    plugins = [n for n in lowered.graph.node if n.op_type == "PagedAttention"]
+    assert [n.input[4] for n in plugins] == ["sliding_block_tables.int32"] * 2 + ["block_tables.int32"]
+    shapes = profile_shapes(lowered, build)
+    assert shapes["sliding_block_tables"] == ((1, 1), (4, 32), (4, 32))
+    assert shapes["key_cache.0"][2] == shapes["key_cache.2"][2] == (4 * 32, 4, 2, 16)
+
+
 @pytest.mark.parametrize("form", ["native", "lowered", "torch"])
 def test_llm_greedy_tokens_match_transformers_with_a_bounded_sliding_group(gemma3, form: str) -> None:
     # Prompts of 30-48 tokens (window 6, blocks of 4) in chunks of 8, 20 tokens each: every step, each request holds
