@@ -348,6 +348,14 @@ class ModelConfig:
         return self.sliding_window if AttentionKind.FULL not in self.layer_types else None
 
     @property
+    def has_sliding_kv_group(self) -> bool:
+        """Whether the model mixes sliding and full layers: its sliding layers then form a second KV-cache group,
+        with their own block tables (``EngineIO.sliding_block_tables``) and their own number of cache blocks, from
+        which the runner frees the blocks that fall wholly before a sequence's window (docs/runner.md, "KV-cache
+        groups"); the full layers' group keeps every block of a sequence."""
+        return self.sliding_window is not None and self.kv_window is None
+
+    @property
     def kv_cache_dtype(self) -> KVCacheDType:
         return self.quantization.kv_cache_dtype if self.quantization else KVCacheDType.FLOAT32
 
@@ -522,6 +530,11 @@ class EngineIO:
     input_ids: str = "input_ids"
     positions: str = "positions"
     block_tables: str = "block_tables"
+    # The sliding layers' block tables, a graph input only when the model has both attention kinds
+    # (``ModelConfig.has_sliding_kv_group``): int64 [num_seqs, max_sliding_blocks_per_seq], read by the sliding
+    # layers' paged-attention nodes (input 4) in place of ``block_tables``; those layers' caches have
+    # ``num_sliding_blocks`` blocks.
+    sliding_block_tables: str = "sliding_block_tables"
     query_start_loc: str = "query_start_loc"
     logits_indices: str = "logits_indices"
     logits: str = "logits"

@@ -38,7 +38,13 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     block_tables = g.add_input(io.block_tables, INT64, ["num_seqs", "max_blocks_per_seq"])
     qsl = g.add_input(io.query_start_loc, INT64, ["num_seqs_plus_1"])
     logits_idx = g.add_input(io.logits_indices, INT64, ["num_logits"])
+    # Two KV-cache groups (full and sliding layers, ModelConfig.has_sliding_kv_group): the sliding layers read their
+    # own block tables and caches of their own number of blocks; a model of one kind gets no such input.
+    sliding_tables = None
+    if cfg.has_sliding_kv_group:
+        sliding_tables = g.add_input(io.sliding_block_tables, INT64, ["num_seqs", "max_sliding_blocks_per_seq"])
     cache_shape = ["num_blocks", "block_size", hkv, d]
+    sliding_cache_shape = ["num_sliding_blocks", "block_size", hkv, d]
     cache_type = KV_CACHE_ELEM_TYPES[cfg.kv_cache_dtype]
 
     if "embed.weight_scale" in weights:  # int8 rows with a scale per group (GGUF Q8_0): gathered, then dequantized
@@ -67,15 +73,19 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         qkv = _linear(g, cfg, weights, h, p + "attn.qkv")
         if cfg.qk_norm:
             qkv = _qk_norm(g, cfg, weights, qkv, p + "attn")
-        kc = g.add_input(io.key_cache.format(layer=n), cache_type, cache_shape)
-        vc = g.add_input(io.value_cache.format(layer=n), cache_type, cache_shape)
+        window = cfg.layer_window(n)
+        in_sliding_group = sliding_tables is not None and window is not None
+        shape = sliding_cache_shape if in_sliding_group else cache_shape
+        tables = sliding_tables if in_sliding_group else block_tables
+        kc = g.add_input(io.key_cache.format(layer=n), cache_type, shape)
+        vc = g.add_input(io.value_cache.format(layer=n), cache_type, shape)
         kc_out, vc_out = f"key_cache_out.{n}", f"value_cache_out.{n}"
         rope = cfg.layer_rope(n)
-        inputs, kv_attrs = [qkv, kc, vc, positions, block_tables, qsl, cos_sin[rope] if rope else ""], {}
+        inputs, kv_attrs = [qkv, kc, vc, positions, tables, qsl, cos_sin[rope] if rope else ""], {}
         if cache_type != FLOAT:  # quantized cache: per-tensor scales as inputs 7, 8 (plugin README)
             inputs += [g.initializer(p + f"attn.{kv}_scale", weights[p + f"attn.{kv}_scale"]) for kv in ("k", "v")]
             kv_attrs["kv_cache_dtype"] = cache_type
-        if (window := cfg.layer_window(n)) is not None:
+        if window is not None:
             kv_attrs["sliding_window"] = window
         if cfg.attn_softcap is not None:
             kv_attrs["softcap"] = cfg.attn_softcap
@@ -92,8 +102,8 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
             rotary_interleaved=int(cfg.rope.interleaved) if cfg.rope else 0,
             **kv_attrs,
         )[0]
-        g.add_output(kc_out, cache_type, cache_shape)
-        g.add_output(vc_out, cache_type, cache_shape)
+        g.add_output(kc_out, cache_type, shape)
+        g.add_output(vc_out, cache_type, shape)
         attn = _linear(g, cfg, weights, attn, p + "attn.out")
         if cfg.sandwich_norms:
             attn = _norm(g, cfg, weights, attn, p + "attn.post_norm")

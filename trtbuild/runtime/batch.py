@@ -17,6 +17,9 @@ class StepBatch:
     (padded with 0, the null block; with a KV window, entries of the blocks wholly before the window of the
     sequence's first new token are 0 too: the paged-attention op reads no such block);
     ``logits_indices`` are rows of ``input_ids`` whose logits the step returns (usually each sequence's last token).
+    ``sliding_block_tables``: for a model of both attention kinds (``ModelConfig.has_sliding_kv_group``) the sliding
+    layers' tables (``Sequence.sliding_block_ids``), laid out as ``block_tables`` (same rows and positions, entries
+    before each window the null block 0); None for a model of one kind, whose engine has no such input.
     """
 
     input_ids: np.ndarray  # int64 [T]
@@ -24,6 +27,7 @@ class StepBatch:
     query_start_loc: np.ndarray  # int64 [B + 1]
     block_tables: np.ndarray  # int64 [B, M]
     logits_indices: np.ndarray  # int64 [N]
+    sliding_block_tables: np.ndarray | None = None  # int64 [B, M'], or None (one KV-cache group)
 
     @property
     def num_tokens(self) -> int:
@@ -41,8 +45,10 @@ class StepBatch:
         block_tables: Sequence[Sequence[int]],
         *,
         all_logits: bool = False,
+        sliding_block_tables: Sequence[Sequence[int]] | None = None,
     ) -> StepBatch:
-        """Assemble a step from per-sequence new tokens, the position of each one's first new token, and block ids.
+        """Assemble a step from per-sequence new tokens, the position of each one's first new token, and block ids
+        (and the sliding layers' block ids, for a model of both attention kinds).
 
         Returns logits for each sequence's last token, or for every token when ``all_logits``.
         """
@@ -53,9 +59,18 @@ class StepBatch:
         np.cumsum(lens, out=qsl[1:])
         ids = np.fromiter((t for seq in token_ids for t in seq), dtype=np.int64, count=int(qsl[-1]))
         pos = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(start_positions, lens, strict=True)])
-        width = max(1, max(len(b) for b in block_tables))
-        tables = np.zeros((len(lens), width), dtype=np.int64)
-        for i, row in enumerate(block_tables):
-            tables[i, : len(row)] = row
+        tables = _padded(block_tables, len(lens))
+        sliding = None if sliding_block_tables is None else _padded(sliding_block_tables, len(lens))
         logits_idx = np.arange(qsl[-1], dtype=np.int64) if all_logits else qsl[1:] - 1
-        return cls(ids, pos, qsl, tables, logits_idx)
+        return cls(ids, pos, qsl, tables, logits_idx, sliding)
+
+
+def _padded(rows: Sequence[Sequence[int]], num_seqs: int) -> np.ndarray:
+    """Block tables as one int64 array, rows padded with the null block 0 (at least one column)."""
+    if len(rows) != num_seqs:
+        raise ValueError(f"{len(rows)} block tables for {num_seqs} sequences")
+    width = max(1, max(len(b) for b in rows))
+    tables = np.zeros((num_seqs, width), dtype=np.int64)
+    for i, row in enumerate(rows):
+        tables[i, : len(row)] = row
+    return tables

@@ -1,6 +1,7 @@
 """``EngineSession``: the interface every backend's session has (``trtbuild.runtime.session.open_session`` opens one).
 
-A session owns the KV cache memory (``num_blocks`` blocks of ``kv_block_size`` slots per layer); the block
+A session owns the KV cache memory (``num_blocks`` blocks of ``kv_block_size`` slots per layer; a model of both
+sliding and full layers has ``num_sliding_blocks`` in its sliding layers, ``runtime/kv_groups.py``); the block
 manager/scheduler above it only hand out block ids. The backends' sessions implement this protocol (each
 ``trtbuild.backends.<backend>.session``, registered in ``session.SESSION_MODULES``); this module imports none.
 """
@@ -35,7 +36,10 @@ class EngineSession(Protocol):
     """
 
     config: RuntimeConfig
-    num_blocks: int
+    num_blocks: int  # blocks of every layer's cache; of the full layers' in a model of two KV-cache groups
+    # Blocks of the sliding layers' caches in a model of both attention kinds (kv_groups.py: ``split_kv_blocks``
+    # splits the memory), None otherwise; block ids of ``StepBatch.sliding_block_tables`` index them.
+    num_sliding_blocks: int | None
 
     def step(self, batch: StepBatch) -> np.ndarray:
         """Run the model on ``batch``, writing its K/V into the cache; returns float32 logits ``[N, vocab]``."""

@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from ..config import BuildConfig, KVCacheDType, ModelConfig
-from .kv_cache_manager import max_blocks_held
+from .kv_groups import group_memory_need
 
 # Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
 CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
@@ -51,13 +51,12 @@ def available_memory() -> int | None:
 def default_cpu_kv_cache_memory(model: ModelConfig, build: BuildConfig, available: int | None) -> int:
     """The KV cache a CPU engine opens with when none is named: room for ``max_batch_size`` sequences of
     ``max_seq_len`` tokens (the engine's own limits, so a full batch never preempts; with a KV window, of the blocks
-    such a sequence holds at once, ``kv_cache_manager.max_blocks_held``), at most ``KV_MEMORY_FRACTION`` of
+    such a sequence holds at once, ``kv_cache_manager.max_blocks_held``; with two KV-cache groups, in each group:
+    ``kv_groups.group_memory_need``), at most ``KV_MEMORY_FRACTION`` of
     ``available`` memory (``DEFAULT_KV_CACHE_MEMORY`` when that is unknown), never less than
     ``DEFAULT_KV_CACHE_MEMORY`` (or the need, when smaller). numpy's zeroed arrays take pages only as blocks are
     first written, so a large default costs nothing until it is used."""
-    per_block = bytes_per_block(model, build.kv_block_size)
-    per_seq = max_blocks_held(build.max_seq_len, build.kv_block_size, model.kv_window, build.max_num_tokens)
-    need = (build.max_batch_size * per_seq + 1) * per_block
+    need = group_memory_need(model, build, np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize)
     cap = DEFAULT_KV_CACHE_MEMORY if available is None else int(KV_MEMORY_FRACTION * available)
     return min(need, max(cap, DEFAULT_KV_CACHE_MEMORY))
 
@@ -90,12 +89,16 @@ def lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 
 class PagedKVCache:
-    """Per-layer key/value arrays; ``write`` stores a step's new K/V at their slots."""
+    """Per-layer key/value arrays; ``write`` stores a step's new K/V at their slots.
 
-    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int) -> None:
+    ``num_layers``: the layers it holds (default: all of the model's); a model of two KV-cache groups has one cache
+    per group (``kv_groups.py``), each indexed by the group's own layer order and block ids."""
+
+    def __init__(self, model: ModelConfig, num_blocks: int, block_size: int, num_layers: int | None = None) -> None:
         if num_blocks < 2:
             raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
-        shape = (model.num_layers, num_blocks, block_size, model.num_kv_heads, model.head_size)
+        layers = model.num_layers if num_layers is None else num_layers
+        shape = (layers, num_blocks, block_size, model.num_kv_heads, model.head_size)
         dtype = CACHE_NUMPY_DTYPES[model.kv_cache_dtype]
         self.keys = lazy_zeros(shape, dtype)
         self.values = lazy_zeros(shape, dtype)

@@ -24,7 +24,9 @@ entries are the null block and are neither referenced nor counted against the fr
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import operator
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,9 +51,22 @@ def max_blocks_held(num_tokens: int, block_size: int, window: int | None, max_st
     return min(need, -(-(window + max_step_tokens - 2) // block_size) + 1)
 
 
+class KVCacheGroup(enum.Enum):
+    """Which of a request's block tables a manager owns (its value: the ``Sequence`` attribute).
+
+    FULL: ``Sequence.block_ids``, every layer's table in a model of one attention kind (sliding or not), the full
+    layers' in a model of both. SLIDING: ``Sequence.sliding_block_ids``, the sliding layers' table in a model of both
+    kinds (``ModelConfig.has_sliding_kv_group``; docs/runner.md, "KV-cache groups"), its manager has the window.
+    """
+
+    FULL = "block_ids"
+    SLIDING = "sliding_block_ids"
+
+
 @dataclass(slots=True)
 class _HeldBlocks:
-    """The manager's bookkeeping of one request holding blocks; its block table is the request's ``block_ids``."""
+    """The manager's bookkeeping of one request holding blocks; its block table is the request's table of the
+    manager's group (``block_ids``, or ``sliding_block_ids``: ``KVCacheGroup``)."""
 
     # Leading blocks registered in (or skipped for) the prefix cache: cache_blocks registers from here on.
     num_cached: int
@@ -70,7 +85,8 @@ class KVCacheBlocks:
 
 
 class KVCacheManager:
-    """Hands out, shares and frees KV-cache blocks for requests; owns every request's ``block_ids``.
+    """Hands out, shares and frees KV-cache blocks for requests; owns every request's block table of its
+    ``group`` (``block_ids``, or ``sliding_block_ids`` for the sliding layers of a model of both attention kinds).
 
     Queries and commands are paired: ``get_computed_blocks`` (no side effects but hashing and counters) then
     ``allocate_slots`` (all-or-nothing), ``cache_blocks`` after each step, ``free`` when a request leaves; with a
@@ -78,7 +94,12 @@ class KVCacheManager:
     """
 
     def __init__(
-        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, window: int | None = None
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        window: int | None = None,
+        group: KVCacheGroup = KVCacheGroup.FULL,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -89,6 +110,9 @@ class KVCacheManager:
         # Positions every token attends to, its own included (ModelConfig.kv_window); None: all earlier positions,
         # and no block is released before the request leaves.
         self.window = window
+        self.group = group
+        # The block table this manager owns on each request (``seq.block_ids`` or ``seq.sliding_block_ids``).
+        self._table: Callable[[Sequence], list[int]] = operator.attrgetter(group.value)
         self.pool = BlockPool(num_blocks)
         self._held: dict[Sequence, _HeldBlocks] = {}  # every request holding blocks
         self.prefix_cache_queries = 0  # tokens of admitted requests looked up in the prefix cache
@@ -135,22 +159,27 @@ class KVCacheManager:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, seq.cache_salt))
         return hashes[:num_blocks]
 
-    def get_computed_blocks(self, seq: Sequence) -> tuple[KVCacheBlocks, int]:
+    def get_computed_blocks(self, seq: Sequence, max_blocks: int | None = None) -> tuple[KVCacheBlocks, int]:
         """The longest run of cached full blocks matching ``seq``'s leading tokens, and how many tokens they hold.
 
         With a window, the longest prefix whose blocks from the window of its end on are cached (the module
-        docstring), its earlier entries the null block. For a request holding no blocks (waiting or preempted).
+        docstring), its earlier entries the null block. ``max_blocks``: the longest such prefix of at most that many
+        blocks (the sliding KV-cache group's hit within the full group's, ``kv_groups.get_computed_blocks``). For a
+        request holding no blocks (waiting or preempted).
         Invariant: the hit never covers every token — at least the last token is recomputed, so the step that
         follows returns logits for it. No side effects but the hashes memoised on ``seq``: the hit counters count at
         ``allocate_slots``, once per admission.
         """
-        if seq.block_ids:
+        if self._table(seq):
             raise ValueError(f"request {seq.request_id} already holds blocks")
         if not self.enable_prefix_caching:
             return KVCacheBlocks(), 0
         found: list[KVCacheBlock | None] = []
         num_hit, run_start = 0, 0  # run_start: the first block of the run of cached blocks ending at the current one
-        for i, block_hash in enumerate(self.block_hashes(seq, (seq.num_tokens - 1) // self.block_size)):
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        if max_blocks is not None:
+            num_blocks = min(num_blocks, max_blocks)
+        for i, block_hash in enumerate(self.block_hashes(seq, num_blocks)):
             block = self.pool.get_cached_block(block_hash)
             found.append(block)
             if block is None:
@@ -164,6 +193,29 @@ class KVCacheManager:
         hits = (self.pool.null_block,) * num_null + tuple(b for b in found[num_null:num_hit] if b is not None)
         return KVCacheBlocks(hits), num_hit * self.block_size
 
+    def _plan(
+        self, seq: Sequence, num_new_tokens: int, hit_blocks: tuple[KVCacheBlock, ...]
+    ) -> tuple[int, int, tuple[KVCacheBlock, ...]]:
+        """(new blocks, hits entered as the null block, hits referenced) of ``allocate_slots``; no side effects."""
+        ids = self._table(seq)
+        if hit_blocks and ids:
+            raise ValueError(f"request {seq.request_id} already holds blocks; cache hits are for new requests")
+        num_computed = seq.num_computed_tokens + len(hit_blocks) * self.block_size
+        num_new_blocks = max(0, self.num_blocks_for(num_computed + num_new_tokens) - len(ids) - len(hit_blocks))
+        num_skipped = self.num_blocks_outside_window(num_computed) if hit_blocks else 0
+        used_hits = hit_blocks[num_skipped:]
+        if any(block is self.pool.null_block for block in used_hits):
+            raise ValueError(f"request {seq.request_id}: a prefix-cache hit inside the window is the null block")
+        return num_new_blocks, num_skipped, used_hits
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | None = None) -> bool:
+        """Whether ``allocate_slots`` with these arguments would succeed now; no side effects (the KV-cache groups
+        check every group before allocating in any: ``kv_groups.allocate_slots``)."""
+        num_new_blocks, _, used_hits = self._plan(seq, num_new_tokens, computed.blocks if computed else ())
+        # Free cached hits leave the free queue when touched, so they spend free blocks too.
+        num_free_hits = sum(1 for block in used_hits if block.ref_cnt == 0)
+        return num_new_blocks + num_free_hits <= self.pool.num_free_blocks
+
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | None = None) -> bool:
         """Give ``seq`` blocks for positions up to ``num_computed_tokens + hit tokens + num_new_tokens``.
 
@@ -172,27 +224,16 @@ class KVCacheManager:
         and not referenced. Returns False, changing nothing, when the free blocks do not suffice. Block tables only
         grow at the end, but for ``free_outside_window`` turning leading entries into the null block.
         """
-        hit_blocks = computed.blocks if computed is not None else ()
-        if hit_blocks and seq.block_ids:
-            raise ValueError(f"request {seq.request_id} already holds blocks; cache hits are for new requests")
-        num_computed = seq.num_computed_tokens + len(hit_blocks) * self.block_size
-        num_new_blocks = max(
-            0, self.num_blocks_for(num_computed + num_new_tokens) - len(seq.block_ids) - len(hit_blocks)
-        )
-        num_skipped = self.num_blocks_outside_window(num_computed) if hit_blocks else 0
-        used_hits = hit_blocks[num_skipped:]
-        if any(block is self.pool.null_block for block in used_hits):
-            raise ValueError(f"request {seq.request_id}: a prefix-cache hit inside the window is the null block")
-        # Free cached hits leave the free queue when touched, so they spend free blocks too.
-        num_free_hits = sum(1 for block in used_hits if block.ref_cnt == 0)
-        if num_new_blocks + num_free_hits > self.pool.num_free_blocks:
+        if not self.can_allocate(seq, num_new_tokens, computed):
             return False
+        hit_blocks = computed.blocks if computed is not None else ()
+        num_new_blocks, num_skipped, used_hits = self._plan(seq, num_new_tokens, hit_blocks)
         self._held.setdefault(seq, _HeldBlocks(num_cached=len(hit_blocks), num_freed=num_skipped))
         self.pool.touch(used_hits)  # before get_new_blocks, which could otherwise evict a hit
         new_blocks = self.pool.get_new_blocks(num_new_blocks)
-        null = self.pool.null_block.block_id
-        seq.block_ids.extend([null] * num_skipped)
-        seq.block_ids.extend(block.block_id for block in (*used_hits, *new_blocks))
+        ids, null = self._table(seq), self.pool.null_block.block_id
+        ids.extend([null] * num_skipped)
+        ids.extend(block.block_id for block in (*used_hits, *new_blocks))
         if computed is not None and self.enable_prefix_caching:
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += len(hit_blocks) * self.block_size
@@ -210,7 +251,7 @@ class KVCacheManager:
         # Entries released for the window before they were registered (a caller that advanced the request and
         # released before caching) are skipped: the null block is never cached.
         for i in range(max(held.num_cached, held.num_freed), num_full):
-            block = self.pool.blocks[seq.block_ids[i]]
+            block = self.pool.blocks[self._table(seq)[i]]
             if self.pool.cache_full_block(block, hashes[i]) and self.on_block_cached is not None:
                 self.on_block_cached(block.block_id, hashes[i])
         held.num_cached = num_full
@@ -226,10 +267,11 @@ class KVCacheManager:
         held = self._held.get(seq)
         if held is None:
             return 0
-        stop = min(self.num_blocks_outside_window(seq.num_computed_tokens), len(seq.block_ids))
+        ids = self._table(seq)
+        stop = min(self.num_blocks_outside_window(seq.num_computed_tokens), len(ids))
         if stop <= held.num_freed:
             return 0
-        ids, start, null = seq.block_ids, held.num_freed, self.pool.null_block.block_id
+        start, null = held.num_freed, self.pool.null_block.block_id
         # Oldest first: the request's earliest blocks (the start of a cached chain) are then evicted first.
         self.pool.free_blocks(self.pool.blocks[b] for b in ids[start:stop])
         ids[start:stop] = [null] * (stop - start)
@@ -239,14 +281,14 @@ class KVCacheManager:
     def num_held_blocks(self, seq: Sequence) -> int:
         """Blocks ``seq`` holds a reference to: its block table's entries but the null ones."""
         held = self._held.get(seq)
-        return 0 if held is None else len(seq.block_ids) - held.num_freed
+        return 0 if held is None else len(self._table(seq)) - held.num_freed
 
     def free(self, seq: Sequence) -> None:
         """Release all of ``seq``'s blocks (last block first, so its tail is evicted first) and empty its table."""
         held = self._held.pop(seq, None)
         if held is not None:
-            self.pool.free_blocks(self.pool.blocks[b] for b in reversed(seq.block_ids[held.num_freed :]))
-        seq.block_ids.clear()
+            self.pool.free_blocks(self.pool.blocks[b] for b in reversed(self._table(seq)[held.num_freed :]))
+        self._table(seq).clear()
 
     def kv_waste_slots(self) -> int:
         """Allocated token slots (blocks in use x block size) minus slots holding a computed token.
@@ -258,7 +300,7 @@ class KVCacheManager:
         full: set[int] = set()  # blocks full in some owner (only those can be shared)
         partial: dict[int, int] = {}  # the one partly filled block of a sequence -> its filled slots
         for seq, held in self._held.items():  # O(sequences) per step: the runner calls this every step
-            ids, computed = seq.block_ids, seq.num_computed_tokens
+            ids, computed = self._table(seq), seq.num_computed_tokens
             num_full = min(len(ids), computed // bs)
             full.update(ids[held.num_freed : num_full])  # the null entries are no blocks in use
             rest = computed - num_full * bs

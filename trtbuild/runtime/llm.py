@@ -73,6 +73,10 @@ class LLM:
     directory) that keep full blocks past the pool's eviction and load them back (docs/kv_offload.md); off by default.
     An engine whose every layer slides (``ModelConfig.kv_window``) has each request's blocks outside the window
     released as it runs, so a long request holds a bounded number of blocks (docs/runner.md, "Sliding-window models").
+    An engine of both sliding and full layers (Gemma 2 / 3) has two KV-cache groups (``kv_groups.py``): the sliding
+    layers' blocks outside the window are released the same way while the full layers keep every block; a
+    prefix-cache hit is then a prefix found in both groups, and ``kv_offload`` is refused (docs/runner.md, "KV-cache
+    groups").
     Not thread-safe: drive one LLM from one thread.
     """
 
@@ -261,7 +265,7 @@ class LLM:
 
     @property
     def stats(self) -> EngineStats:
-        kv = self.scheduler.kv_cache
+        kv, sliding = self.scheduler.kv_cache, self.scheduler.sliding_kv_cache
         return EngineStats(
             num_steps=self._steps,
             num_engine_calls=self._calls,
@@ -271,6 +275,8 @@ class LLM:
             prefix_cache_hits=kv.prefix_cache_hits - self._base[2],
             peak_used_blocks=self._peak_blocks,
             num_blocks=kv.num_usable_blocks,
+            peak_used_sliding_blocks=None if sliding is None else self._peak_sliding_blocks,
+            num_sliding_blocks=None if sliding is None else sliding.num_usable_blocks,
             waste_slots=self._waste,
             allocated_slots=self._allocated,
             kv_offload=self.offloader.stats() if self.offloader is not None else (),
@@ -282,6 +288,7 @@ class LLM:
         kv = self.scheduler.kv_cache
         self._base = (self.scheduler.num_preemptions, kv.prefix_cache_queries, kv.prefix_cache_hits)
         self._steps = self._calls = self._computed = self._peak_blocks = self._waste = self._allocated = 0
+        self._peak_sliding_blocks = 0
         self.phase_times = PhaseTimes()  # the engine loop's time by phase (trtbuild bench --profile)
         if self.offloader is not None:
             self.offloader.reset_stats()
@@ -391,8 +398,10 @@ class LLM:
         out = self.scheduler.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler planned an empty step with requests pending")  # a bug, not user input
-        kv = self.scheduler.kv_cache
+        kv, sliding = self.scheduler.kv_cache, self.scheduler.sliding_kv_cache
         self._peak_blocks = max(self._peak_blocks, kv.num_used_blocks)
+        if sliding is not None:
+            self._peak_sliding_blocks = max(self._peak_sliding_blocks, sliding.num_used_blocks)
         t1 = time.perf_counter()
         masks = self._start_masks(out.sample_seqs)
         logits = self._run(out)
@@ -435,7 +444,7 @@ class LLM:
             return logits[out.sample_rows] if out.sample_rows else None
         sampled, parts, order = set(out.sample_rows), [], []
         for group in groups:
-            part = SchedulerOutput([out.scheduled[b] for b in group], [], [])
+            part = SchedulerOutput([out.scheduled[b] for b in group], [], [], out.sliding_group)
             logits = self.session.step_logits(part.to_step_batch())
             rows = [i for i, b in enumerate(group) if b in sampled]
             if rows:

@@ -104,6 +104,10 @@ class EngineStats:
     allocated_slots: int  # sum over steps of allocated KV slots (after each step)
     kv_offload: tuple[TierStats, ...] = ()  # each KV offload tier's counters, top tier first (none when it is off)
     kv_offload_loaded_blocks: int = 0  # blocks loaded back from the offload tiers into the pool
+    # A model of two KV-cache groups (runtime/kv_groups.py): the sliding layers' group, as the two above are the full
+    # layers'; None for a model of one kind.
+    peak_used_sliding_blocks: int | None = None
+    num_sliding_blocks: int | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float:

@@ -3,7 +3,9 @@
 Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
 of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). With a KV
 window (every layer sliding), each running request first releases its blocks wholly before the window of its next
-token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. When a running
+token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. A model of both
+sliding and full layers has two KV-cache groups (``kv_groups.py``): every request holds blocks in both, allocated
+and freed together, and releases the sliding group's blocks outside its window the same way. When a running
 request cannot get a block, the most recently admitted running request is preempted by recompute: its blocks are
 freed and it goes back to the FRONT of the waiting queue with its tokens kept. No request is ever lost.
 
@@ -22,9 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..errors import RequestError
+from . import kv_groups
 from .batch import StepBatch
 from .engine_session import EngineSession
-from .kv_cache_manager import KVCacheManager
+from .kv_cache_manager import KVCacheGroup, KVCacheManager
 from .sampling import SamplingParams
 from .sequence import FinishReason, RequestStatus, Sequence
 
@@ -50,6 +53,10 @@ class SchedulerConfig:
     # ModelConfig.kv_window: the positions every layer attends to, its own included; None when some layer attends
     # fully. When set, blocks wholly before a request's window are released while it runs.
     kv_window: int | None = None
+    # A model of both attention kinds (ModelConfig.has_sliding_kv_group): its sliding layers' window and the blocks
+    # of their KV-cache group (kv_groups.py), null block included; both None for a model of one kind.
+    sliding_window: int | None = None
+    num_sliding_blocks: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_seq_len", "block_size"):
@@ -59,12 +66,18 @@ class SchedulerConfig:
             raise ValueError("kv_window must be positive (or None)")
         if self.num_blocks < 2:
             raise ValueError("num_blocks must be at least 2 (block 0 is reserved)")
+        if (self.sliding_window is None) != (self.num_sliding_blocks is None):
+            raise ValueError("sliding_window and num_sliding_blocks go together (a sliding KV-cache group)")
+        if self.sliding_window is not None and self.kv_window is not None:
+            raise ValueError("a sliding KV-cache group is for models whose layers do not all slide (kv_window None)")
+        if self.sliding_window is not None and (self.sliding_window <= 0 or self.num_sliding_blocks < 2):
+            raise ValueError("sliding_window must be positive and num_sliding_blocks at least 2")
 
     @classmethod
     def for_session(cls, session: EngineSession, *, enable_prefix_caching: bool = True) -> SchedulerConfig:
         """The engine's own limits: its batch size, step tokens, sequence length, block size, cache size and the
-        KV window of its model."""
-        build = session.config.build
+        KV window of its model (or its sliding layers' window and KV-cache group)."""
+        build, model = session.config.build, session.config.model
         return cls(
             max_num_seqs=build.max_batch_size,
             max_num_batched_tokens=build.max_num_tokens,
@@ -73,7 +86,9 @@ class SchedulerConfig:
             num_blocks=session.num_blocks,
             enable_prefix_caching=enable_prefix_caching,
             eos_token_ids=tuple(session.config.model.eos_token_ids),
-            kv_window=session.config.model.kv_window,
+            kv_window=model.kv_window,
+            sliding_window=model.sliding_window if model.has_sliding_kv_group else None,
+            num_sliding_blocks=session.num_sliding_blocks,
         )
 
 
@@ -91,6 +106,7 @@ class SchedulerOutput:
     # of a chunked prefill is computed but not sampled.
     sample_rows: list[int]
     preempted: list[Sequence]  # requests preempted while planning this step
+    sliding_group: bool = False  # the model has a sliding KV-cache group: steps carry its block tables too
 
     @property
     def num_batched_tokens(self) -> int:
@@ -111,6 +127,7 @@ class SchedulerOutput:
             [seq.token_ids(seq.num_computed_tokens, seq.num_computed_tokens + n) for seq, n in self.scheduled],
             [seq.num_computed_tokens for seq, _ in self.scheduled],
             [seq.block_ids for seq, _ in self.scheduled],
+            sliding_block_tables=[seq.sliding_block_ids for seq, _ in self.scheduled] if self.sliding_group else None,
         )
 
 
@@ -123,9 +140,13 @@ class Scheduler:
         self.config = config
         self.stop_hook = stop_hook
         self.prefix_loader = prefix_loader
-        self.kv_cache = KVCacheManager(
-            config.num_blocks, config.block_size, config.enable_prefix_caching, window=config.kv_window
-        )
+        self.kv_groups = kv_groups.make_groups(
+            config.num_blocks, config.block_size, config.enable_prefix_caching, config.kv_window,
+            config.sliding_window, config.num_sliding_blocks,
+        )  # fmt: skip
+        self.kv_cache = self.kv_groups[0]  # every layer's, or the full layers' of a model of both kinds
+        # The sliding layers' group of a model of both kinds (kv_groups.py), else None.
+        self.sliding_kv_cache = self.kv_groups[1] if len(self.kv_groups) > 1 else None
         self.waiting: deque[Sequence] = deque()  # WAITING and PREEMPTED requests, in admission order
         self.running: deque[Sequence] = deque()  # RUNNING requests, oldest admission first
         self.requests: dict[str, Sequence] = {}  # every unfinished request, waiting or running
@@ -156,12 +177,15 @@ class Scheduler:
         # The last generated token is never fed back, so max_len - 1 positions need K/V. A request that cannot fit
         # even alone in the pool would be preempted forever: reject it now. With a KV window it holds at most the
         # window plus one step's tokens at once, however long it grows.
-        need = self.kv_cache.max_blocks_held(max_len - 1, cfg.max_num_batched_tokens)
-        if need > self.kv_cache.num_usable_blocks:
-            raise RequestError(
-                f"request {request_id!r}: up to {max_len - 1} tokens need {need} KV-cache blocks of {cfg.block_size} "
-                f"but the engine has {self.kv_cache.num_usable_blocks}; lower max_tokens or the prompt length"
-            )
+        for kv in self.kv_groups:
+            need = kv.max_blocks_held(max_len - 1, cfg.max_num_batched_tokens)
+            if need > kv.num_usable_blocks:
+                raise RequestError(
+                    f"request {request_id!r}: up to {max_len - 1} tokens need {need} KV-cache blocks of "
+                    f"{cfg.block_size} but the engine has {kv.num_usable_blocks}"
+                    f"{' (sliding layers)' if kv.group is KVCacheGroup.SLIDING else ''}; lower max_tokens or the "
+                    "prompt length"
+                )
         seq = Sequence(request_id, prompt, params, self._num_added, cache_salt)
         self._num_added += 1
         self.requests[request_id] = seq
@@ -177,12 +201,13 @@ class Scheduler:
         preempted: list[Sequence] = []
         budget = self.config.max_num_batched_tokens
         for seq in self.running:  # before any allocation, so the released blocks serve this step
-            self.kv_cache.free_outside_window(seq)
+            for kv in self.kv_groups:
+                kv.free_outside_window(seq)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.kv_cache.allocate_slots(seq, num_new):
+            while not kv_groups.allocate_slots(self.kv_groups, seq, num_new):
                 victim = self.running.pop()  # the most recently admitted; never one already planned (index < i)
                 self._preempt(victim)
                 preempted.append(victim)
@@ -197,9 +222,9 @@ class Scheduler:
             seq = self.waiting[0]
             if self.prefix_loader is not None:
                 self.prefix_loader(self.kv_cache, seq)
-            computed, num_hit_tokens = self.kv_cache.get_computed_blocks(seq)
+            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
-            if not self.kv_cache.allocate_slots(seq, num_new, computed):
+            if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             if seq.status is RequestStatus.WAITING:
@@ -210,7 +235,7 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
         sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        return SchedulerOutput(scheduled, sample_rows, preempted)
+        return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None)
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.
@@ -221,7 +246,8 @@ class Scheduler:
         for seq, n in out.scheduled:
             if seq.status is RequestStatus.RUNNING:
                 seq.num_computed_tokens += n
-                self.kv_cache.cache_blocks(seq)
+                for kv in self.kv_groups:
+                    kv.cache_blocks(seq)
         finished = []
         for seq, token in zip(out.sample_seqs, sampled_token_ids, strict=True):
             if seq.status is not RequestStatus.RUNNING:
@@ -264,7 +290,8 @@ class Scheduler:
         return None
 
     def _preempt(self, seq: Sequence) -> None:
-        self.kv_cache.free(seq)
+        for kv in self.kv_groups:
+            kv.free(seq)
         seq.status = RequestStatus.PREEMPTED
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
@@ -272,6 +299,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.kv_cache.free(seq)
+        for kv in self.kv_groups:
+            kv.free(seq)
         seq.status = RequestStatus.finished(reason)
         del self.requests[seq.request_id]

@@ -77,6 +77,12 @@ class Sequence:
     # holds only the blocks meeting positions [num_computed_tokens - W + 1, num_computed_tokens + n), at most
     # ceil((W + n - 2) / block_size) + 1 (KVCacheManager.max_blocks_held; 33 for a decode at W 512, block 16).
     block_ids: list[int] = field(default_factory=list)
+    # The sliding layers' block table in a model of both attention kinds (ModelConfig.has_sliding_kv_group; written
+    # only by the sliding group's KVCacheManager, KVCacheGroup.SLIDING): the same positions as block_ids, blocks of
+    # the sliding layers' own pool, with the entries before num_computed_tokens - sliding_window + 1 released to the
+    # null block as above, so it holds at most KVCacheManager.max_blocks_held blocks at once. Empty in a model of one
+    # kind, and whenever block_ids is empty (both groups are allocated and freed together, kv_groups.py).
+    sliding_block_ids: list[int] = field(default_factory=list)
     # Chained hashes of the full blocks of the tokens, extended by KVCacheManager; tokens are append-only, so a
     # hash never changes and survives preemption.
     block_hashes: list[BlockHash] = field(default_factory=list)

@@ -3,6 +3,8 @@
 The cache arrays are bound to the session once (zero-copy OrtValues over numpy memory); each step binds only the
 small metadata inputs and runs. An engine with native attention (``CpuAttention.NATIVE``) writes the step's keys
 and values into those arrays itself; a lowered one returns them and the session stores them at their slots.
+A model of both sliding and full layers has two caches, ``cache`` (full layers, ``num_blocks``) and
+``sliding_cache`` (sliding layers, ``num_sliding_blocks``), the memory split by ``kv_groups.split_kv_blocks``.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import (
+    CACHE_NUMPY_DTYPES,
     DEFAULT_KV_CACHE_MEMORY,
     PagedKVCache,
     available_memory,
     default_cpu_kv_cache_memory,
-    num_blocks_for_memory,
     slot_mapping,
 )
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from ...runtime.profile import KernelTimes, SessionTimes, read_ort_profile
 from . import huge_pages as hp
 
@@ -118,17 +121,29 @@ class OrtSession(EngineSession):
             self._session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as e:
             raise EngineError(f"{path}: onnxruntime cannot load the engine ({str(e).splitlines()[0]})") from None
+        names = {value.name for value in self._session.get_inputs()}
+        check_sliding_input(model, io.sliding_block_tables in names, engine_dir)
         # Before the KV cache exists: only the session's own allocations (its weights) change page size.
         advised = hp.advise_huge_pages(hp.subtract(hp.anonymous_ranges(), before)) if huge_pages else 0
         self.huge_page_bytes = advised + (self._arena.nbytes if self._arena else 0)
         self.kv_cache_memory = kv_cache_memory
-        num_blocks = num_blocks_for_memory(model, build.kv_block_size, kv_cache_memory)
-        self.cache = PagedKVCache(model, num_blocks, build.kv_block_size)
-        self.num_blocks = num_blocks
+        itemsize = np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize
+        num_blocks, num_sliding = split_kv_blocks(model, build, kv_cache_memory, itemsize)
+        sliding = sliding_group_layers(model)
+        full = [n for n in range(model.num_layers) if n not in sliding]
+        self.cache = PagedKVCache(model, num_blocks, build.kv_block_size, len(full))  # all layers with one group
+        self.sliding_cache: PagedKVCache | None = None  # the sliding layers' of a model of both kinds
+        self.num_blocks, self.num_sliding_blocks = num_blocks, num_sliding
+        # Each layer's (cache, index in it): the full layers in self.cache, the sliding ones in self.sliding_cache.
+        self._layer_caches = {n: (self.cache, i) for i, n in enumerate(full)}
+        if num_sliding is not None:
+            self.sliding_cache = PagedKVCache(model, num_sliding, build.kv_block_size, len(sliding))
+            self._layer_caches |= {n: (self.sliding_cache, i) for i, n in enumerate(sorted(sliding))}
         self._binding = self._session.io_binding()
         self._cache_values = []  # keep the OrtValues alive as long as the binding
         for n in range(model.num_layers):
-            for name, arr in ((io.key_cache, self.cache.keys[n]), (io.value_cache, self.cache.values[n])):
+            cache, i = self._layer_caches[n]
+            for name, arr in ((io.key_cache, cache.keys[i]), (io.value_cache, cache.values[i])):
                 value = ort.OrtValue.ortvalue_from_numpy(arr)
                 self._cache_values.append(value)
                 self._binding.bind_ortvalue_input(name.format(layer=n), value)
@@ -143,13 +158,18 @@ class OrtSession(EngineSession):
         """Run the model on ``batch``; store its K/V in the cache; return logits ``[len(logits_indices), vocab]``."""
         io, binding = self.config.io, self._binding
         t0 = time.perf_counter()
-        for name, arr in (
+        feeds = [
             (io.input_ids, batch.input_ids),
             (io.positions, batch.positions),
             (io.block_tables, batch.block_tables),
             (io.query_start_loc, batch.query_start_loc),
             (io.logits_indices, batch.logits_indices),
-        ):
+        ]
+        sliding_tables = None
+        if self.num_sliding_blocks is not None:
+            sliding_tables = step_tables(batch, self.num_sliding_blocks)[1]
+            feeds.append((io.sliding_block_tables, sliding_tables))
+        for name, arr in feeds:
             binding.bind_cpu_input(name, np.ascontiguousarray(arr, dtype=np.int64))
         for name in self._outputs:
             binding.bind_output(name, "cpu")
@@ -158,9 +178,15 @@ class OrtSession(EngineSession):
         t2 = time.perf_counter()
         outs = binding.get_outputs()
         if not self._native:
-            slots = slot_mapping(batch.positions, batch.query_start_loc, batch.block_tables, self.cache.block_size)
+            groups = [(self.cache, batch.block_tables), (self.sliding_cache, sliding_tables)]
+            slots = {
+                id(cache): slot_mapping(batch.positions, batch.query_start_loc, tables, cache.block_size)
+                for cache, tables in groups
+                if cache is not None and tables is not None
+            }
             for n in range(self.config.model.num_layers):
-                self.cache.write(n, slots, outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
+                cache, i = self._layer_caches[n]
+                cache.write(i, slots[id(cache)], outs[1 + 2 * n].numpy(), outs[2 + 2 * n].numpy())
         logits = outs[0].numpy()
         times = self.times
         times.bind += t1 - t0

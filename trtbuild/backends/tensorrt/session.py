@@ -23,25 +23,36 @@ from ...config import RuntimeConfig
 from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
-from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY, num_blocks_for_memory
+from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 
 
 def open_session(
     engine_dir: Path, *, kv_cache_memory: int | None, num_threads: int | None, profile_kernels: bool = False
 ) -> TensorRTSession:
     """The backend's ``open_session`` (``runtime.session.SESSION_MODULES``): a ``TensorRTSession`` with as many KV
-    blocks as ``kv_cache_memory`` holds (None: ``DEFAULT_KV_CACHE_MEMORY``; ``num_threads`` and ``profile_kernels``
-    do not apply)."""
+    blocks as ``kv_cache_memory`` holds (None: ``DEFAULT_KV_CACHE_MEMORY``; split between the KV-cache groups of a
+    model of both attention kinds by ``kv_groups.split_kv_blocks``; ``num_threads`` and ``profile_kernels`` do not
+    apply)."""
     config = RuntimeConfig.load(engine_dir)
     memory = DEFAULT_KV_CACHE_MEMORY if kv_cache_memory is None else kv_cache_memory
-    blocks = num_blocks_for_memory(config.model, config.build.kv_block_size, memory)
-    return TensorRTSession(engine_dir, num_blocks=blocks)
+    blocks, sliding = split_kv_blocks(config.model, config.build, memory, itemsize=4)  # a float32 cache
+    return TensorRTSession(engine_dir, num_blocks=blocks, num_sliding_blocks=sliding)
 
 
 class TensorRTSession(EngineSession):
     """An ``EngineSession`` for the TensorRT backend (one CUDA device, one optimization profile)."""
 
-    def __init__(self, engine_dir: Path, *, num_blocks: int | None = None, device: int = 0) -> None:
+    def __init__(
+        self,
+        engine_dir: Path,
+        *,
+        num_blocks: int | None = None,
+        num_sliding_blocks: int | None = None,
+        device: int = 0,
+    ) -> None:
+        """``num_blocks`` (the full layers' in a model of both attention kinds) and ``num_sliding_blocks`` (its
+        sliding layers'; ignored otherwise): None takes the engine's optimization-profile maximum."""
         engine_dir = Path(engine_dir)
         try:
             self.config = RuntimeConfig.load(engine_dir)
@@ -67,13 +78,23 @@ class TensorRTSession(EngineSession):
         self._context = self._engine.create_execution_context()
         self._aliases: dict[str, str] = json.loads(plan.with_name("cache_aliases.json").read_text())
         model, build, io = self.config.model, self.config.build, self.config.io
-        profile_max = self._engine.get_tensor_profile_shape(io.key_cache.format(layer=0), 0)[2][0]
-        self.num_blocks = int(num_blocks or profile_max)
-        if not 2 <= self.num_blocks <= profile_max:
-            raise EngineError(f"num_blocks must be between 2 and {profile_max} (the engine's optimization profile)")
-        shape = (self.num_blocks, build.kv_block_size, model.num_kv_heads, model.head_size)
+        names = {self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)}
+        check_sliding_input(model, io.sliding_block_tables in names, engine_dir)
+        sliding = sliding_group_layers(model)
+        blocks: dict[bool, int] = {}  # in the sliding group -> the group's blocks
+        for in_sliding, wanted in ((False, num_blocks), (True, num_sliding_blocks)):
+            layer = next((n for n in range(model.num_layers) if (n in sliding) == in_sliding), None)
+            if layer is None:
+                continue
+            profile_max = self._engine.get_tensor_profile_shape(io.key_cache.format(layer=layer), 0)[2][0]
+            blocks[in_sliding] = int(wanted or profile_max)
+            if not 2 <= blocks[in_sliding] <= profile_max:
+                raise EngineError(f"num_blocks must be between 2 and {profile_max} (the engine's optimization profile)")
+        self.num_blocks = blocks[False]
+        self.num_sliding_blocks = blocks.get(True)
         self.cache: dict[str, Any] = {}
         for n in range(model.num_layers):
+            shape = (blocks[n in sliding], build.kv_block_size, model.num_kv_heads, model.head_size)
             for name in (io.key_cache.format(layer=n), io.value_cache.format(layer=n)):
                 self.cache[name] = torch.zeros(shape, dtype=torch.float32, device="cuda")
                 self._context.set_input_shape(name, shape)
@@ -92,6 +113,8 @@ class TensorRTSession(EngineSession):
             io.query_start_loc: batch.query_start_loc,
             io.logits_indices: batch.logits_indices,
         }
+        if self.num_sliding_blocks is not None:
+            feeds[io.sliding_block_tables] = step_tables(batch, self.num_sliding_blocks)[1]
         keep = []  # device copies must outlive the launch
         for name, arr in feeds.items():
             t = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.int64)).to("cuda", non_blocking=False)

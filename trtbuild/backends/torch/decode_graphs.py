@@ -27,9 +27,16 @@ class DecodeGraphs:
     """Padded decode steps for the batch sizes ``sizes`` (sorted); CUDA graphs when ``device`` is CUDA."""
 
     def __init__(
-        self, runner: Callable[..., Any], caches: list[torch.Tensor], sizes: Sequence[int], max_blocks: int
+        self,
+        runner: Callable[..., Any],
+        caches: list[torch.Tensor],
+        sizes: Sequence[int],
+        max_blocks: int,
+        *,
+        sliding: bool = False,
     ) -> None:
         self.runner, self.caches = runner, caches
+        self.sliding = sliding  # the engine also takes the sliding layers' block tables (two KV-cache groups)
         self.sizes = sorted(set(sizes))
         self.max_blocks = max_blocks
         self.device = caches[0].device
@@ -50,6 +57,8 @@ class DecodeGraphs:
             and batch.num_tokens == batch.num_seqs <= self.sizes[-1]
             and len(batch.logits_indices) == batch.num_seqs
             and batch.block_tables.shape[1] <= self.max_blocks
+            and (not self.sliding or batch.sliding_block_tables is not None)
+            and (batch.sliding_block_tables is None or batch.sliding_block_tables.shape[1] <= self.max_blocks)
         )
 
     def run(self, batch: StepBatch) -> torch.Tensor:
@@ -57,12 +66,15 @@ class DecodeGraphs:
         b = batch.num_seqs
         size = next(s for s in self.sizes if s >= b)
         static = self._buffers(size)
-        ids, positions, tables, _, logits_idx = static
+        ids, positions, tables, _, logits_idx = static[:5]
         ids[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.input_ids, dtype=np.int64)))
         positions[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.positions, dtype=np.int64)))
-        tables[:b].zero_()
-        width = batch.block_tables.shape[1]
-        tables[:b, :width].copy_(torch.from_numpy(np.ascontiguousarray(batch.block_tables, dtype=np.int64)))
+        pairs = [(tables, batch.block_tables)]
+        if self.sliding and batch.sliding_block_tables is not None:
+            pairs.append((static[5], batch.sliding_block_tables))
+        for buffer, rows in pairs:
+            buffer[:b].zero_()
+            buffer[:b, : rows.shape[1]].copy_(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)))
         logits_idx[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.logits_indices, dtype=np.int64)))
         if self.replaying:
             graph = self._graphs.get(size) or self._capture(size, static)
@@ -70,7 +82,11 @@ class DecodeGraphs:
                 graph[0].replay()
                 return graph[1][:b]
         with torch.inference_mode():
-            return self.runner(*static, self.caches)[:b]
+            return self._call(static)[:b]
+
+    def _call(self, static: list[torch.Tensor]) -> torch.Tensor:
+        """The runner on the static buffers: the five step tensors, the caches, then the sliding tables if any."""
+        return self.runner(*static[:5], self.caches, *static[5:])
 
     def _buffers(self, size: int) -> list[torch.Tensor]:
         if size not in self._static:
@@ -82,6 +98,8 @@ class DecodeGraphs:
                 torch.arange(size + 1, **long),  # query_start_loc: one token per sequence
                 torch.arange(size, **long),  # logits_indices
             ]
+            if self.sliding:  # the sliding layers' block tables (padding: the null block)
+                self._static[size].append(torch.zeros((size, self.max_blocks), **long))
         return self._static[size]
 
     def _capture(self, size: int, static: list[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
@@ -90,11 +108,11 @@ class DecodeGraphs:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream), torch.inference_mode():
-                self.runner(*static, self.caches)  # warm-up: lazy initialisation outside the capture
+                self._call(static)  # warm-up: lazy initialisation outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.inference_mode(), torch.cuda.graph(graph):
-                out = self.runner(*static, self.caches)
+                out = self._call(static)
             self._graphs[size] = (graph, out)
             return self._graphs[size]
         except Exception as e:  # the padded path without graphs still runs; say why once

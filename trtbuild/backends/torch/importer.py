@@ -7,7 +7,9 @@ quantized checkpoints); any other op fails the import with one line naming it.
 
 Float initializers become buffers in the engine's compute dtype; quantized weights keep their integer / float8
 storage (int4 unpacked to int8) with float32 scales, and ``DequantizeLinear`` runs in the graph, where Inductor can
-fuse it into the consumer. The rotary table stays float32. Inputs: the five step tensors then the caches, as a list.
+fuse it into the consumer. The rotary table stays float32. Inputs: the five step tensors then the caches, as a list,
+then, for a model of both sliding and full layers, the sliding layers' block tables (``EngineIO.sliding_block_tables``;
+a graph input after ``logits_indices``, before the caches).
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ def graph_structure(model: onnx.ModelProto) -> onnx.ModelProto:
 
 class PortableModule(torch.nn.Module):
     """The portable graph as a torch module: ``forward(input_ids, positions, block_tables, query_start_loc,
-    logits_indices, caches) -> logits`` where ``caches`` is ``[key_cache.0, value_cache.0, key_cache.1, ...]``,
-    written in place. Logits are float32 ``[N, vocab]``.
+    logits_indices, caches[, sliding_block_tables]) -> logits`` where ``caches`` is ``[key_cache.0, value_cache.0,
+    key_cache.1, ...]``, written in place (a sliding layer's with the sliding group's number of blocks), and
+    ``sliding_block_tables`` is given exactly when the graph has that input (``sliding``). Logits are float32
+    ``[N, vocab]``.
 
     ``weights``: the initializers as ``import_weights`` makes them (how the torch-compile runtime opens an engine:
     ``model`` is then the ``graph_structure``); None imports them from ``model``."""
@@ -129,7 +133,9 @@ class PortableModule(torch.nn.Module):
         if names[: len(step)] != step:
             raise BuildError(f"portable graph inputs {names[: len(step)]} are not {step}")
         self.step_inputs = tuple(step)
-        self.cache_inputs = tuple(names[len(step) :])
+        self.sliding = io.sliding_block_tables in names  # two KV-cache groups (ModelConfig.has_sliding_kv_group)
+        self.sliding_input = io.sliding_block_tables
+        self.cache_inputs = tuple(n for n in names[len(step) :] if n != io.sliding_block_tables)
         self.logits = io.logits
         missing = sorted({i for n in self.nodes for i in n.inputs} - set(weights) - set(self.consts) - set(names)
                          - {o for n in self.nodes for o in n.outputs} - {""})  # fmt: skip
@@ -144,10 +150,15 @@ class PortableModule(torch.nn.Module):
         query_start_loc: Tensor,
         logits_indices: Tensor,
         caches: list[Tensor],
+        sliding_block_tables: Tensor | None = None,
     ) -> Tensor:
         env: dict[str, Any] = dict(
             zip(self.step_inputs, (input_ids, positions, block_tables, query_start_loc, logits_indices), strict=True)
         )
+        if self.sliding:
+            if sliding_block_tables is None:
+                raise ValueError("this graph's sliding layers read sliding_block_tables: pass them")
+            env[self.sliding_input] = sliding_block_tables
         env.update(zip(self.cache_inputs, caches, strict=True))
         env[""] = None
         for name, attr in self._buffer_names.items():

@@ -5,9 +5,11 @@ device and compiled by its warm-up steps at open (``load_seconds``, logged); an 
 
 The KV pool is one key and one value tensor ``[NB, BS, Hkv, D]`` per layer on the engine's device (compute dtype,
 or int8 / float8 for a quantized cache), sized from ``kv_cache_memory`` or, on a GPU, from the memory left free
-after loading (``memory.py``); the engine's paged-attention op writes each step's keys/values into it in place.
-Only the requested logits rows leave the engine (``logits_indices``), and in the runner they stay on the device:
-``new_sampler`` samples there, so a step hands the host its token ids, not its logits.
+after loading (``memory.py``); a model of both sliding and full layers gives its sliding layers
+``num_sliding_blocks`` blocks (``runtime.kv_groups.split_kv_blocks`` splits the memory); the engine's
+paged-attention op writes each step's keys/values into it in place. Only the requested logits rows leave the engine
+(``logits_indices``), and in the runner they stay on the device: ``new_sampler`` samples there, so a step hands the
+host its token ids, not its logits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ...errors import EngineError
 from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
+from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from . import ops  # registers torch.ops.trtbuild.paged_attention, which the package calls
 from .decode_graphs import DecodeGraphs
 from .memory import default_kv_cache_memory
@@ -93,7 +96,6 @@ class TorchSession(EngineSession):
         compute = torch_dtype(torch_cfg.dtype)
         dtype = ops.cache_dtype(model, compute)
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
-        per_block = 2 * model.num_layers * int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
         path = engine_dir / self.entry.path
         if self.runtime is TorchRuntime.AOT_INDUCTOR:
             self._runner = load_aoti(path)
@@ -101,20 +103,26 @@ class TorchSession(EngineSession):
             self._runner = load_compiled(
                 path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune
             )
+            check_sliding_input(model, getattr(self._runner, "sliding", False), engine_dir)  # the PortableModule's
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
             kv_cache_memory = self._default_kv_cache_memory(compute)
         self.kv_cache_memory = kv_cache_memory
-        self.num_blocks = kv_cache_memory // per_block
-        if self.num_blocks < 2:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.num_blocks, self.num_sliding_blocks = split_kv_blocks(model, build, kv_cache_memory, itemsize)
+        if min(self.num_blocks, self.num_sliding_blocks or self.num_blocks) < 2:
             raise ValueError("the KV cache needs at least 2 blocks (block 0 is the null block)")
-        self.caches = [
-            torch.zeros((self.num_blocks, *shape), dtype=dtype, device=self.device) for _ in range(2 * model.num_layers)
+        sliding = sliding_group_layers(model)
+        blocks = [self.num_sliding_blocks if n in sliding else self.num_blocks for n in range(model.num_layers)]
+        self.caches = [  # key_cache.0, value_cache.0, key_cache.1, ...: each layer's with its group's blocks
+            torch.zeros((blocks[n // 2], *shape), dtype=dtype, device=self.device) for n in range(2 * model.num_layers)
         ]
         if decode_batch_sizes is None:
             on_gpu = self.device.type == "cuda"
             decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
         max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
-        self._decode = DecodeGraphs(self._runner, self.caches, decode_batch_sizes, max_blocks)
+        self._decode = DecodeGraphs(
+            self._runner, self.caches, decode_batch_sizes, max_blocks, sliding=self.num_sliding_blocks is not None
+        )
         if self.runtime is TorchRuntime.TORCH_COMPILE and compile:
             self._warm_up()
         self.load_seconds = time.perf_counter() - start
@@ -125,12 +133,14 @@ class TorchSession(EngineSession):
         rather than in the first requests; every write goes to the null block 0, which no sequence reads."""
         block = self.config.build.kv_block_size
         zeros = [0] * -(-3 // block)  # a table covering positions 0..2, all in the null block
-        steps = [  # one sequence of 3 tokens; 2 sequences (4 tokens); one decode; decodes of 2 (CUDA graphs)
-            StepBatch.build([[0, 0, 0]], [0], [zeros]),
-            StepBatch.build([[0, 0, 0], [0]], [0, 0], [zeros, zeros]),
-            StepBatch.build([[0]], [0], [zeros]),
-            StepBatch.build([[0], [0]], [0, 0], [zeros, zeros]),
-        ]
+        two = self.num_sliding_blocks is not None  # the sliding layers' tables too, alike
+
+        def step(tokens: list[list[int]]) -> StepBatch:
+            tables = [zeros] * len(tokens)
+            return StepBatch.build(tokens, [0] * len(tokens), tables, sliding_block_tables=tables if two else None)
+
+        # one sequence of 3 tokens; 2 sequences (4 tokens); one decode; decodes of 2 (CUDA graphs)
+        steps = [step([[0, 0, 0]]), step([[0, 0, 0], [0]]), step([[0]]), step([[0], [0]])]
         for batch in steps:
             if batch.num_seqs <= self.config.build.max_batch_size:
                 self.step_logits(batch)
@@ -152,19 +162,25 @@ class TorchSession(EngineSession):
         """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``)."""
         if self._decode.fits(batch):
             return self._decode.run(batch)
-        tables = batch.block_tables
-        if tables.shape[1] < 2:  # a null-block column: width 1 would be one more size-1 specialisation to compile
-            tables = np.pad(tables, ((0, 0), (0, 2 - tables.shape[1])))
+        arrays = [batch.input_ids, batch.positions, _wide(batch.block_tables), batch.query_start_loc]
+        arrays.append(batch.logits_indices)
+        if self.num_sliding_blocks is not None:
+            arrays.append(_wide(step_tables(batch, self.num_sliding_blocks)[1]))
         tensors = [
-            torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True)
-            for a in (batch.input_ids, batch.positions, tables, batch.query_start_loc, batch.logits_indices)
+            torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True) for a in arrays
         ]
         with torch.inference_mode():
-            return self._runner(*tensors, self.caches)
+            return self._runner(*tensors[:5], self.caches, *tensors[5:])
 
     def new_sampler(self, seed: int | None) -> DeviceSampler:
         """Samples on the engine's device: only the chosen token ids (and host-only rows) cross to the host."""
         return DeviceSampler(seed)
+
+
+def _wide(tables: np.ndarray) -> np.ndarray:
+    """Block tables of at least 2 columns (null-block padding): width 1 would be one more size-1 specialisation for
+    Dynamo to compile."""
+    return tables if tables.shape[1] >= 2 else np.pad(tables, ((0, 0), (0, 2 - tables.shape[1])))
 
 
 def cpu_threads() -> int:

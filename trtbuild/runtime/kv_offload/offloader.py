@@ -59,6 +59,10 @@ def open_offloader(
         return None
     if not enable_prefix_caching:
         raise ConfigError("kv_offload needs prefix caching (its blocks are found by their prefix hashes)")
+    if session.num_sliding_blocks is not None:  # no prefix caching there either (runtime/kv_groups.py)
+        raise ConfigError(
+            "kv_offload is not available for models of sliding and full layers (two KV-cache groups, docs/runner.md)"
+        )
     cache = getattr(session, "cache", None)
     if not isinstance(cache, PagedKVCache):
         raise ConfigError("kv_offload needs an engine whose KV cache is in host memory (the onnxruntime backend)")

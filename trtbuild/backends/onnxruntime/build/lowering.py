@@ -15,9 +15,10 @@ costs a few µs of dispatch on top of its work (about 20 nodes a layer; the firs
    ``[B, Sq, Hq * D]`` and the keys ``[B, Sctx + Sq, Hkv * D]``; ``GatherND`` back to ``[T, Hq * D]``.
 
 A layer with a ``sliding_window`` W gets its own context metadata (shared by the layers of that window): each
-sequence gathers only the block-table columns from the block of its first new token's window start (``first - W +
-1``) on, through ``GatherElements`` (so blocks wholly before the window, which the runner may have freed, are never
-read and the gathered context is bounded by W), and the mask adds ``key position > query position - W`` to the
+sequence gathers only the block-table columns (of the tables its layers read: ``sliding_block_tables`` in a model
+of both attention kinds) from the block of its first new token's window start (``first - W + 1``) on, through
+``GatherElements`` (so blocks wholly before the window, which the runner may have freed, are never read and the
+gathered context is bounded by W), and the mask adds ``key position > query position - W`` to the
 causal condition. A layer with ``softcap`` C runs its attention as standard ops (``MatMul``, then ``Div`` / ``Tanh``
 / ``Mul`` on the scaled scores before the additive mask, ``Softmax``, ``MatMul``) in place of ``Attention``.
 
@@ -56,21 +57,25 @@ def lower_for_onnxruntime(model: onnx.ModelProto, io: EngineIO) -> onnx.ModelPro
     b = GraphBuilder(opset=_opset(model), prefix=ORT_LOWERED_NODE_PREFIX)
     first = plugins[0]
     widths = {init.name: int(init.dims[1]) for init in graph.initializer if len(init.dims) == 2}
-    meta = _metadata(
-        b, positions=first.input[3], block_tables=first.input[4], qsl=first.input[5], key_cache=first.input[1]
-    )
+    meta = _metadata(b, positions=first.input[3], qsl=first.input[5], key_cache=first.input[1])
     # The rotary rows of the step's positions, once per cos/sin table (Gemma 3's full and sliding layers have two);
     # each table must be an initializer [P, R].
     tables = dict.fromkeys(n.input[6] for n in plugins if len(n.input) > 6 and n.input[6])
     meta["rope"] = {
         table: _rope_rows(b, table, first.input[3], widths[table], f"meta.rope{i}") for i, table in enumerate(tables)
     }
-    contexts = {}  # the cached blocks and the mask per sliding window (None: the whole causal context)
-    windows = {_op_attrs(n).sliding_window for n in plugins}
-    if None in windows:
-        contexts[None] = _full_context(b, meta, block_tables=first.input[4])
-    for window in sorted(windows - {None}):
-        contexts[window] = _window_context(b, meta, block_tables=first.input[4], window=window)
+    # The cached blocks and the mask per sliding window (None: the whole causal context), each from the block tables
+    # its layers read: a model of both kinds gives its sliding layers their own (EngineIO.sliding_block_tables).
+    tables_of: dict[int | None, str] = {}
+    for node in plugins:
+        window = _op_attrs(node).sliding_window
+        if tables_of.setdefault(window, node.input[4]) != node.input[4]:
+            raise ValueError(f"{node.name}: layers of sliding window {window} read different block tables")
+    contexts = {}
+    if None in tables_of:
+        contexts[None] = _full_context(b, meta, block_tables=tables_of[None])
+    for window in sorted(w for w in tables_of if w is not None):
+        contexts[window] = _window_context(b, meta, block_tables=tables_of[window], window=window)
     meta_nodes = list(b.nodes)
     new_nodes: list[onnx.NodeProto] = []
     cache_outs: set[str] = set()
@@ -123,7 +128,7 @@ def _op_attrs(node: onnx.NodeProto) -> PagedAttentionAttrs:
     return PagedAttentionAttrs.from_onnx(node_attrs(node))
 
 
-def _metadata(b: GraphBuilder, positions: str, block_tables: str, qsl: str, key_cache: str) -> dict:
+def _metadata(b: GraphBuilder, positions: str, qsl: str, key_cache: str) -> dict:
     c = b.const
     t = b.op("Shape", [positions], name="meta.T")  # [1]
     tok = b.op("Range", [c(0), b.op("Squeeze", [t, c([0])]), c(1)], name="meta.token")  # [T]

@@ -159,7 +159,8 @@ def profile_shapes(model: onnx.ModelProto, build: BuildConfig) -> dict[str, tupl
 
     Symbolic dims are resolved by name (the names ``trtbuild.graph.emit`` uses): tokens up to ``max_num_tokens``,
     sequences up to ``max_batch_size``, block-table width up to ``ceil(max_seq_len / kv_block_size)``, and a KV pool
-    of up to ``max_batch_size`` full-length sequences. ``opt`` is the decode-heavy middle of each range.
+    of up to ``max_batch_size`` full-length sequences (the sliding layers' tables and pool of a model of both
+    attention kinds alike). ``opt`` is the decode-heavy middle of each range.
     """
     blocks_per_seq = math.ceil(build.max_seq_len / build.kv_block_size)
     tokens = build.max_num_tokens
@@ -171,6 +172,10 @@ def profile_shapes(model: onnx.ModelProto, build: BuildConfig) -> dict[str, tupl
         "num_seqs_plus_1": (2, seqs + 1, seqs + 1),
         "max_blocks_per_seq": (1, blocks_per_seq, blocks_per_seq),
         "num_blocks": (1, seqs * blocks_per_seq, seqs * blocks_per_seq),
+        # a model of both attention kinds: the sliding layers' tables (null entries before the window included) and
+        # caches, at most as wide and as large as the full layers'
+        "max_sliding_blocks_per_seq": (1, blocks_per_seq, blocks_per_seq),
+        "num_sliding_blocks": (1, seqs * blocks_per_seq, seqs * blocks_per_seq),
         "block_size": (build.kv_block_size,) * 3,
     }
     shapes = {}

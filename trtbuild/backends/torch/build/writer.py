@@ -29,6 +29,7 @@ import torch
 from ....artifacts.engine_select import EngineEntry
 from ....checkpoint.dtypes import torch_dtype
 from ....config import BuildConfig, EngineIO, ModelConfig, TorchConfig, TorchDevice, TorchRuntime
+from ....runtime.kv_groups import sliding_group_layers
 from ..importer import PortableModule
 from ..module_files import write_module_files
 from ..ops import cache_dtype
@@ -45,6 +46,16 @@ class ExampleStep:
 
     tensors: tuple[torch.Tensor, ...]
     caches: list[torch.Tensor]
+    # The sliding layers' block tables of a model of both attention kinds (ModelConfig.has_sliding_kv_group), else
+    # None. Their width and the sliding caches' block count differ from the full ones' so that export keeps them
+    # apart (equal example sizes would tie the two dimensions).
+    sliding_tables: torch.Tensor | None = None
+
+    @property
+    def args(self) -> tuple[object, ...]:
+        """The module's (and the package's) arguments: the step tensors, the caches, the sliding tables if any."""
+        extra = () if self.sliding_tables is None else (self.sliding_tables,)
+        return (*self.tensors, self.caches, *extra)
 
 
 def example_step(model: ModelConfig, block_size: int, dtype: torch.dtype, device: str) -> ExampleStep:
@@ -56,12 +67,15 @@ def example_step(model: ModelConfig, block_size: int, dtype: torch.dtype, device
         torch.tensor([0, 3, 5], **long),  # query_start_loc
         torch.tensor([2, 4], **long),  # logits_indices
     )
-    shape = (8, block_size, model.num_kv_heads, model.head_size)
+    sliding = sliding_group_layers(model)
     caches = [
-        torch.zeros(shape, dtype=torch.float32, device=device).to(cache_dtype(model, dtype))
-        for _ in range(2 * model.num_layers)
+        torch.zeros((7 if n // 2 in sliding else 8, block_size, model.num_kv_heads, model.head_size), device=device).to(
+            cache_dtype(model, dtype)
+        )
+        for n in range(2 * model.num_layers)
     ]
-    return ExampleStep(tensors, caches)
+    tables = torch.tensor([[1, 2, 3, 0], [4, 5, 6, 0]], **long) if sliding else None
+    return ExampleStep(tensors, caches, tables)
 
 
 def dynamic_shapes(model: ModelConfig, build: BuildConfig) -> tuple[object, ...]:
@@ -72,8 +86,15 @@ def dynamic_shapes(model: ModelConfig, build: BuildConfig) -> tuple[object, ...]
     width = dim("max_blocks_per_seq", min=1, max=math.ceil(build.max_seq_len / build.kv_block_size) + 1)
     blocks = dim("num_blocks", min=2, max=MAX_NUM_BLOCKS)
     logits = dim("num_logits", min=1, max=build.max_num_tokens)
-    caches = [{0: blocks} for _ in range(2 * model.num_layers)]
-    return ({0: tokens}, {0: tokens}, {0: seqs, 1: width}, {0: seqs1}, {0: logits}, caches)
+    sliding = sliding_group_layers(model)
+    if not sliding:
+        caches = [{0: blocks} for _ in range(2 * model.num_layers)]
+        return ({0: tokens}, {0: tokens}, {0: seqs, 1: width}, {0: seqs1}, {0: logits}, caches)
+    sliding_blocks = dim("num_sliding_blocks", min=2, max=MAX_NUM_BLOCKS)
+    sliding_width = dim("max_sliding_blocks_per_seq", min=1, max=math.ceil(build.max_seq_len / build.kv_block_size) + 1)
+    caches = [{0: sliding_blocks if n // 2 in sliding else blocks} for n in range(2 * model.num_layers)]
+    tables = {0: seqs, 1: sliding_width}
+    return ({0: tokens}, {0: tokens}, {0: seqs, 1: width}, {0: seqs1}, {0: logits}, caches, tables)
 
 
 @dataclass(frozen=True)
@@ -128,9 +149,7 @@ def write_aoti_package(
     module = PortableModule(portable, io, dtype).to(device).eval()
     example = example_step(model, build.kv_block_size, dtype, device)
     with torch.no_grad():
-        program = torch.export.export(
-            module, (*example.tensors, example.caches), dynamic_shapes=dynamic_shapes(model, build)
-        )
+        program = torch.export.export(module, example.args, dynamic_shapes=dynamic_shapes(model, build))
     del module
     rel = Path("engines") / f"torch-{target}" / "model.pt2"
     (out_dir / rel).parent.mkdir(parents=True)
@@ -167,7 +186,7 @@ dtype = getattr(torch, spec["dtype"])
 runner = torch._inductor.aoti_load_package(sys.argv[1])
 example = example_step(model, spec["block_size"], dtype, spec["device"])
 with torch.inference_mode():
-    logits = runner(*example.tensors, example.caches)
+    logits = runner(*example.args)
 if spec["device"] == "cuda":
     torch.cuda.synchronize()
 assert logits.shape == (2, model.vocab_size), logits.shape
