@@ -2,7 +2,9 @@
 the checkpoint is quantized).
 
 Linear weights are ``[out_features, in_features]``; fused tensors concatenate their parts along dim 0
-(``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows).
+(``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows). A sparse (mixture-of-experts) layer has no
+``mlp.*`` tensors but ``moe.router.weight [E, H]`` (float), ``moe.gate_up.weight [E, 2 I, H]`` (each expert's gate |
+up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``.
 
 A quantized checkpoint is a float checkpoint whose quantized linears carry the tensors of ``formats.py`` instead of
 a float weight, plus ``layers.{i}.attn.k_scale`` / ``v_scale`` (float32 ``[]``) when the KV cache is quantized.
@@ -60,6 +62,12 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         out[p + "attn.out.weight"] = (h, cfg.num_heads * cfg.head_size)
         if cfg.attn_out_bias:
             out[p + "attn.out.bias"] = (h,)
+        if cfg.moe is not None and cfg.is_sparse(n):
+            e, i_e = cfg.moe.num_experts, cfg.moe.intermediate_size
+            out[p + "moe.router.weight"] = (e, h)
+            out[p + "moe.gate_up.weight"] = (e, 2 * i_e, h)
+            out[p + "moe.down.weight"] = (e, h, i_e)
+            continue
         if cfg.mlp is MlpKind.SWIGLU:
             out[p + "mlp.gate_up.weight"] = (2 * i, h)
         else:
@@ -74,8 +82,15 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def canonical_linears(cfg: ModelConfig) -> list[str]:
     """Every linear of ``cfg``, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``). A tied
-    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy."""
-    return [*(f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LAYER_LINEARS), "lm_head"]
+    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy. A sparse layer's
+    experts and router are not linears here (they stay float)."""
+    layers = [
+        f"layers.{n}.{lin}"
+        for n in range(cfg.num_layers)
+        for lin in LAYER_LINEARS
+        if not (cfg.is_sparse(n) and lin.startswith("mlp."))
+    ]
+    return [*layers, "lm_head"]
 
 
 def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:

@@ -1,0 +1,112 @@
+"""Mixture-of-experts families (Mixtral, Qwen3-MoE; ``tiny_models.TINY_MOE_CONFIGS``): config reading and its
+one-line refusals, the expert tensors from either transformers spelling (per-expert on disk, fused in memory), and
+the engines against transformers through the paged cache (the onnxruntime engine with the native ``MoE`` kernel and
+with its standard-op lowering, the torch CPU engine): logits within 1e-4, greedy tokens equal."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file
+from safetensors.torch import save_file
+from tiny_models import TINY_MOE_CONFIGS, make_hf_model
+
+from trtbuild.checkpoint.layout import canonical_linears, expected_tensors
+from trtbuild.config import DType, ModelConfig
+from trtbuild.configio import from_dict, to_dict
+from trtbuild.convert.convert import convert
+from trtbuild.errors import ConvertError
+from trtbuild.models import model_config_from_hf
+
+
+def hf_spec(name: str, **overrides) -> dict:
+    spec = {**TINY_MOE_CONFIGS[name], **overrides}
+    spec.pop("model_type")
+    return spec
+
+
+def test_mixtral_config_and_layout():
+    cfg = model_config_from_hf(hf_spec("mixtral"), DType.FLOAT32)
+    assert cfg.moe is not None and cfg.moe.num_experts == 4 and cfg.moe.top_k == 2 and cfg.moe.renormalize
+    assert cfg.moe.sparse_layers == [0, 1] and cfg.moe.intermediate_size == 40 and cfg.head_size == 8
+    tensors = expected_tensors(cfg)
+    assert tensors["layers.1.moe.router.weight"] == (4, 48)
+    assert tensors["layers.1.moe.gate_up.weight"] == (4, 80, 48)
+    assert tensors["layers.1.moe.down.weight"] == (4, 48, 40)
+    assert not any(".mlp." in name for name in tensors)
+    assert "layers.0.mlp.gate_up" not in canonical_linears(cfg)
+    # a window caps the usable positions, as Mistral's
+    assert model_config_from_hf(hf_spec("mixtral", sliding_window=32), DType.FLOAT32).max_position_embeddings == 32
+
+
+def test_qwen3_moe_config_and_layout():
+    cfg = model_config_from_hf(hf_spec("qwen3_moe"), DType.FLOAT32)
+    assert cfg.qk_norm and cfg.moe is not None and not cfg.moe.renormalize
+    assert cfg.moe.sparse_layers == [0, 2] and cfg.moe.top_k == 3 and cfg.moe.intermediate_size == 24
+    tensors = expected_tensors(cfg)
+    assert tensors["layers.1.mlp.gate_up.weight"] == (2 * 56, 48) and "layers.1.moe.router.weight" not in tensors
+    assert tensors["layers.2.moe.gate_up.weight"] == (6, 48, 48)
+    stepped = model_config_from_hf(hf_spec("qwen3_moe", decoder_sparse_step=2, mlp_only_layers=[]), DType.FLOAT32)
+    assert stepped.moe.sparse_layers == [1]  # (layer + 1) % step == 0, as transformers
+    assert model_config_from_hf(hf_spec("qwen3_moe", norm_topk_prob=True), DType.FLOAT32).moe.renormalize
+    assert model_config_from_hf(hf_spec("qwen3_moe", num_experts=0), DType.FLOAT32).moe is None  # all dense
+    # transformers 5 writes num_experts as num_local_experts
+    renamed = hf_spec("qwen3_moe", num_local_experts=6)
+    del renamed["num_experts"]
+    assert model_config_from_hf(renamed, DType.FLOAT32).moe.num_experts == 6
+
+
+def test_dense_checkpoint_config_without_moe_still_reads():
+    """A checkpoint written before ``moe`` existed (format 3) reads as a dense one."""
+    cfg = model_config_from_hf(hf_spec("qwen3_moe", num_experts=0), DType.FLOAT32)
+    data = to_dict(cfg)
+    del data["moe"]
+    data["format_version"] = 3
+    old = from_dict(ModelConfig, data)
+    assert old.moe is None and not old.is_sparse(0)
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "needle"),
+    [
+        ("qwen3_moe", dict(shared_expert_intermediate_size=64), "shared_expert_intermediate_size=64 is not supported"),
+        ("mixtral", dict(n_shared_experts=2), "n_shared_experts=2 is not supported"),
+        ("qwen3_moe", dict(scoring_func="sigmoid"), "scoring_func='sigmoid' is not supported"),
+        ("mixtral", dict(topk_group=2), "topk_group=2"),
+        ("mixtral", dict(hidden_act="gelu"), "hidden_act 'gelu'"),
+        ("qwen3_moe", dict(layer_types=["full_attention", "sliding_attention", "full_attention"]), "sliding-window"),
+        ("qwen3_moe", dict(num_experts_per_tok=7), "top_k 7 must be between 1 and num_experts 6"),
+        ("qwen3_moe", dict(decoder_sparse_step=0), "decoder_sparse_step 0"),
+    ],
+)
+def test_unsupported_variants_are_refused_in_one_line(name, overrides, needle):
+    with pytest.raises(ConvertError) as e:
+        model_config_from_hf(hf_spec(name, **overrides), DType.FLOAT32)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
+def test_experts_convert_from_either_spelling(tmp_path, name):
+    """Per-expert tensors (``block_sparse_moe.experts.{e}.w1`` / ``mlp.experts.{e}.gate_proj``, as checkpoints on
+    disk keep them) and transformers 5's fused ``mlp.experts.gate_up_proj`` give the same canonical tensors, equal
+    to the model's own."""
+    model = make_hf_model(name, tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    assert any(".experts.gate_up_proj" in k for k in state)  # transformers 5 holds the experts fused
+    (tmp_path / "fused").mkdir()
+    save_file(state, str(tmp_path / "fused" / "model.safetensors"))
+    (tmp_path / "fused" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    convert(tmp_path / "fused", tmp_path / "ckpt-fused", DType.FLOAT32)
+    out = load_file(str(tmp_path / "ckpt" / "rank0.safetensors"))
+    fused = load_file(str(tmp_path / "ckpt-fused" / "rank0.safetensors"))
+    assert set(out) == set(fused) == set(expected_tensors(ModelConfig.load(tmp_path / "ckpt")))
+    for key, value in out.items():
+        np.testing.assert_array_equal(value, fused[key], err_msg=key)
+    layer = ModelConfig.load(tmp_path / "ckpt").moe.sparse_layers[-1]
+    hf = f"model.layers.{layer}.mlp."
+    np.testing.assert_array_equal(out[f"layers.{layer}.moe.gate_up.weight"], state[hf + "experts.gate_up_proj"])
+    np.testing.assert_array_equal(out[f"layers.{layer}.moe.down.weight"], state[hf + "experts.down_proj"])
+    np.testing.assert_array_equal(out[f"layers.{layer}.moe.router.weight"], state[hf + "gate.weight"])
+    assert torch.equal(torch.from_numpy(out["embed.weight"]), state["model.embed_tokens.weight"])
