@@ -1,0 +1,201 @@
+// MoE: the routed mixture of SwiGLU experts of `trtbuild::MoE` (plugins/moe/README.md) for onnxruntime's CPU engines
+// (domain "trtbuild.cpu", glue in ort_ops.cc; backends/onnxruntime/build/moe.py places it; tests/test_cpu_moe.py
+// checks it against the numpy oracle).
+//
+// Tokens are routed in passes of at most kTokensPerPass. A pass:
+// 1. routes each token (softmax over all experts in double, the top k by descending logit, ties to the lower
+//    expert, weights renormalised when asked) and gives each (token, kept expert) pair a *slot*, slots grouped by
+//    expert, tokens ascending within an expert;
+// 2. per routed expert, in tasks of kRowsPerTask gate rows: each gate row and its up row are read once and dotted
+//    with every slot's token, and the slot's activation silu(g) * u written (the gate/up product never stored);
+// 3. per routed expert, in tasks of kRowsPerTask down rows: each row is read once and dotted with every slot's
+//    activation;
+// 4. per token: out = the weighted sum of its k slots' outputs, in the order the router ranked them.
+// Experts no token chose are never read: a batch-1 decode step reads k of E experts. Each expert's weights are read
+// once per pass, whatever its number of tokens. Results do not depend on the number of threads.
+
+#include "moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "common.h"
+
+namespace trtbuild::cpu {
+namespace {
+
+constexpr int64_t kTokensPerPass = 256;  // bounds the scratch: pass slots x (I + H) floats
+constexpr int64_t kMoeRowsPerTask = 16;
+
+inline float hsum(v8 v) {
+  float s = 0.0f;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+
+// The dot products of one weight row w with n <= 4 vectors x[j], each of length len, into out[j]: the row's loads
+// are shared by the vectors.
+inline void dots(const float* w, const float* const* x, int n, int64_t len, float* out) {
+  v8 acc[4] = {};
+  int64_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const v8 wv = load8(w + i);
+    for (int j = 0; j < n; ++j) acc[j] += wv * load8(x[j] + i);
+  }
+  for (int j = 0; j < n; ++j) {
+    float s = hsum(acc[j]);
+    for (int64_t k = i; k < len; ++k) s += w[k] * x[j][k];
+    out[j] = s;
+  }
+}
+
+inline float silu_times(float g, float u) {
+  const float e = exp_nonpositive(-std::fabs(g));
+  const float s = (g < 0.0f ? e : 1.0f) / (e + 1.0f);
+  return (g * s) * u;
+}
+
+struct Pass {
+  const MoeArgs* a;
+  std::vector<int64_t> begin;       // [E + 1]: expert e's slots are [begin[e], begin[e + 1])
+  std::vector<int64_t> slot_token;  // slot -> token
+  std::vector<int64_t> token_slot;  // [tokens of the pass, k]: the slot of each kept expert, in rank order
+  std::vector<float> token_weight;  // [tokens of the pass, k]
+  std::vector<int64_t> task_expert, task_row;
+  std::vector<float> act;  // [slots, I]
+  std::vector<float> y;    // [slots, H]
+  int64_t first_token = 0, tokens = 0;
+};
+
+// Step 1 for tokens [first, first + n).
+void route(Pass& p, int64_t first, int64_t n) {
+  const MoeArgs& a = *p.a;
+  const int64_t e_count = a.experts, k = a.top_k;
+  p.first_token = first;
+  p.tokens = n;
+  std::vector<int64_t> chosen(n * k);
+  std::vector<double> prob(e_count);
+  std::vector<char> taken(e_count);
+  p.token_weight.assign(n * k, 0.0f);
+  p.begin.assign(e_count + 1, 0);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = a.logits + (first + t) * e_count;
+    const float top = *std::max_element(l, l + e_count);
+    double total = 0.0;
+    for (int64_t e = 0; e < e_count; ++e) total += prob[e] = std::exp(double(l[e]) - double(top));
+    std::fill(taken.begin(), taken.end(), 0);
+    double kept = 0.0;
+    for (int64_t j = 0; j < k; ++j) {
+      int64_t best = -1;
+      for (int64_t e = 0; e < e_count; ++e)
+        if (!taken[e] && (best < 0 || l[e] > l[best])) best = e;
+      taken[best] = 1;
+      chosen[t * k + j] = best;
+      kept += prob[best];
+      p.begin[best + 1] += 1;
+    }
+    const double norm = a.renormalize ? kept : total;
+    for (int64_t j = 0; j < k; ++j) p.token_weight[t * k + j] = float(prob[chosen[t * k + j]] / norm);
+  }
+  for (int64_t e = 0; e < e_count; ++e) p.begin[e + 1] += p.begin[e];
+  std::vector<int64_t> cursor(p.begin.begin(), p.begin.end() - 1);
+  p.slot_token.resize(n * k);
+  p.token_slot.resize(n * k);
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t slot = cursor[chosen[t * k + j]]++;
+      p.slot_token[slot] = first + t;
+      p.token_slot[t * k + j] = slot;
+    }
+}
+
+// Tasks of kMoeRowsPerTask rows of `rows` per routed expert.
+void make_tasks(Pass& p, int64_t rows) {
+  p.task_expert.clear();
+  p.task_row.clear();
+  for (int64_t e = 0; e < p.a->experts; ++e) {
+    if (p.begin[e + 1] == p.begin[e]) continue;
+    for (int64_t r = 0; r < rows; r += kMoeRowsPerTask) {
+      p.task_expert.push_back(e);
+      p.task_row.push_back(r);
+    }
+  }
+}
+
+// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert.
+void gate_up_task(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const MoeArgs& a = *p.a;
+  const int64_t e = p.task_expert[task], r0 = p.task_row[task], r1 = std::min(a.inter, r0 + kMoeRowsPerTask);
+  const float* w = a.gate_up + e * 2 * a.inter * a.hidden_size;
+  for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
+    const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
+    const float* x[4];
+    for (int j = 0; j < n; ++j) x[j] = a.hidden + p.slot_token[s0 + j] * a.hidden_size;
+    for (int64_t r = r0; r < r1; ++r) {
+      float g[4], u[4];
+      dots(w + r * a.hidden_size, x, n, a.hidden_size, g);
+      dots(w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, u);
+      for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
+    }
+  }
+}
+
+// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert.
+void down_task(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const MoeArgs& a = *p.a;
+  const int64_t e = p.task_expert[task], r0 = p.task_row[task], r1 = std::min(a.hidden_size, r0 + kMoeRowsPerTask);
+  const float* w = a.down + e * a.hidden_size * a.inter;
+  for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
+    const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
+    const float* x[4];
+    for (int j = 0; j < n; ++j) x[j] = p.act.data() + (s0 + j) * a.inter;
+    for (int64_t r = r0; r < r1; ++r) {
+      float y[4];
+      dots(w + r * a.inter, x, n, a.inter, y);
+      for (int j = 0; j < n; ++j) p.y[(s0 + j) * a.hidden_size + r] = y[j];
+    }
+  }
+}
+
+// Step 4, one task: kRowsPerTask tokens of the pass.
+void combine_task(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  const MoeArgs& a = *p.a;
+  const int64_t h = a.hidden_size, k = a.top_k;
+  const int64_t lo = int64_t(task) * kRowsPerTask, hi = std::min(p.tokens, lo + kRowsPerTask);
+  for (int64_t t = lo; t < hi; ++t) {
+    float* out = a.out + (p.first_token + t) * h;
+    std::fill(out, out + h, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float w = p.token_weight[t * k + j];
+      const float* y = p.y.data() + p.token_slot[t * k + j] * h;
+      for (int64_t i = 0; i < h; ++i) out[i] += w * y[i];
+    }
+  }
+}
+
+}  // namespace
+
+void moe(OrtKernelContext* ctx, const MoeArgs& a) {
+  Pass p;
+  p.a = &a;
+  for (int64_t first = 0; first < a.tokens; first += kTokensPerPass) {
+    const int64_t n = std::min(kTokensPerPass, a.tokens - first);
+    route(p, first, n);
+    const int64_t slots = n * a.top_k;
+    const bool parallel = slots * a.inter * a.hidden_size >= (int64_t(1) << 15);
+    p.act.resize(slots * a.inter);
+    p.y.resize(slots * a.hidden_size);
+    make_tasks(p, a.inter);
+    run_tasks(ctx, gate_up_task, p.task_expert.size(), &p, parallel);
+    make_tasks(p, a.hidden_size);
+    run_tasks(ctx, down_task, p.task_expert.size(), &p, parallel);
+    run_tasks(ctx, combine_task, size_t((n + kRowsPerTask - 1) / kRowsPerTask), &p, parallel);
+  }
+}
+
+}  // namespace trtbuild::cpu
