@@ -52,6 +52,11 @@ NORMS: dict[str, str] = {
 
 def check_quantizable(cfg: ModelConfig) -> None:
     """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild."""
+    if cfg.moe is not None:
+        raise TrtbuildError(
+            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantize does not support "
+            "yet (no per-expert weight format); build its float checkpoint"
+        )
     if cfg.architecture not in MODEL_TYPES:
         raise TrtbuildError(
             f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
