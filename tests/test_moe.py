@@ -173,6 +173,14 @@ def test_onnxruntime_engine_matches_transformers(moe_engines, name, form):
     model, engines = moe_engines[name]
     ops = _engine_ops(engines[form])
     assert (("trtbuild.cpu", "MoE") in ops) == (form == "native") and ("trtbuild", "MoE") not in ops
+    if form == "native":  # the experts are read in place every step: the session's huge-page arena holds them
+        from trtbuild.backends.onnxruntime.huge_pages import read_arena_layout
+        from trtbuild.config import RuntimeConfig
+
+        runtime = RuntimeConfig.load(engines[form])
+        names = {t.name for t in read_arena_layout(engines[form] / runtime.engine_file)}
+        sparse = runtime.model.moe.sparse_layers
+        assert names == {f"layers.{n}.moe.{w}.weight" for n in sparse for w in ("gate_up", "down")}
     check_prefill_and_decode(OrtSession(engines[form], kv_cache_memory=1 << 20), model, name)
 
 

@@ -31,7 +31,7 @@ SWIGLU_OP = "SwiGLU"
 MOE_OP = "MoE"
 # The native ops that read their weight inputs in place every step: OrtSession gives those a huge-page arena
 # (huge_pages.WeightArena; the build records its layout, native_linear.weight_arena_layout).
-WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
+WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP), (NATIVE_DOMAIN, MOE_OP)})
 KERNEL_DIR = Path(kernels.__file__).resolve().parent / "cpu"
 # Every source file, in a fixed order (all digested: a changed header is a new build); the .cc files are compiled.
 SOURCES = (*sorted(KERNEL_DIR.glob("*.cc")), *sorted(KERNEL_DIR.glob("*.h")))

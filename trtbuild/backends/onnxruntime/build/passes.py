@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ....config import BuildConfig, CpuAttention, CpuLinear, EngineIO, ModelConfig
-from ..kernel_library import WEIGHT_OPS
+from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
 from .embedding import shared_int8_embedding
 from .lowering import lower_for_onnxruntime
 from .moe import lowered_moe, native_moe
@@ -69,7 +69,7 @@ def _native_library(target: Target) -> bool:
 
 def _no_linear_to_run(graph: onnx.ModelProto, build: BuildConfig) -> BuildConfig:
     """``QLinear`` replaced nothing (a float model): the engine runs onnxruntime's linears, and says so."""
-    if any((n.domain, n.op_type) in WEIGHT_OPS for n in graph.graph.node):
+    if any((n.domain, n.op_type) == (NATIVE_DOMAIN, QLINEAR_OP) for n in graph.graph.node):
         return build
     return replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
 
