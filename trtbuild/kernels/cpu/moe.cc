@@ -6,10 +6,11 @@
 // 1. routes each token (softmax over all experts in double, the top k by descending logit, ties to the lower
 //    expert, weights renormalised when asked) and gives each (token, kept expert) pair a *slot*, slots grouped by
 //    expert, tokens ascending within an expert;
-// 2. per routed expert, in tasks of kRowsPerTask gate rows: each gate row and its up row are read once and dotted
-//    with every slot's token, and the slot's activation silu(g) * u written (the gate/up product never stored);
-// 3. per routed expert, in tasks of kRowsPerTask down rows: each row is read once and dotted with every slot's
-//    activation;
+// 2. per routed expert, in tasks of a few dozen gate rows (about kTargetTasks tasks in all): each gate row and its
+//    up row are read once and dotted with every slot's token, four slots at a time, and the slot's activation
+//    silu(g) * u written (the gate/up product never stored);
+// 3. per routed expert, in tasks of down rows likewise (rows in pairs): each row is read once and dotted with every
+//    slot's activation;
 // 4. per token: out = the weighted sum of its k slots' outputs, in the order the router ranked them.
 // Experts no token chose are never read: a batch-1 decode step reads k of E experts. Each expert's weights are read
 // once per pass, whatever its number of tokens. Results do not depend on the number of threads.
@@ -27,7 +28,8 @@ namespace trtbuild::cpu {
 namespace {
 
 constexpr int64_t kTokensPerPass = 256;  // bounds the scratch: pass slots x (I + H) floats
-constexpr int64_t kMoeRowsPerTask = 16;
+constexpr int64_t kMoeRowsPerTask = 16;  // the least rows a task takes (and the multiple it takes)
+constexpr int64_t kTargetTasks = 32;     // per step kind: more tasks of fewer rows each cost dispatch, not work
 
 inline float hsum(v8 v) {
   float s = 0.0f;
@@ -35,19 +37,42 @@ inline float hsum(v8 v) {
   return s;
 }
 
-// The dot products of one weight row w with n <= 4 vectors x[j], each of length len, into out[j]: the row's loads
-// are shared by the vectors.
-inline void dots(const float* w, const float* const* x, int n, int64_t len, float* out) {
-  v8 acc[4] = {};
+// The dot products of two weight rows w0, w1 with N vectors x[j], each of length len: out0[j], out1[j]. Each load
+// of a row serves every vector and each load of a vector both rows; N is a constant so that the 2 N accumulators
+// stay in registers.
+template <int N>
+inline void dots2_n(const float* w0, const float* w1, const float* const* x, int64_t len, float* out0, float* out1) {
+  v8 a0[N] = {}, a1[N] = {};
+  const float* xs[N];
+  for (int j = 0; j < N; ++j) xs[j] = x[j];
   int64_t i = 0;
   for (; i + 8 <= len; i += 8) {
-    const v8 wv = load8(w + i);
-    for (int j = 0; j < n; ++j) acc[j] += wv * load8(x[j] + i);
+    const v8 u0 = load8(w0 + i), u1 = load8(w1 + i);
+    for (int j = 0; j < N; ++j) {
+      const v8 xv = load8(xs[j] + i);
+      a0[j] += u0 * xv;
+      a1[j] += u1 * xv;
+    }
   }
-  for (int j = 0; j < n; ++j) {
-    float s = hsum(acc[j]);
-    for (int64_t k = i; k < len; ++k) s += w[k] * x[j][k];
-    out[j] = s;
+  for (int j = 0; j < N; ++j) {
+    float s0 = hsum(a0[j]), s1 = hsum(a1[j]);
+    for (int64_t k = i; k < len; ++k) {
+      s0 += w0[k] * x[j][k];
+      s1 += w1[k] * x[j][k];
+    }
+    out0[j] = s0;
+    out1[j] = s1;
+  }
+}
+
+// dots2_n for n = 1..4 vectors.
+inline void dots2(const float* w0, const float* w1, const float* const* x, int n, int64_t len, float* out0,
+                  float* out1) {
+  switch (n) {
+    case 1: return dots2_n<1>(w0, w1, x, len, out0, out1);
+    case 2: return dots2_n<2>(w0, w1, x, len, out0, out1);
+    case 3: return dots2_n<3>(w0, w1, x, len, out0, out1);
+    default: return dots2_n<4>(w0, w1, x, len, out0, out1);
   }
 }
 
@@ -64,6 +89,7 @@ struct Pass {
   std::vector<int64_t> token_slot;  // [tokens of the pass, k]: the slot of each kept expert, in rank order
   std::vector<float> token_weight;  // [tokens of the pass, k]
   std::vector<int64_t> task_expert, task_row;
+  int64_t rows_per_task = kMoeRowsPerTask;
   std::vector<float> act;  // [slots, I]
   std::vector<float> y;    // [slots, H]
   int64_t first_token = 0, tokens = 0;
@@ -111,13 +137,18 @@ void route(Pass& p, int64_t first, int64_t n) {
     }
 }
 
-// Tasks of kMoeRowsPerTask rows of `rows` per routed expert.
+// Tasks of rows_per_task rows of `rows` per routed expert: about kTargetTasks in all, at least kMoeRowsPerTask rows
+// each (a multiple of it), a task within one expert.
 void make_tasks(Pass& p, int64_t rows) {
   p.task_expert.clear();
   p.task_row.clear();
+  int64_t routed = 0;
+  for (int64_t e = 0; e < p.a->experts; ++e) routed += p.begin[e + 1] > p.begin[e];
+  const int64_t want = (routed * rows + kTargetTasks - 1) / kTargetTasks;
+  p.rows_per_task = std::max<int64_t>(1, (want + kMoeRowsPerTask - 1) / kMoeRowsPerTask) * kMoeRowsPerTask;
   for (int64_t e = 0; e < p.a->experts; ++e) {
     if (p.begin[e + 1] == p.begin[e]) continue;
-    for (int64_t r = 0; r < rows; r += kMoeRowsPerTask) {
+    for (int64_t r = 0; r < rows; r += p.rows_per_task) {
       p.task_expert.push_back(e);
       p.task_row.push_back(r);
     }
@@ -128,17 +159,20 @@ void make_tasks(Pass& p, int64_t rows) {
 void gate_up_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const MoeArgs& a = *p.a;
-  const int64_t e = p.task_expert[task], r0 = p.task_row[task], r1 = std::min(a.inter, r0 + kMoeRowsPerTask);
+  const int64_t e = p.task_expert[task], r0 = p.task_row[task];
+  const int64_t r1 = std::min(a.inter, r0 + p.rows_per_task);
   const float* w = a.gate_up + e * 2 * a.inter * a.hidden_size;
-  for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
-    const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
-    const float* x[4];
-    for (int j = 0; j < n; ++j) x[j] = a.hidden + p.slot_token[s0 + j] * a.hidden_size;
-    for (int64_t r = r0; r < r1; ++r) {
-      float g[4], u[4];
-      dots(w + r * a.hidden_size, x, n, a.hidden_size, g);
-      dots(w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, u);
-      for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
+  for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
+    const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
+    for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
+      const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
+      const float* x[4];
+      for (int j = 0; j < n; ++j) x[j] = a.hidden + p.slot_token[s0 + j] * a.hidden_size;
+      for (int64_t r = b0; r < b1; ++r) {
+        float g[4], u[4];
+        dots2(w + r * a.hidden_size, w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, g, u);
+        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
+      }
     }
   }
 }
@@ -147,16 +181,24 @@ void gate_up_task(void* data, size_t task) {
 void down_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
   const MoeArgs& a = *p.a;
-  const int64_t e = p.task_expert[task], r0 = p.task_row[task], r1 = std::min(a.hidden_size, r0 + kMoeRowsPerTask);
+  const int64_t e = p.task_expert[task], r0 = p.task_row[task];
+  const int64_t r1 = std::min(a.hidden_size, r0 + p.rows_per_task);
   const float* w = a.down + e * a.hidden_size * a.inter;
-  for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
-    const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
-    const float* x[4];
-    for (int j = 0; j < n; ++j) x[j] = p.act.data() + (s0 + j) * a.inter;
-    for (int64_t r = r0; r < r1; ++r) {
-      float y[4];
-      dots(w + r * a.inter, x, n, a.inter, y);
-      for (int j = 0; j < n; ++j) p.y[(s0 + j) * a.hidden_size + r] = y[j];
+  for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
+    const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
+    for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
+      const int n = int(std::min<int64_t>(4, p.begin[e + 1] - s0));
+      const float* x[4];
+      for (int j = 0; j < n; ++j) x[j] = p.act.data() + (s0 + j) * a.inter;
+      for (int64_t r = b0; r < b1; r += 2) {  // rows in pairs (an odd last row is paired with itself)
+        const int64_t r_next = std::min(r + 1, b1 - 1);
+        float y0[4], y1[4];
+        dots2(w + r * a.inter, w + r_next * a.inter, x, n, a.inter, y0, y1);
+        for (int j = 0; j < n; ++j) {
+          p.y[(s0 + j) * a.hidden_size + r] = y0[j];
+          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j];
+        }
+      }
     }
   }
 }
