@@ -86,6 +86,23 @@ def test_unsupported_variants_are_refused_in_one_line(name, overrides, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_moe_gguf_is_refused_in_one_line(tmp_path):
+    """llama.cpp keeps Mixtral as a "llama" GGUF with ``llama.expert_count``: refused, the HF folder converts."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(tmp_path / "mixtral.gguf"), "llama")
+    w.add_block_count(1)
+    w.add_expert_count(8)
+    w.add_token_list(["a", "b"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ConvertError) as e:
+        convert(tmp_path / "mixtral.gguf", tmp_path / "ckpt")
+    assert "mixture-of-experts GGUF (8 experts) is not supported" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
 def test_quantize_refuses_moe_checkpoints_in_one_line(name):
     from trtbuild.config import QFormat, QuantConfig

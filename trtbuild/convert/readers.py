@@ -174,6 +174,12 @@ class GGUFReader:
         if arch not in _GGUF_ARCHS:
             raise ConvertError(f"{path}: GGUF architecture {arch!r} is not supported (supported: llama)")
         hf_arch, keys = _GGUF_ARCHS[arch]
+        experts = fields.get(f"{arch}.expert_count")
+        if experts is not None and int(experts.contents()) > 0:
+            raise ConvertError(
+                f"{path}: a mixture-of-experts GGUF ({int(experts.contents())} experts) is not supported; convert "
+                "the model's Hugging Face folder instead (MixtralForCausalLM, Qwen3MoeForCausalLM)"
+            )
         cfg: dict[str, Any] = {"architectures": [hf_arch], "hidden_act": "silu"}
         for gkey, hkey in keys.items():
             if f"{arch}.{gkey}" in fields:
