@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import DType, ModelConfig
+from ..config import DType, ModelConfig, MoeConfig
 from .llama import llama_layout_config
-from .moe import moe_config, refuse_moe_variants
+from .moe import refuse_moe_variants
 from .registration import Refusals, register_architecture
 
 
@@ -35,7 +35,7 @@ def mixtral_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusa
         qkv_bias=False,
         attn_out_bias=False,
     )
-    moe = moe_config(
+    moe = MoeConfig(
         num_experts=int(hf.get("num_local_experts", 8)),
         top_k=int(hf.get("num_experts_per_tok", 2)),
         intermediate_size=int(hf["intermediate_size"]),

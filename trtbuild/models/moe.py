@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import MoeConfig
 from .registration import Refusals
 
 # Config keys of MoE variants the op does not express -> the value of the variant trtbuild runs (absent or this).
@@ -34,16 +33,3 @@ def refuse_moe_variants(hf: dict[str, Any], refusals: Refusals) -> None:
         if value is not None and value != plain:
             only = "a softmax top-k router over routed experts only (no shared experts, no grouped or scaled routing)"
             refusals.refuse(f"{key}={value!r} is not supported: trtbuild's mixture of experts is {only}")
-
-
-def moe_config(
-    *, num_experts: int, top_k: int, intermediate_size: int, renormalize: bool, sparse_layers: list[int]
-) -> MoeConfig:
-    """The ``MoeConfig`` of the read values (``MoeConfig`` checks them: ``ValueError`` names the inconsistency)."""
-    return MoeConfig(
-        num_experts=num_experts,
-        top_k=top_k,
-        intermediate_size=intermediate_size,
-        renormalize=renormalize,
-        sparse_layers=sparse_layers,
-    )

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import DType, ModelConfig
-from .moe import moe_config, refuse_moe_variants
+from ..config import DType, ModelConfig, MoeConfig
+from .moe import refuse_moe_variants
 from .qwen3 import qwen3_config
 from .registration import Refusals, register_architecture
 
@@ -36,7 +36,7 @@ def qwen3_moe_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refu
     sparse = [n for n in range(cfg.num_layers) if n not in dense and experts > 0 and (n + 1) % step == 0]
     if not sparse:
         return cfg  # every layer dense: the Qwen3 layout
-    moe = moe_config(
+    moe = MoeConfig(
         num_experts=experts,
         top_k=int(hf["num_experts_per_tok"]),
         intermediate_size=int(hf["moe_intermediate_size"]),
