@@ -140,6 +140,33 @@ def test_experts_convert_from_either_spelling(tmp_path, name):
     assert torch.equal(torch.from_numpy(out["embed.weight"]), state["model.embed_tokens.weight"])
 
 
+@pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
+def test_portable_graph_has_one_moe_node_per_sparse_layer(tmp_path, name):
+    """The router is a float MatMul of the normed hidden state; the node holds the stacked experts as they are."""
+    import onnx
+    from onnx import numpy_helper
+
+    from trtbuild.backends.build_request import portable_graph
+    from trtbuild.config import BuildConfig
+    from trtbuild.plugins.moe import DOMAIN, OP_TYPE
+
+    make_hf_model(name, tmp_path / "hf")
+    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
+    cfg, _, _, graph = portable_graph(tmp_path / "ckpt", BuildConfig(max_seq_len=128))
+    onnx.checker.check_model(graph)
+    nodes = [n for n in graph.graph.node if (n.domain, n.op_type) == (DOMAIN, OP_TYPE)]
+    assert [n.name for n in nodes] == [f"layers.{i}.moe.experts" for i in cfg.moe.sparse_layers]
+    inits = {t.name: numpy_helper.to_array(t) for t in graph.graph.initializer}
+    producer = {o: n for n in graph.graph.node for o in n.output}
+    for node in nodes:
+        router = producer[node.input[1]]
+        assert router.op_type == "MatMul" and router.input[0] == node.input[0]
+        assert inits[router.input[1]].dtype == np.float32 and inits[router.input[1]].shape == (48, cfg.moe.num_experts)
+        assert inits[node.input[2]].shape == (cfg.moe.num_experts, 2 * cfg.moe.intermediate_size, 48)
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs == {"top_k": cfg.moe.top_k, "renormalize": int(cfg.moe.renormalize), "activation": b"silu"}
+
+
 @pytest.fixture(scope="module")
 def moe_engines(tmp_path_factory):
     """name -> (hf model, {form: engine dir}): each tiny MoE model converted once and built as an onnxruntime engine

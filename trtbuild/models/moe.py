@@ -1,7 +1,6 @@
-"""What the mixture-of-experts families (``mixtral.py``, ``qwen3_moe.py``) read alike: the router and expert
-settings of a Hugging Face config, and the one-line refusals of the MoE variants ``trtbuild::MoE`` does not express
-(plugins/moe/README.md): shared experts, routers that score by anything but a softmax over every expert, grouped or
-scaled routing.
+"""What the mixture-of-experts families (``mixtral.py``, ``qwen3_moe.py``) share: the one-line refusals of the MoE
+variants ``trtbuild::MoE`` does not express (plugins/moe/README.md): shared experts, routers that score by anything
+but a softmax over every expert, grouped or scaled routing; experts of another activation than silu.
 """
 
 from __future__ import annotations
