@@ -104,17 +104,6 @@ def test_moe_gguf_is_refused_in_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
-def test_quantize_refuses_moe_checkpoints_in_one_line(name):
-    from trtbuild.config import QFormat, QuantConfig
-    from trtbuild.errors import TrtbuildError
-    from trtbuild.quantize.quantize import check_request
-
-    with pytest.raises(TrtbuildError) as e:
-        check_request(model_config_from_hf(hf_spec(name), DType.FLOAT32), QuantConfig(QFormat.INT8_WO))
-    assert "mixture-of-experts model" in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
 def test_experts_convert_from_either_spelling(tmp_path, name):
     """Per-expert tensors (``block_sparse_moe.experts.{e}.w1`` / ``mlp.experts.{e}.gate_proj``, as checkpoints on
     disk keep them) and transformers 5's fused ``mlp.experts.gate_up_proj`` give the same canonical tensors, equal

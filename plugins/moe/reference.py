@@ -46,10 +46,20 @@ def route(router_logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.
 
 
 def moe(
-    hidden: np.ndarray, router_logits: np.ndarray, gate_up: np.ndarray, down: np.ndarray, attrs: MoeAttrs
+    hidden: np.ndarray,
+    router_logits: np.ndarray,
+    gate_up: np.ndarray,
+    down: np.ndarray,
+    attrs: MoeAttrs,
+    gate_up_scale: np.ndarray | None = None,
+    down_scale: np.ndarray | None = None,
 ) -> np.ndarray:
     """``out[t] = sum_j w[t, j] * down[e] @ (silu(g) * u)`` with ``g | u = gate_up[e] @ hidden[t]`` over token t's
-    routed experts ``e = experts[t, j]`` (``route``): float32 ``[T, H]``."""
+    routed experts ``e = experts[t, j]`` (``route``): float32 ``[T, H]``. With the scales, ``gate_up`` and ``down``
+    are int8 and each row is ``q * scale[e, row]``."""
+    if gate_up_scale is not None and down_scale is not None:
+        gate_up = np.asarray(gate_up, np.float64) * np.asarray(gate_up_scale, np.float64)[..., None]
+        down = np.asarray(down, np.float64) * np.asarray(down_scale, np.float64)[..., None]
     x = np.asarray(hidden, np.float64)
     experts, weights = route(router_logits, attrs.top_k, attrs.renormalize)
     inter = gate_up.shape[1] // 2

@@ -166,11 +166,17 @@ def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
 
 def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
     """A sparse layer's mixture of experts: the router as a float MatMul (never quantized) feeding one
-    ``trtbuild::MoE`` node that holds the stacked experts (plugins/moe/README.md)."""
+    ``trtbuild::MoE`` node that holds the stacked experts, float or int8 with their row scales
+    (plugins/moe/README.md)."""
     assert cfg.moe is not None
     router = g.initializer(prefix + ".router.weight", np.ascontiguousarray(weights[prefix + ".router.weight"].T))
     logits = g.op("MatMul", [x, router], name=prefix + ".router")
     experts = [g.initializer(prefix + f".{w}.weight", weights[prefix + f".{w}.weight"]) for w in ("gate_up", "down")]
+    if prefix + ".gate_up.weight_scale" in weights:  # int8 experts, a float32 scale per expert row
+        experts += [
+            g.initializer(prefix + f".{w}.weight_scale", weights[prefix + f".{w}.weight_scale"])
+            for w in ("gate_up", "down")
+        ]
     return g.op(
         moe_op.OP_TYPE,
         [x, logits, *experts],

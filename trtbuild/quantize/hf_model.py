@@ -54,8 +54,8 @@ def check_quantizable(cfg: ModelConfig) -> None:
     """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild."""
     if cfg.moe is not None:
         raise TrtbuildError(
-            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantize does not support "
-            "yet (no per-expert weight format); build its float checkpoint"
+            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes without a "
+            "transformers model (int8_wo by round to nearest: quantize/moe.py)"
         )
     if cfg.architecture not in MODEL_TYPES:
         raise TrtbuildError(

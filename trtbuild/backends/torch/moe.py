@@ -12,8 +12,18 @@ from torch import Tensor
 
 
 @torch.library.custom_op("trtbuild::moe", mutates_args=())
-def moe(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, top_k: int, renormalize: bool) -> Tensor:
-    """``trtbuild::MoE``: ``[T, H]`` in ``hidden``'s dtype; routing in float32, experts in the weights' dtype."""
+def moe(
+    hidden: Tensor,
+    router_logits: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gate_up_scale: Tensor | None,
+    down_scale: Tensor | None,
+    top_k: int,
+    renormalize: bool,
+) -> Tensor:
+    """``trtbuild::MoE``: ``[T, H]`` in ``hidden``'s dtype; routing in float32, experts in the weights' dtype (int8
+    experts, given their row scales, are widened to ``hidden``'s dtype one routed expert at a time)."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -22,13 +32,17 @@ def moe(hidden: Tensor, router_logits: Tensor, gate_up: Tensor, down: Tensor, to
     out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
     for e in torch.unique(experts).tolist():
         tokens, slots = torch.where(experts == e)
-        x = hidden[tokens].to(gate_up.dtype)
-        g, u = (x @ gate_up[e].t()).split(inter, dim=-1)
-        y = (torch.nn.functional.silu(g) * u) @ down[e].t()
+        w_gate_up, w_down = gate_up[e], down[e]
+        if gate_up_scale is not None and down_scale is not None:
+            w_gate_up = (w_gate_up.float() * gate_up_scale[e].float()[:, None]).to(hidden.dtype)
+            w_down = (w_down.float() * down_scale[e].float()[:, None]).to(hidden.dtype)
+        x = hidden[tokens].to(w_gate_up.dtype)
+        g, u = (x @ w_gate_up.t()).split(inter, dim=-1)
+        y = (torch.nn.functional.silu(g) * u) @ w_down.t()
         out.index_add_(0, tokens, y.float() * weights[tokens, slots, None])
     return out.to(hidden.dtype)
 
 
 @moe.register_fake
-def _moe_fake(hidden, router_logits, gate_up, down, top_k, renormalize):
+def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scale, down_scale, top_k, renormalize):
     return hidden.new_empty(hidden.shape)

@@ -13,13 +13,15 @@
 //    slot's activation;
 // 4. per token: out = the weighted sum of its k slots' outputs, in the order the router ranked them.
 // Experts no token chose are never read: a batch-1 decode step reads k of E experts. Each expert's weights are read
-// once per pass, whatever its number of tokens. Results do not depend on the number of threads.
+// once per pass, whatever its number of tokens. Results do not depend on the number of threads. Int8 experts are
+// widened to float in the dot products and each product scaled by its row's scale.
 
 #include "moe.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "common.h"
@@ -31,6 +33,14 @@ constexpr int64_t kTokensPerPass = 256;  // bounds the scratch: pass slots x (I 
 constexpr int64_t kMoeRowsPerTask = 16;  // the least rows a task takes (and the multiple it takes)
 constexpr int64_t kTargetTasks = 32;     // per step kind: more tasks of fewer rows each cost dispatch, not work
 
+// Eight int8 weights widened to floats (int8 experts).
+typedef int8_t v8b __attribute__((vector_size(8)));
+inline v8 load8(const int8_t* p) {
+  v8b b;
+  std::memcpy(&b, p, sizeof(b));
+  return __builtin_convertvector(b, v8);
+}
+
 inline float hsum(v8 v) {
   float s = 0.0f;
   for (int i = 0; i < 8; ++i) s += v[i];
@@ -40,8 +50,8 @@ inline float hsum(v8 v) {
 // The dot products of two weight rows w0, w1 with N vectors x[j], each of length len: out0[j], out1[j]. Each load
 // of a row serves every vector and each load of a vector both rows; N is a constant so that the 2 N accumulators
 // stay in registers.
-template <int N>
-inline void dots2_n(const float* w0, const float* w1, const float* const* x, int64_t len, float* out0, float* out1) {
+template <int N, typename W>
+inline void dots2_n(const W* w0, const W* w1, const float* const* x, int64_t len, float* out0, float* out1) {
   v8 a0[N] = {}, a1[N] = {};
   const float* xs[N];
   for (int j = 0; j < N; ++j) xs[j] = x[j];
@@ -57,17 +67,17 @@ inline void dots2_n(const float* w0, const float* w1, const float* const* x, int
   for (int j = 0; j < N; ++j) {
     float s0 = hsum(a0[j]), s1 = hsum(a1[j]);
     for (int64_t k = i; k < len; ++k) {
-      s0 += w0[k] * x[j][k];
-      s1 += w1[k] * x[j][k];
+      s0 += float(w0[k]) * x[j][k];
+      s1 += float(w1[k]) * x[j][k];
     }
     out0[j] = s0;
     out1[j] = s1;
   }
 }
 
-// dots2_n for n = 1..4 vectors.
-inline void dots2(const float* w0, const float* w1, const float* const* x, int n, int64_t len, float* out0,
-                  float* out1) {
+// dots2_n for n = 1..4 vectors; W: float or int8 weights (the products then want the rows' scales).
+template <typename W>
+inline void dots2(const W* w0, const W* w1, const float* const* x, int n, int64_t len, float* out0, float* out1) {
   switch (n) {
     case 1: return dots2_n<1>(w0, w1, x, len, out0, out1);
     case 2: return dots2_n<2>(w0, w1, x, len, out0, out1);
@@ -155,13 +165,15 @@ void make_tasks(Pass& p, int64_t rows) {
   }
 }
 
-// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert.
-void gate_up_task(void* data, size_t task) {
-  Pass& p = *static_cast<Pass*>(data);
+// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert; `base`: the
+// float or int8 gate_up, `scales` the int8 rows' scales (null for float).
+template <typename W>
+void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.inter, r0 + p.rows_per_task);
-  const float* w = a.gate_up + e * 2 * a.inter * a.hidden_size;
+  const W* w = base + e * 2 * a.inter * a.hidden_size;
+  const float* scale = scales ? scales + e * 2 * a.inter : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -171,19 +183,29 @@ void gate_up_task(void* data, size_t task) {
       for (int64_t r = b0; r < b1; ++r) {
         float g[4], u[4];
         dots2(w + r * a.hidden_size, w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, g, u);
-        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
+        const float gs = scale ? scale[r] : 1.0f, us = scale ? scale[a.inter + r] : 1.0f;
+        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j] * gs, u[j] * us);
       }
     }
   }
 }
 
-// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert.
-void down_task(void* data, size_t task) {
+void gate_up_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
+  if (p.a->gate_up_q)
+    gate_up_rows(p, task, p.a->gate_up_q, p.a->gate_up_scale);
+  else
+    gate_up_rows(p, task, p.a->gate_up, nullptr);
+}
+
+// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert (`base`, `scales` as step 2's).
+template <typename W>
+void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.hidden_size, r0 + p.rows_per_task);
-  const float* w = a.down + e * a.hidden_size * a.inter;
+  const W* w = base + e * a.hidden_size * a.inter;
+  const float* scale = scales ? scales + e * a.hidden_size : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -194,13 +216,22 @@ void down_task(void* data, size_t task) {
         const int64_t r_next = std::min(r + 1, b1 - 1);
         float y0[4], y1[4];
         dots2(w + r * a.inter, w + r_next * a.inter, x, n, a.inter, y0, y1);
+        const float c0 = scale ? scale[r] : 1.0f, c1 = scale ? scale[r_next] : 1.0f;
         for (int j = 0; j < n; ++j) {
-          p.y[(s0 + j) * a.hidden_size + r] = y0[j];
-          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j];
+          p.y[(s0 + j) * a.hidden_size + r] = y0[j] * c0;
+          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j] * c1;
         }
       }
     }
   }
+}
+
+void down_task(void* data, size_t task) {
+  Pass& p = *static_cast<Pass*>(data);
+  if (p.a->down_q)
+    down_rows(p, task, p.a->down_q, p.a->down_scale);
+  else
+    down_rows(p, task, p.a->down, nullptr);
 }
 
 // Step 4, one task: kRowsPerTask tokens of the pass.

@@ -13,9 +13,14 @@ namespace trtbuild::cpu {
 struct MoeArgs {
   const float* hidden;   // [T, H]
   const float* logits;   // [T, E]: the router's scores
-  const float* gate_up;  // [E, 2I, H]: each expert's gate rows, then its up rows
-  const float* down;     // [E, H, I]
-  float* out;            // [T, H]
+  const float* gate_up;  // [E, 2I, H]: each expert's gate rows, then its up rows (float experts)
+  const float* down;     // [E, H, I] (float experts)
+  // Int8 experts instead (both non-null): the same shapes, row r of expert e is q[e, r] * scale[e, r].
+  const int8_t* gate_up_q;
+  const int8_t* down_q;
+  const float* gate_up_scale;  // [E, 2I]
+  const float* down_scale;     // [E, H]
+  float* out;                  // [T, H]
   int64_t tokens, hidden_size, experts, inter, top_k;
   bool renormalize;
 };

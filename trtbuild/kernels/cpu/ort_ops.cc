@@ -276,14 +276,23 @@ void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
                           gate_up.dims[2] == a.hidden_size && down.dims[0] == a.experts &&
                           down.dims[1] == a.hidden_size && down.dims[2] == a.inter && a.top_k >= 1 &&
                           a.top_k <= a.experts;
+  const Tensor gate_up_scale = input(ctx, 4), down_scale = input(ctx, 5);  // int8 experts only
+  const bool int8 = gate_up_scale.data != nullptr && down_scale.data != nullptr;
   if (!consistent || !x.data || !logits.data || !gate_up.data || !down.data) {  // refused at build time
     std::fill(static_cast<float*>(y), static_cast<float*>(y) + a.tokens * a.hidden_size, 0.0f);
     return;
   }
   a.hidden = static_cast<const float*>(x.data);
   a.logits = static_cast<const float*>(logits.data);
-  a.gate_up = static_cast<const float*>(gate_up.data);
-  a.down = static_cast<const float*>(down.data);
+  if (int8) {
+    a.gate_up_q = static_cast<const int8_t*>(gate_up.data);
+    a.down_q = static_cast<const int8_t*>(down.data);
+    a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
+    a.down_scale = static_cast<const float*>(down_scale.data);
+  } else {
+    a.gate_up = static_cast<const float*>(gate_up.data);
+    a.down = static_cast<const float*>(down.data);
+  }
   a.out = static_cast<float*>(y);
   moe(ctx, a);
 }
@@ -298,10 +307,13 @@ void* create_moe(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
 
 void destroy_moe(void* kernel) { delete static_cast<MoeKernel*>(kernel); }
 const char* moe_name(const OrtCustomOp*) { return "MoE"; }
+int moe_input(const OrtCustomOp*, size_t i) { return (i == 2 || i == 3) ? kUndefined : kFloat; }  // float or int8
+size_t six(const OrtCustomOp*) { return 6; }
+int moe_input_characteristic(const OrtCustomOp*, size_t i) { return i >= 4 ? kOptional : kRequired; }
 
 const OrtCustomOp kMoE = {
-    kCustomOpVersion, create_moe, moe_name, op_provider, float_input, four, output_type, one,
-    compute_moe, destroy_moe, required, required, input_memory_type, {nullptr},
+    kCustomOpVersion, create_moe, moe_name, op_provider, moe_input, six, output_type, one,
+    compute_moe, destroy_moe, moe_input_characteristic, required, input_memory_type, {nullptr},
 };
 
 }  // namespace

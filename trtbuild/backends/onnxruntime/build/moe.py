@@ -7,8 +7,9 @@ inputs and attributes: per step the kernel groups the tokens by routed expert an
 library (no compiler needed): ``Softmax`` and ``TopK`` over the router logits (``Div`` by the kept sum when
 renormalising), the kept weights scattered into a ``[T, E]`` matrix of zeros (``ScatterElements``), every expert on
 every token as two batched ``MatMul`` s (``[T, H] x [E, H, 2I] -> [E, T, 2I]``, SwiGLU, ``x [E, I, H] ->
-[E, T, H]``: the expert weights are stored transposed for it), then weighted and summed over experts. Exact, but E / k
-times the expert work of the routed form (docs/decisions/moe-plugin-op.md).
+[E, T, H]``: the expert weights are stored transposed for it; int8 experts are widened and scaled in the graph
+every step), then weighted and summed over experts. Exact, but E / k times the expert work of the routed form
+(docs/decisions/moe-plugin-op.md).
 
 Pass contracts (``passes.PASSES``): ``native-moe`` / ``lowered-moe``: ``trtbuild::MoE`` -> ``trtbuild.cpu::MoE`` /
 standard ops. Every other node is kept.
@@ -33,8 +34,8 @@ def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in nodes:
         activation = node_attr(node, "activation", ACTIVATION_SILU)
         activation = activation.decode() if isinstance(activation, bytes) else activation
-        if activation != ACTIVATION_SILU or len(node.input) != 4:
-            raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 inputs and activation silu (plugins/moe)")
+        if activation != ACTIVATION_SILU or len(node.input) not in (4, 6):
+            raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 or 6 inputs and activation silu (plugins/moe)")
     return nodes
 
 
@@ -81,11 +82,17 @@ def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
     replacements = {}
     for node in nodes:
         b = GraphBuilder(opset, prefix=ORT_LOWERED_NODE_PREFIX + node.name + "/")
-        hidden, logits, gate_up, down = node.input
-        for name in (gate_up, down):  # [E, out, in] -> [E, in, out] for the batched MatMuls
+        hidden, logits, gate_up, down = node.input[:4]
+        expert_weights = {}
+        for i, name in enumerate((gate_up, down)):  # [E, out, in] -> [E, in, out] for the batched MatMuls
             if name not in inits:
                 raise BuildError(f"{node.name}: the lowered {OP_TYPE} needs its expert weights as initializers")
-            b.initializer(name + ".t", np.ascontiguousarray(numpy_helper.to_array(inits[name]).transpose(0, 2, 1)))
+            w = b.initializer(name + ".t", np.ascontiguousarray(numpy_helper.to_array(inits[name]).transpose(0, 2, 1)))
+            if len(node.input) == 6:  # int8 rows: widened, times their scales [E, 1, out]
+                scale = numpy_helper.to_array(inits[node.input[4 + i]])
+                scale = b.initializer(node.input[4 + i] + ".rows", scale[:, None, :].astype(np.float32))
+                w = b.op("Mul", [b.op("Cast", [w], name=f"widen{i}", to=onnx.TensorProto.FLOAT), scale], name=f"dq{i}")
+            expert_weights[name] = w
         top_k, inter = int(node_attr(node, "top_k")), inits[gate_up].dims[1] // 2
         probs = b.op("Softmax", [logits], name="probs", axis=-1)
         kept, experts = b.op_multi("TopK", [probs, b.const([top_k])], outputs=2, name="top_k", axis=-1)
@@ -95,10 +102,11 @@ def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
         zeros = b.op("ConstantOfShape", [b.op("Shape", [probs], name="shape")], name="zeros")
         dense = b.op("ScatterElements", [zeros, experts, kept], name="weights", axis=1)  # [T, E], 0 where not kept
         per_expert = b.op("Unsqueeze", [b.op("Transpose", [dense], name="weights_t", perm=[1, 0]), b.const([2])])
-        gu = b.op("MatMul", [hidden, gate_up + ".t"], name="gate_up")  # [E, T, 2I]
+        gu = b.op("MatMul", [hidden, expert_weights[gate_up]], name="gate_up")  # [E, T, 2I]
         g, u = b.op_multi("Split", [gu, b.const([inter, inter])], outputs=2, name="split", axis=-1)
         act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], name="sigmoid")], name="silu"), u], name="gated")
-        y = b.op("Mul", [b.op("MatMul", [act, down + ".t"], name="down"), per_expert], name="weighted")  # [E, T, H]
+        down_y = b.op("MatMul", [act, expert_weights[down]], name="down")
+        y = b.op("Mul", [down_y, per_expert], name="weighted")  # [E, T, H]
         b.rename_output(b.op("ReduceSum", [y, b.const([0])], name="sum", keepdims=0), node.output[0])
         replacements[node.name] = b.nodes
         out.graph.initializer.extend(b.initializers)
