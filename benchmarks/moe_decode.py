@@ -1,18 +1,21 @@
 """Batch-1 decode step time of a mixture-of-experts model against a dense model of the same active parameters.
 
     .venv/bin/python benchmarks/moe_decode.py [--hidden 1024] [--layers 8] [--experts 8] [--top-k 2]
-        [--expert-width 1024] [--vocab 32000] [--context 128] [--rounds 9] [--steps 16] [--lowered] [--keep DIR]
+        [--expert-width 1024] [--vocab 32000] [--context 128] [--rounds 9] [--steps 16] [--lowered] [--int8]
+        [--keep DIR]
 
 Two random-init float32 models of the same shape are made with transformers (no download): a Mixtral of
 ``--experts`` experts of ``--expert-width``, ``--top-k`` routed per token, and a Llama whose dense MLP is
 ``--top-k`` x ``--expert-width`` wide, so each token multiplies by the same number of weights in both (the router's
 E x H is the difference). Each is converted and built as a default onnxruntime engine (native attention and, for the
 Mixtral, the native ``MoE`` kernel) and, with ``--lowered``, also with standard ops only (the Mixtral's experts then
-dense: every expert on every token). A sequence of ``--context`` tokens is prefilled, then each round times
-``--steps`` batch-1 decode steps per engine (``OrtSession.step``, no runner), engines interleaved round by round so
-that the machine's drift hits all alike. Prints each engine's median step time over rounds (of each round's median)
-and the MoE / dense ratio of those medians, with the median and range of the rounds' own ratios; the target is
-<= 1.3 (an MoE step should cost what its active parameters cost).
+dense: every expert on every token). ``--int8`` quantizes both checkpoints first (``trtbuild quantize --qformat
+int8_wo``: the dense model's linears through modelopt, run by ``QLinear``; the MoE model's experts int8 per row in
+the ``MoE`` kernel, its attention and head as the dense model's). A sequence of ``--context`` tokens is prefilled,
+then each round times ``--steps`` batch-1 decode steps per engine (``OrtSession.step``, no runner), engines
+interleaved round by round so that the machine's drift hits all alike. Prints each engine's median step time over
+rounds (of each round's median) and the MoE / dense ratio of those medians, with the median and range of the rounds'
+own ratios; the target is <= 1.3 (an MoE step should cost what its active parameters cost).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import numpy as np
 
 from trtbuild.backends.onnxruntime.session import OrtSession
 from trtbuild.build import build_engine
-from trtbuild.config import BuildConfig, CpuAttention, CpuLinear, DType
+from trtbuild.config import BuildConfig, CpuAttention, CpuLinear, DType, QFormat, QuantConfig
 from trtbuild.convert.convert import convert
+from trtbuild.quantize.quantize import quantize
 from trtbuild.runtime.batch import StepBatch
 
 BLOCK = 16
@@ -76,12 +80,17 @@ def build_engines(args: argparse.Namespace, sources: dict[str, Path], root: Path
         )
     engines = {}
     for name, hf in sources.items():
-        if not (root / f"{name}-ckpt").is_dir():
-            convert(hf, root / f"{name}-ckpt", DType.FLOAT32)
+        ckpt = root / f"{name}-ckpt"
+        if not ckpt.is_dir():
+            convert(hf, ckpt, DType.FLOAT32)
+        if args.int8:
+            if not (root / f"{name}-int8-ckpt").is_dir():
+                quantize(ckpt, root / f"{name}-int8-ckpt", QuantConfig(QFormat.INT8_WO), progress=False)
+            ckpt = root / f"{name}-int8-ckpt"
         for suffix, build in builds.items():
-            engines[name + suffix] = root / f"{name}{suffix.replace(' ', '-')}-engine"
+            engines[name + suffix] = root / f"{ckpt.name.removesuffix('-ckpt')}{suffix.replace(' ', '-')}-engine"
             if not engines[name + suffix].is_dir():
-                build_engine(root / f"{name}-ckpt", engines[name + suffix], build)
+                build_engine(ckpt, engines[name + suffix], build)
     return engines
 
 
@@ -118,6 +127,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--lowered", action="store_true", help="also time both models built with standard ops only")
+    p.add_argument("--int8", action="store_true", help="time int8_wo checkpoints of both models")
     p.add_argument("--keep", type=Path, help="make the models and engines here (reused when present)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +142,8 @@ def main() -> None:
             for name, d in decoders.items():
                 rounds[name].append(statistics.median(d.step() for _ in range(args.steps)))
     median = {name: statistics.median(times) for name, times in rounds.items()}
-    print(f"batch-1 decode step at context {args.context}, median of {args.rounds} rounds x {args.steps} steps:")
+    kind = "int8_wo" if args.int8 else "float32"
+    print(f"{kind} batch-1 decode step at context {args.context}, median of {args.rounds} rounds x {args.steps} steps:")
     for name, t in median.items():
         print(f"  {name:14s} {t * 1e3:8.2f} ms  (fastest round {min(rounds[name]) * 1e3:.2f} ms)")
     for suffix in ("", " lowered"):

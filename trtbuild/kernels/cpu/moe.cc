@@ -33,12 +33,20 @@ constexpr int64_t kTokensPerPass = 256;  // bounds the scratch: pass slots x (I 
 constexpr int64_t kMoeRowsPerTask = 16;  // the least rows a task takes (and the multiple it takes)
 constexpr int64_t kTargetTasks = 32;     // per step kind: more tasks of fewer rows each cost dispatch, not work
 
-// Eight int8 weights widened to floats (int8 experts).
-typedef int8_t v8b __attribute__((vector_size(8)));
+// Eight int8 weights widened to floats (int8 experts): one sign-extending load and a conversion with AVX2 (GCC
+// lowers the generic form to a byte-by-byte insert, 3x slower a decode step).
 inline v8 load8(const int8_t* p) {
+  v8 out;
+#if defined(__AVX2__)
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  std::memcpy(&out, &f, sizeof(out));
+#else
+  typedef int8_t v8b __attribute__((vector_size(8)));
   v8b b;
   std::memcpy(&b, p, sizeof(b));
-  return __builtin_convertvector(b, v8);
+  out = __builtin_convertvector(b, v8);
+#endif
+  return out;
 }
 
 inline float hsum(v8 v) {
