@@ -128,6 +128,52 @@ TINY_CONFIGS = {
 }
 
 
+# Mixture-of-experts models (tests/test_moe.py): kept out of TINY_CONFIGS, whose every entry the shared tests build.
+TINY_MOE_CONFIGS = {
+    "mixtral": dict(  # 4 experts, top 2 (renormalised); GQA; head_dim 8 != hidden / heads
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=97,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+    ),
+    "qwen3_moe": dict(  # 6 experts, top 3, not renormalised; layer 1 dense (mlp_only_layers), layer 2 sparse
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=48,
+        intermediate_size=56,
+        moe_intermediate_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=6,
+        num_experts_per_tok=3,
+        norm_topk_prob=False,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+        vocab_size=103,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+        initializer_range=0.15,
+    ),
+}
+
+
 def make_hf_model(name: str, folder: Path, seed: int = 0, **overrides):
     """Save a random-init transformers model of config ``name`` (with ``overrides`` of its config keys) to
     ``folder``; returns the model (eval, fp32)."""
@@ -135,7 +181,7 @@ def make_hf_model(name: str, folder: Path, seed: int = 0, **overrides):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    spec = {**TINY_CONFIGS[name], **overrides}
+    spec = {**(TINY_CONFIGS | TINY_MOE_CONFIGS)[name], **overrides}
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()

@@ -15,9 +15,10 @@ from pathlib import Path
 from .configio import from_dict, read_json, to_dict, write_json
 
 # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo); 3: ModelConfig's per-layer
-# attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3)
-CHECKPOINT_FORMAT_VERSION = 3
-READABLE_CHECKPOINT_VERSIONS = (1, 2, 3)  # an older checkpoint is a version-3 one whose new fields hold their defaults
+# attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3); 4:
+# ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE)
+CHECKPOINT_FORMAT_VERSION = 4
+READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4)  # an older checkpoint is a version-4 one whose new fields hold defaults
 ENGINE_FORMAT_VERSION = 2  # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph)
 
 
@@ -238,13 +239,37 @@ class QuantConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """The sparse mixture-of-experts MLP of a model's sparse layers (Mixtral, Qwen3-MoE), as ``trtbuild::MoE`` runs
+    it (plugins/moe/README.md): a float router ``[E, H]`` scores each token, softmax over all ``num_experts``, the
+    ``top_k`` most probable experts are kept (their probabilities divided by their sum when ``renormalize``), and
+    the token's output is the weighted sum of those experts' SwiGLU MLPs (each ``intermediate_size`` wide).
+
+    Invariants (``__post_init__``): 1 <= top_k <= num_experts; ``sparse_layers`` ascending, without repeats."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert (transformers' moe_intermediate_size; Mixtral's intermediate_size)
+    renormalize: bool  # Mixtral: always; Qwen3-MoE: norm_topk_prob
+    sparse_layers: list[int]  # layers whose MLP is this block; the others keep the dense MLP (intermediate_size)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be between 1 and num_experts {self.num_experts}")
+        if self.intermediate_size <= 0:
+            raise ValueError("moe intermediate_size must be positive")
+        if self.sparse_layers != sorted(set(self.sparse_layers)) or any(n < 0 for n in self.sparse_layers):
+            raise ValueError(f"sparse_layers {self.sparse_layers} must be ascending layer numbers without repeats")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """A converted checkpoint's architecture, written as ``config.json`` next to ``rank0.safetensors``.
 
     Invariants (checked in ``__post_init__``): num_heads % num_kv_heads == 0; RoPE models carry ``rope`` and
     learned-position models do not; rotary_dim is even and <= head_size; q/k norms are RMS norms;
     ``layer_types`` names every layer; ``sliding_window`` is set exactly when a layer slides; ``local_rope`` only
-    on RoPE models with sliding layers.
+    on RoPE models with sliding layers; ``moe`` layers exist and are SwiGLU.
     """
 
     architecture: str  # the registry key of the source architecture, e.g. "LlamaForCausalLM"
@@ -291,6 +316,9 @@ class ModelConfig:
     # (``attn.post_norm``, ``mlp.post_norm``), besides the usual pre-norms. RMS norms (Gemma's (1 + w) weights are
     # stored with the 1 added).
     sandwich_norms: bool = False
+    # Sparse mixture-of-experts MLPs in ``moe.sparse_layers`` (Mixtral, Qwen3-MoE); None: every layer's MLP is dense
+    # (every checkpoint written before version 4).
+    moe: MoeConfig | None = None
     # Set by ``trtbuild quantize``: how the linear weights (and KV cache) of this checkpoint are quantized; the
     # tensors it implies are listed by ``trtbuild.checkpoint.layout``. None for a float checkpoint.
     quantization: QuantConfig | None = None
@@ -325,6 +353,14 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "head_size", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.moe is not None and self.mlp is not MlpKind.SWIGLU:
+            raise ValueError("mixture-of-experts layers are SwiGLU experts: mlp must be 'swiglu'")
+        if self.moe is not None and any(n >= self.num_layers for n in self.moe.sparse_layers):
+            raise ValueError(f"moe.sparse_layers {self.moe.sparse_layers} name layers past {self.num_layers}")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the mixture of experts (``moe``) rather than the dense MLP."""
+        return self.moe is not None and layer in self.moe.sparse_layers
 
     @property
     def softmax_scale(self) -> float:

@@ -2,7 +2,11 @@
 the checkpoint is quantized).
 
 Linear weights are ``[out_features, in_features]``; fused tensors concatenate their parts along dim 0
-(``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows).
+(``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows). A sparse (mixture-of-experts) layer has no
+``mlp.*`` tensors but ``moe.router.weight [E, H]`` (float), ``moe.gate_up.weight [E, 2 I, H]`` (each expert's gate |
+up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``. A quantized one (int8
+weight-only, the only format ``trtbuild quantize`` makes of an MoE model) holds both int8 with a float32
+``weight_scale`` per expert row (``[E, 2I]``, ``[E, H]``: ``w = q * scale``); the router stays float.
 
 A quantized checkpoint is a float checkpoint whose quantized linears carry the tensors of ``formats.py`` instead of
 a float weight, plus ``layers.{i}.attn.k_scale`` / ``v_scale`` (float32 ``[]``) when the KV cache is quantized.
@@ -67,6 +71,12 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         if cfg.sandwich_norms:  # Gemma: norms on the attention and MLP outputs, before the residual adds
             out[p + "attn.post_norm.weight"] = (h,)
             out[p + "mlp.post_norm.weight"] = (h,)
+        if cfg.moe is not None and cfg.is_sparse(n):
+            e, i_e = cfg.moe.num_experts, cfg.moe.intermediate_size
+            out[p + "moe.router.weight"] = (e, h)
+            out[p + "moe.gate_up.weight"] = (e, 2 * i_e, h)
+            out[p + "moe.down.weight"] = (e, h, i_e)
+            continue
         if cfg.mlp in GATED_MLPS:
             out[p + "mlp.gate_up.weight"] = (2 * i, h)
         else:
@@ -81,8 +91,15 @@ def expected_tensors(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def canonical_linears(cfg: ModelConfig) -> list[str]:
     """Every linear of ``cfg``, as canonical prefixes (``layers.0.attn.qkv``, ..., ``lm_head``). A tied
-    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy."""
-    return [*(f"layers.{n}.{lin}" for n in range(cfg.num_layers) for lin in LAYER_LINEARS), "lm_head"]
+    ``lm_head`` is the embedding's weight; quantizing it gives the head its own quantized copy. A sparse layer's
+    experts and router are not linears here (they stay float)."""
+    layers = [
+        f"layers.{n}.{lin}"
+        for n in range(cfg.num_layers)
+        for lin in LAYER_LINEARS
+        if not (cfg.is_sparse(n) and lin.startswith("mlp."))
+    ]
+    return [*layers, "lm_head"]
 
 
 def excluded_linears(cfg: ModelConfig, patterns: Sequence[str]) -> list[str]:
@@ -131,6 +148,12 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
             out[prefix + ".input_scale"] = ((), "F32")
         if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
             out[prefix + ".pre_quant_scale"] = ((cols,), "F32")
+    if cfg.moe is not None:  # int8 weight-only experts (quantize/moe.py): each expert's rows, a scale per row
+        for n in cfg.moe.sparse_layers:
+            for w in ("gate_up", "down"):
+                shape = out[f"layers.{n}.moe.{w}.weight"][0]
+                out[f"layers.{n}.moe.{w}.weight"] = (shape, "I8")
+                out[f"layers.{n}.moe.{w}.weight_scale"] = (shape[:2], "F32")
     if "embed" in q.tensor_formats:  # int8 per group (GGUF Q8_0), gathered and dequantized row by row
         assert FORMATS[q.tensor_formats["embed"]].qformat is QFormat.INT8_GROUP_WO
         out["embed.weight"] = ((cfg.vocab_size, cfg.hidden_size), "I8")

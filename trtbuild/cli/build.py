@@ -84,9 +84,10 @@ def build(
     for warning in result.warnings:
         click.echo(f"warning: {warning}", err=True)
     plugin_nodes = result.portable_op_counts.get("trtbuild::PagedAttention", 0)
+    moe_nodes = result.portable_op_counts.get("trtbuild::MoE", 0)
     click.echo(
         f"built {cfg.backend.value} engine -> {output} in {result.seconds:.1f}s "
-        f"(portable graph: {plugin_nodes} PagedAttention nodes)"
+        f"(portable graph: {plugin_nodes} PagedAttention nodes" + (f", {moe_nodes} MoE nodes)" if moe_nodes else ")")
     )
     if result.accuracy_gate is not None:
         g = result.accuracy_gate

@@ -27,7 +27,7 @@ from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
 from .multimodal import TextModelReader, open_source
 from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader
-from .tensor_names import FUSIONS, Transform, is_ignored, match_source_name
+from .tensor_names import Transform, fusion_of, is_ignored, match_source_name
 
 
 @dataclass(frozen=True)
@@ -58,15 +58,6 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's rotary row permutation of a Q or K projection ``[n_head * D, in]``."""
     half = w.shape[0] // n_head // 2
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def _fusion_of(part: str) -> tuple[str, tuple[str, ...]] | None:
-    layer = part.split(".")[1] if part.startswith("layers.") else None
-    for target, pieces in FUSIONS.items():
-        concrete = tuple(p.replace("{i}", layer or "") for p in pieces)
-        if part in concrete:
-            return target.replace("{i}", layer or ""), concrete
-    return None
 
 
 def source_dtype(reader: HFReader | GGUFReader) -> DType:
@@ -143,7 +134,7 @@ def _convert_tensors(
             t = t.float() + 1.0
         if isinstance(t, torch.Tensor):
             t = t.to(target_dtype).contiguous()
-        fusion = _fusion_of(match.part)
+        fusion = fusion_of(match.part, cfg.moe.num_experts if cfg.moe is not None else 0)
         if fusion is None or fusion[0] not in expected:  # e.g. GPT-2's un-gated "up" is not fused
             if match.part in out:
                 raise ConvertError(f"source tensor {name} duplicates {match.part}")
@@ -157,7 +148,11 @@ def _convert_tensors(
             if len(blocks) == len(pieces) and len({b.qformat for b in blocks}) == 1:
                 out[target] = BlockTensor.cat(blocks)
             else:  # a fused tensor has one format: parts of several become float
-                out[target] = torch.cat([to_float(p, t) for p, t in parts.items()], dim=0)
+                fused = torch.cat([to_float(p, t) for p, t in parts.items()], dim=0)
+                experts = expected[target][0]
+                if len(expected[target]) == 3 and fused.shape[0] % experts == 0:  # [E * rows, in] -> [E, rows, in]
+                    fused = fused.reshape(experts, -1, fused.shape[-1])
+                out[target] = fused
     if pending:
         raise ConvertError(f"incomplete fused tensor: {sorted(pending)[0]} has no partner parts in the source")
     unknown = sorted(set(out) - set(expected))

@@ -197,6 +197,12 @@ class GGUFReader:
             supported = ", ".join(_GGUF_ARCHS)
             raise ConvertError(f"{path}: GGUF architecture {arch!r} is not supported (supported: {supported})")
         spec = _GGUF_ARCHS[arch]
+        experts = fields.get(f"{arch}.expert_count")
+        if experts is not None and int(experts.contents()) > 0:
+            raise ConvertError(
+                f"{path}: a mixture-of-experts GGUF ({int(experts.contents())} experts) is not supported; convert "
+                "the model's Hugging Face folder instead (MixtralForCausalLM, Qwen3MoeForCausalLM)"
+            )
         cfg: dict[str, Any] = {"architectures": [spec.hf_architecture], **spec.fixed}
         for gkey, hkey in spec.keys.items():
             if f"{arch}.{gkey}" in fields:

@@ -112,6 +112,15 @@ def model_summary(cfg: ModelConfig) -> dict[str, Any]:
         if rope is None
         else {"theta": rope.theta, "rotary_dim": rope.rotary_dim, "scaling": rope.scaling},
         "qk_norm": cfg.qk_norm,
+        "moe": None
+        if cfg.moe is None
+        else {
+            "experts": cfg.moe.num_experts,
+            "top_k": cfg.moe.top_k,
+            "expert_intermediate_size": cfg.moe.intermediate_size,
+            "renormalize": cfg.moe.renormalize,
+            "sparse_layers": list(cfg.moe.sparse_layers),
+        },
         "tied_head": cfg.tie_word_embeddings,
         "dtype": cfg.dtype.value,
     }
@@ -132,8 +141,19 @@ def _model_lines(title: str, cfg: ModelConfig) -> list[str]:
         f"{s['head_size']}, intermediate {s['intermediate_size']}, vocab {s['vocab_size']}",
         f"  {position}; {s['max_positions']} positions; {s['norm']} norm, {s['mlp']} MLP"
         + ("; q/k norm" if s["qk_norm"] else ""),
+        *([] if (moe := s["moe"]) is None else [_moe_line(moe, cfg.num_layers)]),
         f"  tied head: {'yes' if s['tied_head'] else 'no'}; dtype: {s['dtype']}",
     ]
+
+
+def _moe_line(moe: dict[str, Any], layers: int) -> str:
+    sparse = len(moe["sparse_layers"])
+    where = "every layer" if sparse == layers else f"{sparse} of {layers} layers ({moe['sparse_layers']})"
+    weights = "top-k weights renormalised" if moe["renormalize"] else "softmax weights, not renormalised"
+    return (
+        f"  mixture of experts in {where}: top {moe['top_k']} of {moe['experts']} experts of intermediate "
+        f"{moe['expert_intermediate_size']}, {weights}"
+    )
 
 
 def _number(x: float) -> str:

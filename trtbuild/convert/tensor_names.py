@@ -2,7 +2,8 @@
 ``gguf-py/gguf/tensor_mapping.py``).
 
 A *source part* is a tensor as a source stores it (``q``, ``k`` and ``v`` separately, say); the converter fuses parts
-into the checkpoint's canonical tensors (``FUSIONS``). ``{i}`` stands for the layer number in every pattern.
+into the checkpoint's canonical tensors (``FUSIONS``). ``{i}`` stands for the layer number in every pattern, ``{e}``
+for the expert number in a mixture-of-experts layer's per-expert tensors.
 """
 
 from __future__ import annotations
@@ -120,6 +121,25 @@ SOURCE_PARTS: dict[str, tuple[Spelling, ...]] = {
         Spelling(GGUF, "blk.{i}.ffn_down.weight"),
     ),
     "layers.{i}.mlp.down.bias": (Spelling(HF, "transformer.h.{i}.mlp.c_proj.bias"),),
+    # Mixture of experts (Mixtral, Qwen3-MoE): the float router [E, H] and the experts, stacked along a leading E
+    "layers.{i}.moe.router.weight": (
+        Spelling(HF, "model.layers.{i}.block_sparse_moe.gate.weight"),  # Mixtral on disk
+        Spelling(HF, "model.layers.{i}.mlp.gate.weight"),  # Qwen3-MoE; transformers 5's Mixtral module
+    ),
+    "layers.{i}.moe.gate_up.weight": (Spelling(HF, "model.layers.{i}.mlp.experts.gate_up_proj"),),  # [E, 2I, H] fused
+    "layers.{i}.moe.down.weight": (Spelling(HF, "model.layers.{i}.mlp.experts.down_proj"),),  # [E, H, I] fused
+    "layers.{i}.moe.experts.{e}.gate.weight": (
+        Spelling(HF, "model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight"),  # Mixtral
+        Spelling(HF, "model.layers.{i}.mlp.experts.{e}.gate_proj.weight"),  # Qwen3-MoE
+    ),
+    "layers.{i}.moe.experts.{e}.up.weight": (
+        Spelling(HF, "model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight"),
+        Spelling(HF, "model.layers.{i}.mlp.experts.{e}.up_proj.weight"),
+    ),
+    "layers.{i}.moe.experts.{e}.down.weight": (
+        Spelling(HF, "model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight"),
+        Spelling(HF, "model.layers.{i}.mlp.experts.{e}.down_proj.weight"),
+    ),
 }
 
 
@@ -156,16 +176,21 @@ IGNORED: tuple[Spelling, ...] = (
     Spelling(GGUF, "rope_freqs.weight"),
 )
 
-# Canonical checkpoint tensors made by concatenating source parts along dim 0 (output features).
+# Canonical checkpoint tensors made by concatenating source parts along dim 0 (output features). Parts with ``{e}``
+# repeat for every expert, expert by expert (gate_0, up_0, gate_1, ...), and the concatenation is viewed
+# ``[E, rows of one expert, in]``.
 FUSIONS: dict[str, tuple[str, ...]] = {
     "layers.{i}.attn.qkv.weight": ("layers.{i}.attn.q.weight", "layers.{i}.attn.k.weight", "layers.{i}.attn.v.weight"),
     "layers.{i}.attn.qkv.bias": ("layers.{i}.attn.q.bias", "layers.{i}.attn.k.bias", "layers.{i}.attn.v.bias"),
     "layers.{i}.mlp.gate_up.weight": ("layers.{i}.mlp.gate.weight", "layers.{i}.mlp.up.weight"),
+    "layers.{i}.moe.gate_up.weight": ("layers.{i}.moe.experts.{e}.gate.weight", "layers.{i}.moe.experts.{e}.up.weight"),
+    "layers.{i}.moe.down.weight": ("layers.{i}.moe.experts.{e}.down.weight",),
 }
 
 
 def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)") + "$")
+    escaped = re.escape(pattern).replace(re.escape("{i}"), r"(?P<i>\d+)").replace(re.escape("{e}"), r"(?P<e>\d+)")
+    return re.compile(escaped + "$")
 
 
 def _matchers(parts: dict[str, tuple[Spelling, ...]]) -> list[tuple[re.Pattern[str], str, Spelling]]:
@@ -190,9 +215,32 @@ def match_source_name(name: str, fmt: SourceFormat, architecture: str = "") -> M
     table), or None when no rule knows it (ignored names included)."""
     for rx, part, sp in [*_ARCHITECTURE_MATCHERS.get(architecture, []), *_MATCHERS]:
         if sp.format is fmt and (m := rx.match(name)):
-            layer = m.groupdict().get("i")
-            return Match(part.replace("{i}", layer) if layer is not None else part, sp.transform)
+            for key, value in m.groupdict().items():
+                part = part.replace("{" + key + "}", value)
+            return Match(part, sp.transform)
     return None
+
+
+_NUMBERED = re.compile(r"^layers\.(?P<i>\d+)\.(?:(?P<pre>.*?\.experts\.)(?P<e>\d+)\.)?")
+_PIECE_OF = {piece: target for target, pieces in FUSIONS.items() for piece in pieces}
+
+
+def fusion_of(part: str, num_experts: int) -> tuple[str, tuple[str, ...]] | None:
+    """The canonical tensor ``part`` (a source part, numbers substituted) is fused into, with every part of it in
+    concatenation order (``num_experts`` experts for a per-expert part), or None when ``part`` is not fused."""
+    m = _NUMBERED.match(part)
+    pattern = part
+    if m is not None:
+        expert = f"{m['pre']}{{e}}." if m["e"] is not None else ""
+        pattern = f"layers.{{i}}.{expert}" + part[m.end() :]
+    target = _PIECE_OF.get(pattern)
+    if target is None:
+        return None
+    layer = m["i"] if m is not None else ""
+    pieces = FUSIONS[target]
+    experts = range(num_experts) if any("{e}" in p for p in pieces) else range(1)
+    concrete = tuple(p.replace("{i}", layer).replace("{e}", str(e)) for e in experts for p in pieces)
+    return target.replace("{i}", layer), concrete
 
 
 def is_ignored(name: str, fmt: SourceFormat) -> bool:

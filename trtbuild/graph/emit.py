@@ -1,7 +1,8 @@
 """Emit the portable graph: standard ONNX (opset >= 21) with one ``trtbuild::PagedAttention`` node per layer.
 
 Norms are single ops (RMSNormalization / LayerNormalization), gate and up projections one matmul (SwiGLU), QKV
-one matmul feeding the plugin (through per-head q/k RMSNorms where the model has them, Qwen3). Linear weights are
+one matmul feeding the plugin (through per-head q/k RMSNorms where the model has them, Qwen3); a sparse layer's MLP
+is its float router MatMul feeding one ``trtbuild::MoE`` node (plugins/moe/README.md). Linear weights are
 stored ``[in, out]`` for MatMul; a tied LM head reuses the embedding through ``Gemm(transB=1)``. Logits are
 computed only for the rows named by ``logits_indices``.
 """
@@ -14,6 +15,7 @@ import onnx
 from ..checkpoint.graph import emit_quantized_linear
 from ..checkpoint.layout import GATED_MLPS
 from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
+from ..plugins import moe as moe_op
 from ..plugins.paged_attention import DOMAIN, OP_TYPE, rotary_cos_sin_cache
 from .builder import FLOAT, INT64, GraphBuilder
 
@@ -178,6 +180,8 @@ def _qk_norm(g: GraphBuilder, cfg: ModelConfig, weights: Weights, qkv: str, pref
 
 
 def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
+    if (moe := prefix.removesuffix("mlp") + "moe") + ".router.weight" in weights:  # a sparse layer
+        return _moe(g, cfg, weights, x, moe)
     if cfg.mlp in GATED_MLPS:
         gate_up = _linear(g, cfg, weights, x, prefix + ".gate_up")
         i = cfg.intermediate_size
@@ -190,3 +194,27 @@ def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
     else:
         h = g.op("Gelu", [_linear(g, cfg, weights, x, prefix + ".up")], name=prefix + ".gelu", approximate="tanh")
     return _linear(g, cfg, weights, h, prefix + ".down")
+
+
+def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
+    """A sparse layer's mixture of experts: the router as a float MatMul (never quantized) feeding one
+    ``trtbuild::MoE`` node that holds the stacked experts, float or int8 with their row scales
+    (plugins/moe/README.md)."""
+    assert cfg.moe is not None
+    router = g.initializer(prefix + ".router.weight", np.ascontiguousarray(weights[prefix + ".router.weight"].T))
+    logits = g.op("MatMul", [x, router], name=prefix + ".router")
+    experts = [g.initializer(prefix + f".{w}.weight", weights[prefix + f".{w}.weight"]) for w in ("gate_up", "down")]
+    if prefix + ".gate_up.weight_scale" in weights:  # int8 experts, a float32 scale per expert row
+        experts += [
+            g.initializer(prefix + f".{w}.weight_scale", weights[prefix + f".{w}.weight_scale"])
+            for w in ("gate_up", "down")
+        ]
+    return g.op(
+        moe_op.OP_TYPE,
+        [x, logits, *experts],
+        domain=moe_op.DOMAIN,
+        name=prefix + ".experts",
+        top_k=cfg.moe.top_k,
+        renormalize=int(cfg.moe.renormalize),
+        activation=moe_op.ACTIVATION_SILU,
+    )

@@ -81,4 +81,4 @@ def _config_error(arch: str, e: Exception) -> str:
 
 
 def _load_families() -> None:
-    from . import gemma, gpt2, llama, phi3, qwen3  # noqa: F401  (registration side effect)
+    from . import gemma, gpt2, llama, mixtral, phi3, qwen3, qwen3_moe  # noqa: F401  (registration side effect)

@@ -76,6 +76,11 @@ GEMMA3 = "Gemma3ForCausalLM"
 def check_quantizable(cfg: ModelConfig) -> None:
     """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild, or its checkpoint holds
     what the rebuilt transformers model would not compute (``hf_config``)."""
+    if cfg.moe is not None:
+        raise TrtbuildError(
+            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes without a "
+            "transformers model (int8_wo by round to nearest: quantize/moe.py)"
+        )
     if cfg.architecture not in MODEL_TYPES:
         raise TrtbuildError(
             f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"

@@ -3,7 +3,8 @@
 1. load the float checkpoint (converting an HF folder or GGUF file into a temporary one first);
 2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
-4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``);
+4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``); a mixture-of-experts model is
+   int8 weight-only by round to nearest instead (``moe.py``), with no model and no data;
 5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
 6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
    (``checkpoint.files``).
@@ -29,6 +30,7 @@ from ..errors import ConfigError, TrtbuildError
 from .calibrate import calibrate, modelopt_reads_tokens
 from .export import export_tensors
 from .hf_model import build_hf_model, check_quantizable
+from .moe import check_moe_request, moe_weight_only_tensors
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ def quantize(
         if (ckpt_dir / "config.json").is_file():  # else load_checkpoint says what is missing
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
+        if cfg.moe is not None:  # int8 weight-only by round to nearest: no model to calibrate (moe.py)
+            new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
+            tensors = moe_weight_only_tensors(new_cfg, weights)
+            with atomic_output_dir(out, overwrite=overwrite) as tmp:
+                save_checkpoint(tmp, new_cfg, tensors)
+                copy_tokenizer_files(ckpt_dir, tmp)
+            return QuantizeResult(new_cfg, 0, 0, 0.0, time.perf_counter() - start)
         samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
         model = build_hf_model(cfg, weights)
         t = time.perf_counter()
@@ -124,10 +133,13 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
             f"{qcfg.qformat.value} is a llama.cpp block format that `trtbuild convert` keeps from GGUF files; "
             "trtbuild quantize does not make it (int8_wo or int4_wo are the nearest)"
         )
-    check_quantizable(cfg)
+    if cfg.moe is not None:
+        check_moe_request(cfg, qcfg)
+    else:
+        check_quantizable(cfg)
     excluded = set(excluded_linears(cfg, qcfg.exclude))
     linears = [n for n in canonical_linears(cfg) if n not in excluded]
-    if not linears:
+    if not linears and cfg.moe is None:  # an MoE model's experts are quantized whatever is excluded
         raise TrtbuildError(f"--exclude {' '.join(qcfg.exclude)} leaves no linear layer to quantize")
     block = activation_block(qcfg)
     if dynamic_activations(qcfg) and block is not None:

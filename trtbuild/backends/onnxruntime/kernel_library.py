@@ -1,8 +1,9 @@
 """The native CPU kernels' library: built for this machine at first use, cached, and found by the runtime.
 
 Its sources are ``trtbuild/kernels/cpu/`` (C++, one file per op: ``paged_attention.cc``, ``linear.cc`` with its
-per-instruction-set headers, ``row_ops.cc``, ``swiglu.cc``; the onnxruntime glue ``ort_ops.cc``): an onnxruntime
-custom-op library, domain ``trtbuild.cpu``: ``PagedAttention``, ``QLinear``, the per-token row ops and ``SwiGLU``.
+per-instruction-set headers, ``row_ops.cc``, ``swiglu.cc``, ``moe.cc``; the onnxruntime glue ``ort_ops.cc``): an
+onnxruntime custom-op library, domain ``trtbuild.cpu``: ``PagedAttention``, ``QLinear``, the per-token row ops,
+``SwiGLU`` and ``MoE``.
 It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``), every ``.cc`` a translation
 unit of one command, for the machine's own CPU (``-march=native``) and cached under
 ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the sources, the compiler and the CPU, so a changed file,
@@ -27,9 +28,10 @@ from ...errors import EngineError
 NATIVE_DOMAIN = "trtbuild.cpu"
 QLINEAR_OP = "QLinear"
 SWIGLU_OP = "SwiGLU"
+MOE_OP = "MoE"
 # The native ops that read their weight inputs in place every step: OrtSession gives those a huge-page arena
 # (huge_pages.WeightArena; the build records its layout, native_linear.weight_arena_layout).
-WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP)})
+WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP), (NATIVE_DOMAIN, MOE_OP)})
 KERNEL_DIR = Path(kernels.__file__).resolve().parent / "cpu"
 # Every source file, in a fixed order (all digested: a changed header is a new build); the .cc files are compiled.
 SOURCES = (*sorted(KERNEL_DIR.glob("*.cc")), *sorted(KERNEL_DIR.glob("*.h")))

@@ -2,8 +2,9 @@
 ``torch.compile``).
 
 The module interprets the graph's nodes in order; tracing it (``torch.export``, Dynamo) yields one flat graph of aten
-ops plus one ``torch.ops.trtbuild.paged_attention`` per layer. It covers exactly the ops the emitter produces (float and
-quantized checkpoints); any other op fails the import with one line naming it.
+ops plus one ``torch.ops.trtbuild.paged_attention`` per layer and one ``torch.ops.trtbuild.moe`` per sparse layer. It
+covers exactly the ops the emitter produces (float and quantized checkpoints); any other op fails the import with one
+line naming it.
 
 Float initializers become buffers in the engine's compute dtype; quantized weights keep their integer / float8
 storage (int4 unpacked to int8) with float32 scales, and ``DequantizeLinear`` runs in the graph, where Inductor can
@@ -27,8 +28,9 @@ from torch import Tensor
 
 from ...config import EngineIO
 from ...errors import BuildError
+from ...plugins import moe as moe_op
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
-from . import ops
+from . import moe, ops
 
 FLOAT8 = onnx.TensorProto.FLOAT8E4M3FN
 STEP_INPUTS = ("input_ids", "positions", "block_tables", "query_start_loc", "logits_indices")
@@ -261,6 +263,13 @@ def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequenc
     return (out, kc, vc)  # the cache outputs alias the (mutated) inputs
 
 
+def _moe(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    if node.attrs.get("activation", moe_op.ACTIVATION_SILU) != moe_op.ACTIVATION_SILU:
+        raise BuildError(f"{node.outputs[0]}: the torch backend's MoE runs silu experts only")
+    scales = (x[4], x[5]) if len(x) > 5 else (None, None)  # int8 experts
+    return (moe.moe(*x[:4], *scales, int(node.attrs["top_k"]), bool(node.attrs["renormalize"])),)
+
+
 OPS: dict[str, Handler] = {
     "Gather": _gather,
     "MatMul": _matmul,
@@ -283,4 +292,5 @@ OPS: dict[str, Handler] = {
     "Max": lambda m, n, x: (torch.maximum(x[0], x[1]),),
     "DequantizeLinear": _dequantize,
     f"{DOMAIN}::{OP_TYPE}": _paged_attention,
+    f"{moe_op.DOMAIN}::{moe_op.OP_TYPE}": _moe,
 }

@@ -39,7 +39,7 @@ from ...runtime.batch import StepBatch
 from ...runtime.engine_session import EngineSession
 from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
-from . import ops  # registers torch.ops.trtbuild.paged_attention, which the package calls
+from . import moe, ops  # noqa: F401  (register torch.ops.trtbuild.paged_attention / .moe, which the package calls)
 from .decode_graphs import DecodeGraphs
 from .memory import default_kv_cache_memory
 from .runners import load_aoti, load_compiled

@@ -1,8 +1,8 @@
 // The onnxruntime glue of trtbuild's native CPU ops, domain "trtbuild.cpu": PagedAttention (paged_attention.h),
-// QuantizeRows and RescaleRows (row_ops.h), QLinear (linear.h) and SwiGLU (swiglu.h). The only file that knows
-// onnxruntime beyond the opaque context the ops pass to parallel_for: it reads each node's attributes and tensors,
-// allocates its outputs, calls the op's entry point, and registers the ops (RegisterCustomOps, the library's one
-// exported symbol).
+// QuantizeRows and RescaleRows (row_ops.h), QLinear (linear.h), SwiGLU (swiglu.h) and MoE (moe.h). The only file
+// that knows onnxruntime beyond the opaque context the ops pass to parallel_for: it reads each node's attributes and
+// tensors, allocates its outputs, calls the op's entry point, and registers the ops (RegisterCustomOps, the
+// library's one exported symbol).
 //
 // Built by trtbuild/backends/onnxruntime/kernel_library.py (g++ -O3 -march=native, every .cc of this folder in one
 // command, at first use, cached per machine) and loaded with SessionOptions.register_custom_ops_library.
@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "linear.h"
+#include "moe.h"
 #include "ort_api.h"
 #include "paged_attention.h"
 #include "row_ops.h"
@@ -255,6 +256,70 @@ const OrtCustomOp kQLinear = {
     compute_linear, destroy_linear, linear_input_characteristic, required, input_memory_type, {nullptr},
 };
 
+// ---------------------------------------------------------------------------------------------------------------
+// MoE.
+
+struct MoeKernel {
+  int64_t top_k = 0, renormalize = 0;
+};
+
+void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
+  const MoeKernel& k = *static_cast<MoeKernel*>(kernel_ptr);
+  const Tensor x = input(ctx, 0), logits = input(ctx, 1), gate_up = input(ctx, 2), down = input(ctx, 3);
+  if (x.rank != 2 || logits.rank != 2 || gate_up.rank != 3 || down.rank != 3) return;
+  void* y = nullptr;
+  if (!output(ctx, 0, x.dims, 2, &y) || y == nullptr) return;
+  MoeArgs a{};
+  a.tokens = x.dims[0];
+  a.hidden_size = x.dims[1];
+  a.experts = gate_up.dims[0];
+  a.inter = gate_up.dims[1] / 2;
+  a.top_k = k.top_k;
+  a.renormalize = k.renormalize != 0;
+  const bool consistent = logits.dims[0] == a.tokens && logits.dims[1] == a.experts &&
+                          gate_up.dims[2] == a.hidden_size && down.dims[0] == a.experts &&
+                          down.dims[1] == a.hidden_size && down.dims[2] == a.inter && a.top_k >= 1 &&
+                          a.top_k <= a.experts;
+  const Tensor gate_up_scale = input(ctx, 4), down_scale = input(ctx, 5);  // int8 experts only
+  const bool int8 = gate_up_scale.data != nullptr && down_scale.data != nullptr;
+  if (!consistent || !x.data || !logits.data || !gate_up.data || !down.data) {  // refused at build time
+    std::fill(static_cast<float*>(y), static_cast<float*>(y) + a.tokens * a.hidden_size, 0.0f);
+    return;
+  }
+  a.hidden = static_cast<const float*>(x.data);
+  a.logits = static_cast<const float*>(logits.data);
+  if (int8) {
+    a.gate_up_q = static_cast<const int8_t*>(gate_up.data);
+    a.down_q = static_cast<const int8_t*>(down.data);
+    a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
+    a.down_scale = static_cast<const float*>(down_scale.data);
+  } else {
+    a.gate_up = static_cast<const float*>(gate_up.data);
+    a.down = static_cast<const float*>(down.data);
+  }
+  a.out = static_cast<float*>(y);
+  moe(ctx, a);
+}
+
+void* create_moe(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
+  auto* kernel = new MoeKernel{};
+  auto get_int = slot<GetAttrIntFn>(kKernelInfoGetAttributeInt64);
+  ok(get_int(info, "top_k", &kernel->top_k));
+  ok(get_int(info, "renormalize", &kernel->renormalize));
+  return kernel;
+}
+
+void destroy_moe(void* kernel) { delete static_cast<MoeKernel*>(kernel); }
+const char* moe_name(const OrtCustomOp*) { return "MoE"; }
+int moe_input(const OrtCustomOp*, size_t i) { return (i == 2 || i == 3) ? kUndefined : kFloat; }  // float or int8
+size_t six(const OrtCustomOp*) { return 6; }
+int moe_input_characteristic(const OrtCustomOp*, size_t i) { return i >= 4 ? kOptional : kRequired; }
+
+const OrtCustomOp kMoE = {
+    kCustomOpVersion, create_moe, moe_name, op_provider, moe_input, six, output_type, one,
+    compute_moe, destroy_moe, moe_input_characteristic, required, input_memory_type, {nullptr},
+};
+
 }  // namespace
 
 bool parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data) {
@@ -271,7 +336,7 @@ extern "C" __attribute__((visibility("default"))) OrtStatus* RegisterCustomOps(O
   OrtCustomOpDomain* domain = nullptr;  // lives as long as the process (sessions may outlive any owner here)
   OrtStatus* status = slot<CreateDomainFn>(kCreateCustomOpDomain)("trtbuild.cpu", &domain);
   if (status) return status;
-  for (const OrtCustomOp* op : {&kPagedAttention, &kQuantizeRows, &kRescaleRows, &kQLinear, &kSwiGLU}) {
+  for (const OrtCustomOp* op : {&kPagedAttention, &kQuantizeRows, &kRescaleRows, &kQLinear, &kSwiGLU, &kMoE}) {
     status = slot<DomainAddFn>(kCustomOpDomainAdd)(domain, op);
     if (status) return status;
   }

@@ -1,8 +1,9 @@
 """The onnxruntime build's graph rewrites, in the order they run: ``PASSES``.
 
-The portable graph (``graph/emit.py``: standard ONNX ops, one ``trtbuild::PagedAttention`` node per layer, the
-quantized formats' Q/DQ patterns) enters the first pass; the graph the last one leaves is the engine: standard and
-``com.microsoft`` ops onnxruntime runs, plus the native library's ``trtbuild.cpu`` ops where the build chose them.
+The portable graph (``graph/emit.py``: standard ONNX ops, one ``trtbuild::PagedAttention`` node per layer, one
+``trtbuild::MoE`` node per sparse layer, the quantized formats' Q/DQ patterns) enters the first pass; the graph the
+last one leaves is the engine: standard and ``com.microsoft`` ops onnxruntime runs, plus the native library's
+``trtbuild.cpu`` ops where the build chose them.
 Each pass's module states its contract (the ops it rewrites, into what); a pass that finds nothing to rewrite
 leaves the graph as it is.
 
@@ -19,9 +20,10 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ....config import BuildConfig, CpuAttention, CpuLinear, EngineIO, ModelConfig
-from ..kernel_library import WEIGHT_OPS
+from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
 from .embedding import shared_int8_embedding
 from .lowering import lower_for_onnxruntime
+from .moe import lowered_moe, native_moe
 from .native import fuse_swiglu, lower_to_native, native_supports
 from .native_linear import LinearSimd, cpu_linear_simd, native_linears
 from .weights import (
@@ -67,7 +69,7 @@ def _native_library(target: Target) -> bool:
 
 def _no_linear_to_run(graph: onnx.ModelProto, build: BuildConfig) -> BuildConfig:
     """``QLinear`` replaced nothing (a float model): the engine runs onnxruntime's linears, and says so."""
-    if any((n.domain, n.op_type) in WEIGHT_OPS for n in graph.graph.node):
+    if any((n.domain, n.op_type) == (NATIVE_DOMAIN, QLINEAR_OP) for n in graph.graph.node):
         return build
     return replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
 
@@ -83,6 +85,9 @@ PASSES: tuple[Pass, ...] = (
         lambda g, t: native_linears(g),
         settle=_no_linear_to_run,
     ),
+    # the engine loads the library (options settled): experts routed natively, else dense standard ops
+    Pass("native-moe", _native_library, lambda g, t: native_moe(g)),
+    Pass("lowered-moe", lambda t: not _native_library(t), lambda g, t: lowered_moe(g)),
     Pass(  # GGUF Q4_1 linears QLinear did not take
         "offset-linears",
         lambda t: t.model.quantization is not None,

@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ....config import BuildConfig
 from ....errors import BuildError
+from ....plugins import moe as moe_op
 from ....plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs
 
 PLUGIN_DOMAIN = "trt.plugins"
@@ -61,6 +62,11 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
     plugins = [n for n in graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if not plugins:
         raise BuildError(f"the portable graph has no {DOMAIN}::{OP_TYPE} node; was it built by trtbuild?")
+    if any(n.domain == moe_op.DOMAIN and n.op_type == moe_op.OP_TYPE for n in graph.node):
+        raise BuildError(
+            "mixture-of-experts layers (trtbuild::MoE) are not supported by the TensorRT backend yet; "
+            "build this checkpoint with --backend onnxruntime or --backend torch"
+        )
     initializers = {init.name: init for init in graph.initializer}
     _check_whole_blocks(graph, initializers)
     _check_static_activations(graph)

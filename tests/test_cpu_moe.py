@@ -1,0 +1,119 @@
+"""``trtbuild::MoE`` against its numpy oracle (plugins/moe/reference.py): the native ``trtbuild.cpu::MoE``
+(trtbuild/kernels/cpu/moe.cc, placed by ``native_moe``), the standard-op lowering (``lowered_moe``) and the torch op,
+with float experts and with int8 ones (a scale per row).
+
+Shapes cover a decode token, k = E, one expert kept, widths off the 8-lane loop, and more tokens than one routing
+pass (256) with the thread split; the native kernel must not read an expert no token chose."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from trtbuild.backends.onnxruntime.build.moe import lowered_moe, native_moe
+from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, library_path
+from trtbuild.backends.torch.moe import moe as torch_moe
+from trtbuild.plugins.moe import DOMAIN, OP_TYPE, MoeAttrs, moe, route
+from trtbuild.quantize.moe import int8_rows
+
+# tokens, hidden, expert width, experts, top_k, renormalize
+CASES = [(1, 48, 24, 6, 2, True), (7, 40, 20, 4, 4, False), (5, 13, 9, 3, 1, False), (300, 64, 40, 8, 2, True)]
+
+
+def _inputs(t: int, h: int, i: int, e: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    hidden = rng.standard_normal((t, h)).astype(np.float32)
+    logits = (2.0 * rng.standard_normal((t, e))).astype(np.float32)
+    gate_up = (rng.standard_normal((e, 2 * i, h)) / np.sqrt(h)).astype(np.float32)
+    down = (rng.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    return hidden, logits, gate_up, down
+
+
+def _portable(gate_up: np.ndarray, down: np.ndarray, attrs: MoeAttrs, scales: tuple | None = None):
+    """One ``trtbuild::MoE`` node as the emitter writes it: the experts (and int8 experts' row scales) are
+    initializers."""
+    names = ["hidden", "logits", "gate_up", "down"] + (["gate_up_scale", "down_scale"] if scales else [])
+    node = helper.make_node(
+        OP_TYPE, names, ["out"], name="layers.0.moe.experts", domain=DOMAIN,
+        top_k=attrs.top_k, renormalize=int(attrs.renormalize), activation=attrs.activation,
+    )  # fmt: skip
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("hidden", "logits")]
+    arrays = [gate_up, down, *(scales or ())]
+    inits = [numpy_helper.from_array(a, n) for a, n in zip(arrays, names[2:], strict=True)]
+    graph = helper.make_graph(
+        [node], "moe", inputs, [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])
+
+
+def _run(model, hidden: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.register_custom_ops_library(str(library_path()))
+    opts.intra_op_num_threads = 2
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, {"hidden": hidden, "logits": logits})[0]
+
+
+def _close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+
+
+def test_route_renormalizes_and_breaks_ties_to_the_lower_expert():
+    logits = np.array([[0.0, 1.0, 1.0, -1.0]], np.float32)
+    experts, weights = route(logits, 2, renormalize=True)
+    assert experts.tolist() == [[1, 2]] and np.allclose(weights, 0.5)
+    experts, weights = route(logits, 3, renormalize=False)
+    p = np.exp(logits[0]) / np.exp(logits[0]).sum()
+    assert experts.tolist() == [[1, 2, 0]] and np.allclose(weights[0], p[[1, 2, 0]])
+
+
+@pytest.mark.parametrize("form", ["native", "lowered"])
+@pytest.mark.parametrize(("t", "h", "i", "e", "k", "renorm"), CASES)
+def test_onnxruntime_forms_match_the_oracle(form, t, h, i, e, k, renorm):
+    hidden, logits, gate_up, down = _inputs(t, h, i, e)
+    attrs = MoeAttrs(k, renorm)
+    model = (native_moe if form == "native" else lowered_moe)(_portable(gate_up, down, attrs))
+    ops = {(n.domain, n.op_type) for n in model.graph.node}
+    assert ((NATIVE_DOMAIN, MOE_OP) in ops) == (form == "native") and (DOMAIN, OP_TYPE) not in ops
+    _close(_run(model, hidden, logits), moe(hidden, logits, gate_up, down, attrs))
+
+
+@pytest.mark.parametrize("form", ["native", "lowered", "torch"])
+@pytest.mark.parametrize(("t", "h", "i", "e", "k", "renorm"), [*CASES[:3], (40, 64, 40, 8, 2, True)])
+def test_int8_experts_match_the_oracle(form, t, h, i, e, k, renorm):
+    """Int8 experts with a scale per row (``quantize/moe.py``'s rounding), against the oracle on the same codes."""
+    hidden, logits, gate_up, down = _inputs(t, h, i, e)
+    (gu_q, gu_s), (d_q, d_s) = int8_rows(gate_up), int8_rows(down)
+    attrs = MoeAttrs(k, renorm)
+    want = moe(hidden, logits, gu_q, d_q, attrs, gu_s, d_s)
+    if form == "torch":
+        tensors = (torch.from_numpy(a) for a in (hidden, logits, gu_q, d_q, gu_s, d_s))
+        got = torch_moe(*tensors, k, renorm).numpy()
+    else:
+        portable = _portable(gu_q, d_q, attrs, scales=(gu_s, d_s))
+        got = _run((native_moe if form == "native" else lowered_moe)(portable), hidden, logits)
+    _close(got, want)
+    float_out = moe(hidden, logits, gate_up, down, attrs)  # int8 rows: within a percent of the float experts
+    assert np.abs(want - float_out).max() < 0.02 * np.abs(float_out).max()
+
+
+def test_native_kernel_reads_only_the_routed_experts():
+    """A decode token routed to experts 1 and 3: the other experts' weights are NaN and must not be read."""
+    hidden, logits, gate_up, down = _inputs(1, 32, 16, 6)
+    logits[:] = [[0.0, 5.0, 0.0, 4.0, 0.0, 0.0]]
+    want = moe(hidden, logits, gate_up, down, MoeAttrs(2, True))
+    for unused in (0, 2, 4, 5):
+        gate_up[unused] = np.nan
+        down[unused] = np.nan
+    got = _run(native_moe(_portable(gate_up, down, MoeAttrs(2, True))), hidden, logits)
+    _close(got, want)
+
+
+@pytest.mark.parametrize(("t", "h", "i", "e", "k", "renorm"), CASES)
+def test_torch_op_matches_the_oracle(t, h, i, e, k, renorm):
+    hidden, logits, gate_up, down = _inputs(t, h, i, e)
+    got = torch_moe(*(torch.from_numpy(a) for a in (hidden, logits, gate_up, down)), None, None, k, renorm)
+    _close(got.numpy(), moe(hidden, logits, gate_up, down, MoeAttrs(k, renorm)))

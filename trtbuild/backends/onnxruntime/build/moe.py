@@ -1,0 +1,114 @@
+"""``trtbuild::MoE`` (plugins/moe/README.md) for onnxruntime: the native kernel's node, or standard ONNX ops.
+
+``native_moe``: each plugin node becomes one ``trtbuild.cpu::MoE`` node (``trtbuild/kernels/cpu/moe.cc``), same
+inputs and attributes: per step the kernel groups the tokens by routed expert and reads only those experts.
+
+``lowered_moe``: each plugin node becomes a dense subgraph of opset-23 ops that onnxruntime runs without trtbuild's
+library (no compiler needed): ``Softmax`` and ``TopK`` over the router logits (``Div`` by the kept sum when
+renormalising), the kept weights scattered into a ``[T, E]`` matrix of zeros (``ScatterElements``), every expert on
+every token as two batched ``MatMul`` s (``[T, H] x [E, H, 2I] -> [E, T, 2I]``, SwiGLU, ``x [E, I, H] ->
+[E, T, H]``: the expert weights are stored transposed for it; int8 experts are widened and scaled in the graph
+every step), then weighted and summed over experts. Exact, but E / k times the expert work of the routed form
+(docs/decisions/moe-plugin-op.md).
+
+Pass contracts (``passes.PASSES``): ``native-moe`` / ``lowered-moe``: ``trtbuild::MoE`` -> ``trtbuild.cpu::MoE`` /
+standard ops. Every other node is kept.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ....config import ORT_LOWERED_NODE_PREFIX
+from ....errors import BuildError
+from ....graph.builder import GraphBuilder
+from ....plugins.moe import ACTIVATION_SILU, DOMAIN, OP_TYPE
+from ..kernel_library import MOE_OP, NATIVE_DOMAIN
+from .graph_edit import node_attr, replace_nodes
+
+
+def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
+    for node in nodes:
+        activation = node_attr(node, "activation", ACTIVATION_SILU)
+        activation = activation.decode() if isinstance(activation, bytes) else activation
+        if activation != ACTIVATION_SILU or len(node.input) not in (4, 6):
+            raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 or 6 inputs and activation silu (plugins/moe)")
+    return nodes
+
+
+def _with_native_domain(model: onnx.ModelProto) -> None:
+    if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+
+
+def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every ``trtbuild::MoE`` node replaced by the native library's ``MoE`` node."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = _moe_nodes(out)
+    if not nodes:
+        return out
+    replacements = {
+        node.name: [
+            helper.make_node(
+                MOE_OP,
+                list(node.input),
+                list(node.output),
+                name=ORT_LOWERED_NODE_PREFIX + node.name,
+                domain=NATIVE_DOMAIN,
+                top_k=int(node_attr(node, "top_k")),
+                renormalize=int(node_attr(node, "renormalize")),
+            )
+        ]
+        for node in nodes
+    }
+    replace_nodes(out.graph, set(), replacements)
+    _with_native_domain(out)
+    return out
+
+
+def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with every ``trtbuild::MoE`` node expanded into dense standard ops (the module doc)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = _moe_nodes(out)
+    if not nodes:
+        return out
+    opset = next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx"))
+    inits = {t.name: t for t in out.graph.initializer}
+    replacements = {}
+    for node in nodes:
+        b = GraphBuilder(opset, prefix=ORT_LOWERED_NODE_PREFIX + node.name + "/")
+        hidden, logits, gate_up, down = node.input[:4]
+        expert_weights = {}
+        for i, name in enumerate((gate_up, down)):  # [E, out, in] -> [E, in, out] for the batched MatMuls
+            if name not in inits:
+                raise BuildError(f"{node.name}: the lowered {OP_TYPE} needs its expert weights as initializers")
+            w = b.initializer(name + ".t", np.ascontiguousarray(numpy_helper.to_array(inits[name]).transpose(0, 2, 1)))
+            if len(node.input) == 6:  # int8 rows: widened, times their scales [E, 1, out]
+                scale = numpy_helper.to_array(inits[node.input[4 + i]])
+                scale = b.initializer(node.input[4 + i] + ".rows", scale[:, None, :].astype(np.float32))
+                w = b.op("Mul", [b.op("Cast", [w], name=f"widen{i}", to=onnx.TensorProto.FLOAT), scale], name=f"dq{i}")
+            expert_weights[name] = w
+        top_k, inter = int(node_attr(node, "top_k")), inits[gate_up].dims[1] // 2
+        probs = b.op("Softmax", [logits], name="probs", axis=-1)
+        kept, experts = b.op_multi("TopK", [probs, b.const([top_k])], outputs=2, name="top_k", axis=-1)
+        if int(node_attr(node, "renormalize")):
+            total = b.op("ReduceSum", [kept, b.const([-1])], name="kept_sum", keepdims=1)
+            kept = b.op("Div", [kept, total], name="renormalize")
+        zeros = b.op("ConstantOfShape", [b.op("Shape", [probs], name="shape")], name="zeros")
+        dense = b.op("ScatterElements", [zeros, experts, kept], name="weights", axis=1)  # [T, E], 0 where not kept
+        per_expert = b.op("Unsqueeze", [b.op("Transpose", [dense], name="weights_t", perm=[1, 0]), b.const([2])])
+        gu = b.op("MatMul", [hidden, expert_weights[gate_up]], name="gate_up")  # [E, T, 2I]
+        g, u = b.op_multi("Split", [gu, b.const([inter, inter])], outputs=2, name="split", axis=-1)
+        act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], name="sigmoid")], name="silu"), u], name="gated")
+        down_y = b.op("MatMul", [act, expert_weights[down]], name="down")
+        y = b.op("Mul", [down_y, per_expert], name="weighted")  # [E, T, H]
+        b.rename_output(b.op("ReduceSum", [y, b.const([0])], name="sum", keepdims=0), node.output[0])
+        replacements[node.name] = b.nodes
+        out.graph.initializer.extend(b.initializers)
+    replace_nodes(out.graph, set(), replacements)
+    return out

@@ -1,0 +1,48 @@
+"""``torch.ops.trtbuild.moe``: the ``trtbuild::MoE`` plugin (plugins/moe/README.md) as a torch custom op.
+
+Tokens are indexed per routed expert: each expert some token chose runs once on its tokens (``index_add_`` of the
+weighted outputs), the others are not touched. The routing is data-dependent, so the op is opaque to
+``torch.export`` / Inductor (its fake implementation gives the output's shape); a process running a torch engine
+imports this module first (``TorchSession`` does), as ``ops.py``. Checked against the numpy oracle in
+``tests/test_cpu_moe.py``.
+"""
+
+import torch
+from torch import Tensor
+
+
+@torch.library.custom_op("trtbuild::moe", mutates_args=())
+def moe(
+    hidden: Tensor,
+    router_logits: Tensor,
+    gate_up: Tensor,
+    down: Tensor,
+    gate_up_scale: Tensor | None,
+    down_scale: Tensor | None,
+    top_k: int,
+    renormalize: bool,
+) -> Tensor:
+    """``trtbuild::MoE``: ``[T, H]`` in ``hidden``'s dtype; routing in float32, experts in the weights' dtype (int8
+    experts, given their row scales, are widened to ``hidden``'s dtype one routed expert at a time)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    inter = gate_up.shape[1] // 2
+    out = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    for e in torch.unique(experts).tolist():
+        tokens, slots = torch.where(experts == e)
+        w_gate_up, w_down = gate_up[e], down[e]
+        if gate_up_scale is not None and down_scale is not None:
+            w_gate_up = (w_gate_up.float() * gate_up_scale[e].float()[:, None]).to(hidden.dtype)
+            w_down = (w_down.float() * down_scale[e].float()[:, None]).to(hidden.dtype)
+        x = hidden[tokens].to(w_gate_up.dtype)
+        g, u = (x @ w_gate_up.t()).split(inter, dim=-1)
+        y = (torch.nn.functional.silu(g) * u) @ w_down.t()
+        out.index_add_(0, tokens, y.float() * weights[tokens, slots, None])
+    return out.to(hidden.dtype)
+
+
+@moe.register_fake
+def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scale, down_scale, top_k, renormalize):
+    return hidden.new_empty(hidden.shape)
