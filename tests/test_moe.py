@@ -36,8 +36,10 @@ def test_mixtral_config_and_layout():
     assert tensors["layers.1.moe.down.weight"] == (4, 48, 40)
     assert not any(".mlp." in name for name in tensors)
     assert "layers.0.mlp.gate_up" not in canonical_linears(cfg)
-    # a window caps the usable positions, as Mistral's
-    assert model_config_from_hf(hf_spec("mixtral", sliding_window=32), DType.FLOAT32).max_position_embeddings == 32
+    # a window slides every layer, as Mistral's; Qwen3-MoE's too (transformers reads no layer_types for it)
+    assert model_config_from_hf(hf_spec("mixtral", sliding_window=32), DType.FLOAT32).kv_window == 32
+    qwen = hf_spec("qwen3_moe", use_sliding_window=True, sliding_window=32, max_window_layers=1)
+    assert model_config_from_hf(qwen, DType.FLOAT32).kv_window == 32
 
 
 def test_qwen3_moe_config_and_layout():
@@ -75,7 +77,6 @@ def test_dense_checkpoint_config_without_moe_still_reads():
         ("qwen3_moe", dict(scoring_func="sigmoid"), "scoring_func='sigmoid' is not supported"),
         ("mixtral", dict(topk_group=2), "topk_group=2"),
         ("mixtral", dict(hidden_act="gelu"), "hidden_act 'gelu'"),
-        ("qwen3_moe", dict(layer_types=["full_attention", "sliding_attention", "full_attention"]), "sliding-window"),
         ("qwen3_moe", dict(num_experts_per_tok=7), "top_k 7 must be between 1 and num_experts 6"),
         ("qwen3_moe", dict(decoder_sparse_step=0), "decoder_sparse_step 0"),
     ],

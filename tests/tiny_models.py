@@ -149,7 +149,8 @@ TINY_MOE_CONFIGS = {
         tie_word_embeddings=False,
         initializer_range=0.15,
     ),
-    "qwen3_moe": dict(  # 6 experts, top 3, not renormalised; layer 1 dense (mlp_only_layers), layer 2 sparse
+    "qwen3_moe": dict(  # 6 experts, top 3, not renormalised; layer 1 dense (mlp_only_layers), layer 2 sparse;
+        # every layer slides over 8 positions (the runner releases blocks outside the window)
         architectures=["Qwen3MoeForCausalLM"],
         model_type="qwen3_moe",
         hidden_size=48,
@@ -164,6 +165,8 @@ TINY_MOE_CONFIGS = {
         norm_topk_prob=False,
         decoder_sparse_step=1,
         mlp_only_layers=[1],
+        use_sliding_window=True,
+        sliding_window=8,
         vocab_size=103,
         max_position_embeddings=128,
         rms_norm_eps=1e-6,

@@ -2,7 +2,7 @@
 ``num_local_experts`` SwiGLU experts (``block_sparse_moe``), of which a softmax router keeps the
 ``num_experts_per_tok`` most probable per token and always renormalises their weights to sum to 1.
 
-The sliding window caps the usable positions as for Mistral (``llama.py``). ``router_jitter_noise`` only acts in
+A ``sliding_window`` slides every layer, as Mistral's (``llama.py``). ``router_jitter_noise`` only acts in
 training and is ignored. Shared experts and non-softmax routers are refused (``moe.py``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import DType, ModelConfig, MoeConfig
+from ..config import AttentionKind, DType, ModelConfig, MoeConfig
 from .llama import llama_layout_config
 from .moe import refuse_moe_variants
 from .registration import Refusals, register_architecture
@@ -22,18 +22,18 @@ def mixtral_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusa
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_size = int(hf.get("head_dim") or hidden // heads)
     refuse_moe_variants(hf, refusals)
-    max_pos = int(hf.get("max_position_embeddings", 4096 * 32))
-    if hf.get("sliding_window"):
-        max_pos = min(max_pos, int(hf["sliding_window"]))  # beyond the window, full attention would differ
+    window = hf.get("sliding_window")
     cfg = llama_layout_config(
         arch,
         hf,
         dtype,
         refusals,
         head_size=head_size,
-        max_position_embeddings=max_pos,
+        max_position_embeddings=int(hf.get("max_position_embeddings", 4096 * 32)),
         qkv_bias=False,
         attn_out_bias=False,
+        layer_types=[AttentionKind.SLIDING if window else AttentionKind.FULL] * int(hf["num_hidden_layers"]),
+        sliding_window=int(window) if window else None,
     )
     moe = MoeConfig(
         num_experts=int(hf.get("num_local_experts", 8)),

@@ -1,11 +1,14 @@
-"""Qwen3-MoE (``Qwen3MoeForCausalLM``): Qwen3 (``qwen3.py``: per-head q/k RMSNorm, its head_dim, sliding layers
-refused) whose sparse layers' MLP is a mixture of ``num_experts`` SwiGLU experts of ``moe_intermediate_size``: a
+"""Qwen3-MoE (``Qwen3MoeForCausalLM``): Qwen3 (``qwen3.py``: per-head q/k RMSNorm, its head_dim) whose sparse
+layers' MLP is a mixture of ``num_experts`` SwiGLU experts of ``moe_intermediate_size``: a
 softmax router over every expert keeps the ``num_experts_per_tok`` most probable per token, their probabilities
 renormalised to sum to 1 only when ``norm_topk_prob``.
 
 A layer is sparse when it is not in ``mlp_only_layers`` and ``(layer + 1) % decoder_sparse_step == 0`` (as
 transformers' ``Qwen3MoeDecoderLayer``); the others keep a dense MLP of ``intermediate_size``. ``num_experts`` 0
 makes every layer dense. Shared experts and non-softmax routers are refused (``moe.py``).
+
+Unlike Qwen3's, transformers' Qwen3-MoE attention slides in every layer when ``use_sliding_window`` is set (it reads
+neither ``layer_types`` nor ``max_window_layers``).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import DType, ModelConfig, MoeConfig
+from ..config import AttentionKind, DType, ModelConfig, MoeConfig
 from .moe import refuse_moe_variants
 from .qwen3 import qwen3_config
 from .registration import Refusals, register_architecture
@@ -27,6 +30,9 @@ def qwen3_moe_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refu
     hf = {**QWEN3_MOE_DEFAULTS, **hf}
     refuse_moe_variants(hf, refusals)
     cfg = qwen3_config(arch, hf, dtype, refusals)
+    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
+    kind = AttentionKind.SLIDING if window else AttentionKind.FULL
+    cfg = replace(cfg, layer_types=[kind] * cfg.num_layers, sliding_window=int(window) if window else None)
     # transformers 5 writes num_experts as num_local_experts (its attribute map), earlier versions as num_experts
     experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
     step = int(hf.get("decoder_sparse_step", 1))
