@@ -157,24 +157,27 @@ def test_portable_graph_has_one_moe_node_per_sparse_layer(tmp_path, name):
         assert attrs == {"top_k": cfg.moe.top_k, "renormalize": int(cfg.moe.renormalize), "activation": b"silu"}
 
 
+def engine_forms() -> dict:
+    """form -> (BuildConfig, TorchConfig or None): the native onnxruntime engine, the standard-op one (dense MoE,
+    lowered attention, onnxruntime's linears) and the torch CPU engine."""
+    from trtbuild.config import Backend, BuildConfig, CpuAttention, CpuLinear, TorchConfig, TorchDevice
+
+    lowered = dict(cpu_attention=CpuAttention.LOWERED, cpu_linear=CpuLinear.ONNXRUNTIME)
+    return {
+        "native": (BuildConfig(max_seq_len=128, kv_block_size=4), None),
+        "lowered": (BuildConfig(max_seq_len=128, kv_block_size=4, **lowered), None),
+        "torch": (BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4), TorchConfig(TorchDevice.CPU)),
+    }
+
+
 @pytest.fixture(scope="module")
 def moe_engines(tmp_path_factory):
     """name -> (hf model, {form: engine dir}): each tiny MoE model converted once and built as an onnxruntime engine
     with the native kernels (``native``), with standard ops only (``lowered``) and as a torch CPU engine."""
     from trtbuild.build import build_engine
-    from trtbuild.config import Backend, BuildConfig, CpuAttention, CpuLinear, TorchConfig, TorchDevice
 
     root = tmp_path_factory.mktemp("moe")
-    builds = {
-        "native": (BuildConfig(max_seq_len=128, kv_block_size=4), None),
-        "lowered": (
-            BuildConfig(
-                max_seq_len=128, kv_block_size=4, cpu_attention=CpuAttention.LOWERED, cpu_linear=CpuLinear.ONNXRUNTIME
-            ),
-            None,
-        ),
-        "torch": (BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4), TorchConfig(TorchDevice.CPU)),
-    }
+    builds = engine_forms()
     out = {}
     for name in TINY_MOE_CONFIGS:
         model = make_hf_model(name, root / f"{name}-hf", seed=3)

@@ -10,39 +10,25 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from test_moe import engine_forms
 from tiny_models import TINY_MOE_CONFIGS, make_hf_model
 
 from trtbuild.build import build_engine
 from trtbuild.checkpoint.files import load_any_checkpoint, save_checkpoint
 from trtbuild.checkpoint.layout import expected_quantized_tensors
 from trtbuild.config import (
-    Backend,
-    BuildConfig,
-    CpuAttention,
-    CpuLinear,
     DType,
     KVCacheDType,
     ModelConfig,
     QFormat,
     QuantConfig,
-    TorchConfig,
-    TorchDevice,
 )
 from trtbuild.convert.convert import convert
 from trtbuild.errors import TrtbuildError
 from trtbuild.quantize.quantize import check_request, quantize
 from trtbuild.runtime.batch import StepBatch
 
-BUILDS = {
-    "native": (BuildConfig(max_seq_len=128, kv_block_size=4), None),
-    "lowered": (
-        BuildConfig(
-            max_seq_len=128, kv_block_size=4, cpu_attention=CpuAttention.LOWERED, cpu_linear=CpuLinear.ONNXRUNTIME
-        ),
-        None,
-    ),
-    "torch": (BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4), TorchConfig(TorchDevice.CPU)),
-}
+BUILDS = engine_forms()
 
 
 def dequantized_twin(ckpt, out) -> None:

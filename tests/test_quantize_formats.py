@@ -91,8 +91,10 @@ class ImportedSession:
 
     def step(self, batch: StepBatch) -> np.ndarray:
         arrays = (batch.input_ids, batch.positions, batch.block_tables, batch.query_start_loc, batch.logits_indices)
+        # every layer's cache has the same blocks here: a two-group model's sliding layers read the one table
+        sliding = (torch.from_numpy(batch.block_tables),) if self.module.sliding else ()
         with torch.no_grad():
-            return self.module(*map(torch.from_numpy, arrays), self.caches).numpy()
+            return self.module(*map(torch.from_numpy, arrays), self.caches, *sliding).numpy()
 
 
 # int8 per channel (+ int8 cache), int4 blocked with a partial last group (+ zero points), fp8 static (+ fp8 cache)

@@ -146,17 +146,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         return gemma3_hf_config(cfg)
     rope = hf_rope(cfg.rope)
     out: dict[str, Any] = dict(
-        architectures=[cfg.architecture],
-        model_type=MODEL_TYPES[cfg.architecture],
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_size,
-        max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.norm_eps,
+        **_sizes(cfg),
         rope_parameters=rope,
         rope_theta=cfg.rope.theta,
         tie_word_embeddings=cfg.tie_word_embeddings,
@@ -181,12 +171,8 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return out
 
 
-def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """Gemma 3's ``config.json`` (transformers 5: ``rope_parameters`` per layer type): the inverse of
-    ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there; ``build_hf_model``
-    sets the checkpoint's own (rounded to its dtype)."""
-    assert cfg.rope is not None
-    kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
+def _sizes(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` keys every rebuilt model shares: architecture, model type, sizes, positions, norm eps."""
     return dict(
         architectures=[cfg.architecture],
         model_type=MODEL_TYPES[cfg.architecture],
@@ -199,6 +185,17 @@ def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         head_dim=cfg.head_size,
         max_position_embeddings=cfg.max_position_embeddings,
         rms_norm_eps=cfg.norm_eps,
+    )
+
+
+def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma 3's ``config.json`` (transformers 5: ``rope_parameters`` per layer type): the inverse of
+    ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there; ``build_hf_model``
+    sets the checkpoint's own (rounded to its dtype)."""
+    assert cfg.rope is not None
+    kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
+    return dict(
+        **_sizes(cfg),
         hidden_activation="gelu_pytorch_tanh",
         layer_types=[kinds[kind] for kind in cfg.layer_types],
         # a model with no sliding layer has no window; transformers wants a number all the same (then unused)
