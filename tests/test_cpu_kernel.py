@@ -72,6 +72,21 @@ CASES = {
 }
 
 
+def _ragged_step(rng, lens: list[int], firsts: list[int], attrs: PagedAttentionAttrs, bs: int) -> tuple:
+    """A step of sequences of ``lens`` new tokens from positions ``firsts``: (caches, reference caches, block tables,
+    query_start_loc, positions, qkv). Each sequence gets disjoint, scrambled blocks (block 0 unused), as the block
+    manager hands them out."""
+    hq, hkv, d = attrs.num_heads, attrs.num_kv_heads, attrs.head_size
+    max_blocks = max((f + n + bs - 1) // bs for f, n in zip(firsts, lens, strict=True))
+    num_blocks = 1 + len(lens) * max_blocks
+    caches, refs = _caches(rng, (num_blocks, bs, hkv, d), attrs.kv_cache_dtype)
+    tables = rng.permutation(np.arange(1, num_blocks)).reshape(len(lens), max_blocks).astype(np.int64)
+    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    positions = np.concatenate([np.arange(f, f + n) for f, n in zip(firsts, lens, strict=True)]).astype(np.int64)
+    qkv = rng.standard_normal((int(qsl[-1]), (hq + 2 * hkv) * d)).astype(np.float32)
+    return caches, refs, tables, qsl, positions, qkv
+
+
 def _caches(rng, shape, kv_type):
     """Random caches in the op's storage type, and the same in the reference's (fp8: ml_dtypes.float8_e4m3fn)."""
     k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
@@ -104,15 +119,8 @@ def test_native_kernel_matches_reference(case, kv_type):
     rng = np.random.default_rng(0)
     # A ragged step: a fresh 37-token prompt, a decode at position 50, a 5-token chunk after 20 cached positions,
     # a 100-token chunk after 3 (large enough for the kernel's parallel path), a decode at position 0.
-    lens, firsts = [37, 1, 5, 100, 1], [0, 50, 20, 3, 0]
-    max_blocks = max((f + n + bs - 1) // bs for f, n in zip(firsts, lens, strict=True))
-    num_blocks = 1 + len(lens) * max_blocks
-    caches, (ref_kc, ref_vc) = _caches(rng, (num_blocks, bs, hkv, d), kv_type)
-    # Disjoint, scrambled blocks per sequence (block 0 unused), as the block manager hands them out.
-    tables = rng.permutation(np.arange(1, num_blocks)).reshape(len(lens), max_blocks).astype(np.int64)
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    positions = np.concatenate([np.arange(f, f + n) for f, n in zip(firsts, lens, strict=True)]).astype(np.int64)
-    qkv = rng.standard_normal((int(qsl[-1]), (hq + 2 * hkv) * d)).astype(np.float32)
+    step = _ragged_step(rng, [37, 1, 5, 100, 1], [0, 50, 20, 3, 0], attrs, bs)
+    caches, (ref_kc, ref_vc), tables, qsl, positions, qkv = step
     cos_sin = rotary_cos_sin_cache(256, rot_dim, 10000.0) if rotary else None
 
     scales = SCALES if kv_type != KV_FLOAT else (None, None)
@@ -149,14 +157,10 @@ def test_native_kernel_window_and_softcap_match_reference(case):
     hq, hkv, d, bs, rotary, interleaved, rot_dim, threads = CASES[base]
     attrs = PagedAttentionAttrs(hq, hkv, d, d**-0.5, interleaved, kv_type, sliding_window=window, softcap=softcap)
     rng = np.random.default_rng(1)
-    lens, firsts = [37, 1, 5, 100, 1, 2], [0, 90, 60, 3, 0, 150]  # later decodes and a chunk: more blocks skipped
-    max_blocks = max((f + n + bs - 1) // bs for f, n in zip(firsts, lens, strict=True))
-    num_blocks = 1 + len(lens) * max_blocks
-    caches, (ref_kc, ref_vc) = _caches(rng, (num_blocks, bs, hkv, d), kv_type)
-    tables = rng.permutation(np.arange(1, num_blocks)).reshape(len(lens), max_blocks).astype(np.int64)
-    qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    positions = np.concatenate([np.arange(f, f + n) for f, n in zip(firsts, lens, strict=True)]).astype(np.int64)
-    qkv = rng.standard_normal((int(qsl[-1]), (hq + 2 * hkv) * d)).astype(np.float32)
+    firsts = [0, 90, 60, 3, 0, 150]  # later decodes and a chunk than above: more blocks skipped
+    step = _ragged_step(rng, [37, 1, 5, 100, 1, 2], firsts, attrs, bs)
+    caches, (ref_kc, ref_vc), tables, qsl, positions, qkv = step
+    num_blocks, max_blocks = caches[0].shape[0], tables.shape[1]
     if kv_type != KV_FLOAT:  # new values (and unrotated keys) on the cache's grid: both sides store the same codes
         for head, scale in [(hq + hkv, SCALES[1])] + ([] if rotary else [(hq, SCALES[0])]):
             x = qkv[:, head * d : (head + hkv) * d]
