@@ -51,6 +51,11 @@ def towers(hf: dict[str, Any]) -> list[str]:
     return [k for k, v in hf.items() if k.endswith("_config") and k != "text_config" and isinstance(v, dict)]
 
 
+def towers_phrase(keys: list[str]) -> str:
+    """``vision tower (vision_config), ...``: the towers of a multimodal config by their config keys."""
+    return ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in keys)
+
+
 def text_config(text: dict[str, Any]) -> dict[str, Any]:
     """A multimodal config's ``text_config`` as a complete config of its own: transformers' defaults filled in
     (``config.json`` stores a sub-config's differences from them) and ``architectures`` named by transformers'
@@ -109,7 +114,7 @@ class TextModelReader(HFReader):
 
     def dropped_line(self) -> str:
         """One line saying what was left out."""
-        named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in self.towers) or "its towers"
+        named = towers_phrase(self.towers) or "its towers"
         return f"{self.multimodal_architecture}: dropped the {named}, {self.dropped} tensors; the text model converts"
 
 

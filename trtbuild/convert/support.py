@@ -24,7 +24,7 @@ from ..checkpoint.files import WEIGHTS_FILE
 from ..config import DType, ModelConfig
 from ..errors import ConvertError, TrtbuildError
 from ..models import config_problems, hf_dtype, supported_architectures
-from .multimodal import TEXT_MODELS, text_config, text_model_config, towers
+from .multimodal import TEXT_MODELS, text_config, text_model_config, towers, towers_phrase
 from .tensor_names import SourceFormat
 
 
@@ -200,7 +200,7 @@ def _check_hf(folder: Path) -> SupportReport:
     if len(archs) == 1 and archs[0] in TEXT_MODELS and isinstance(hf.get("text_config"), dict):
         cfg, config_refusals = config_problems(text_model_config(hf), dtype)
         problems = [f"its text model: {p}" for p in config_refusals] + problems
-        named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers(hf))
+        named = towers_phrase(towers(hf))
         note = f"{archs[0]}: {named} not converted; the text model converts"
         return SupportReport(folder, SourceFormat.HF, archs, problems, None if problems else cfg, notes=[note])
     if len(archs) == 1 and archs[0] not in supported_architectures() and isinstance(hf.get("text_config"), dict):
@@ -224,7 +224,7 @@ def _weights_problems(folder: Path) -> list[str]:
 
 def _multimodal_problems(arch: str, hf: dict[str, Any], dtype: DType) -> tuple[list[str], ModelConfig | None]:
     """The problems of a multimodal config, and its text model's ``ModelConfig`` when that would convert."""
-    named = ", ".join(f"{k.removesuffix('_config')} tower ({k})" for k in towers(hf)) or "what is beside its text model"
+    named = towers_phrase(towers(hf)) or "what is beside its text model"
     problems = [f"{arch}: {named} not supported"]
     text_hf = text_config(hf["text_config"])
     text_arch = (text_hf.get("architectures") or [None])[0]

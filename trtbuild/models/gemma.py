@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..config import AttentionKind, DType, MlpKind, ModelConfig, RopeConfig
-from .llama import llama_layout_config, rope_from_hf
+from .llama import llama_layout_config, read_layer_types, rope_from_hf
 from .registration import Refusals, register_architecture
 
 # transformers' Gemma2Config / Gemma3TextConfig defaults, for the keys config.json (or a GGUF file) may leave out
@@ -50,7 +50,6 @@ GEMMA_DEFAULTS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 131_072,
     },
 }
-LAYER_TYPES = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
 
 
 def dtype_round(x: float, dtype: DType) -> float:
@@ -96,12 +95,7 @@ def gemma_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals
     names = hf.get("layer_types") or [
         "sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)
     ]
-    if len(names) != layers:
-        raise ValueError(f"layer_types names {len(names)} layers, num_hidden_layers is {layers}")
-    unknown = sorted({n for n in names if n not in LAYER_TYPES})
-    if unknown:
-        refusals.refuse(f"layer type {unknown[0]!r} is not supported (full_attention, sliding_attention)")
-    kinds = [LAYER_TYPES.get(n, AttentionKind.FULL) for n in names]
+    kinds = read_layer_types(names, layers, refusals)
     sliding = AttentionKind.SLIDING in kinds
     if gemma3:
         full_rope, local_rope = _ropes(hf, head_size, refusals)

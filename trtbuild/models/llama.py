@@ -35,8 +35,7 @@ def llama_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals
     if hf.get("mlp_bias"):
         refusals.refuse("mlp_bias is not supported for gated MLPs")
     if arch == "MistralForCausalLM":  # transformers' Mistral slides every layer when the config has a window
-        window = hf.get("sliding_window")
-        layer_types = [AttentionKind.SLIDING if window else AttentionKind.FULL] * int(hf["num_hidden_layers"])
+        layer_types, window = every_layer(hf.get("sliding_window"), int(hf["num_hidden_layers"]))
     else:
         layer_types, window = window_layers(hf, refusals)
     return llama_layout_config(
@@ -49,8 +48,34 @@ def llama_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals
         qkv_bias=arch == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
         attn_out_bias=bool(hf.get("attention_bias", False)) and arch != "Qwen2ForCausalLM",
         layer_types=layer_types,
-        sliding_window=int(window) if window else None,
+        sliding_window=window,
     )
+
+
+# transformers' names of the layer types -> AttentionKind (quantize's rebuilt configs use the inverse)
+HF_LAYER_TYPES = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
+
+
+def every_layer(window: int | None, layers: int) -> tuple[list[AttentionKind], int | None]:
+    """(layer kinds, window) of a model whose every layer slides when its config has a window (Mistral, Phi-3,
+    Mixtral, Qwen3-MoE), and none does without."""
+    if not window:
+        return [AttentionKind.FULL] * layers, None
+    return [AttentionKind.SLIDING] * layers, int(window)
+
+
+def check_layer_count(names: Sequence[str], layers: int) -> None:
+    """``layer_types`` must name every layer (transformers' config validation refuses it otherwise)."""
+    if len(names) != layers:
+        raise ValueError(f"layer_types names {len(names)} layers, num_hidden_layers is {layers}")
+
+
+def read_layer_types(names: Sequence[str], layers: int, refusals: Refusals) -> list[AttentionKind]:
+    """A config's ``layer_types`` as ``AttentionKind``s: each name it does not know is refused (and read as full)."""
+    check_layer_count(names, layers)
+    for name in sorted(set(names) - set(HF_LAYER_TYPES)):
+        refusals.refuse(f"layer type {name!r} is not supported (full_attention, sliding_attention)")
+    return [HF_LAYER_TYPES.get(n, AttentionKind.FULL) for n in names]
 
 
 def window_layers(hf: dict[str, Any], refusals: Refusals) -> tuple[list[AttentionKind], int | None]:
@@ -59,17 +84,14 @@ def window_layers(hf: dict[str, Any], refusals: Refusals) -> tuple[list[Attentio
     the layers from ``max_window_layers`` on."""
     layers = int(hf["num_hidden_layers"])
     given = hf.get("layer_types")
-    if given and len(given) != layers:  # transformers' config validation refuses it whether or not a layer slides
-        raise ValueError(f"layer_types names {len(given)} layers, num_hidden_layers is {layers}")
+    if given:  # checked whether or not a layer slides
+        check_layer_count(given, layers)
     window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
     if not window:
         return [AttentionKind.FULL] * layers, None
     first_sliding = int(hf.get("max_window_layers", 28))
     names = given or ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(layers)]
-    kinds = {"full_attention": AttentionKind.FULL, "sliding_attention": AttentionKind.SLIDING}
-    for name in sorted(set(names) - set(kinds)):
-        refusals.refuse(f"layer type {name!r} is not supported (full_attention, sliding_attention)")
-    layer_types = [kinds.get(n, AttentionKind.FULL) for n in names]
+    layer_types = read_layer_types(names, layers, refusals)
     return layer_types, int(window) if AttentionKind.SLIDING in layer_types else None
 
 

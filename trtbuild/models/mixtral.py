@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import AttentionKind, DType, ModelConfig, MoeConfig
-from .llama import llama_layout_config
+from ..config import DType, ModelConfig, MoeConfig
+from .llama import every_layer, llama_layout_config
 from .moe import refuse_moe_variants
 from .registration import Refusals, register_architecture
 
@@ -22,7 +22,7 @@ def mixtral_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusa
     hidden, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
     head_size = int(hf.get("head_dim") or hidden // heads)
     refuse_moe_variants(hf, refusals)
-    window = hf.get("sliding_window")
+    layer_types, window = every_layer(hf.get("sliding_window"), int(hf["num_hidden_layers"]))
     cfg = llama_layout_config(
         arch,
         hf,
@@ -32,8 +32,8 @@ def mixtral_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusa
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096 * 32)),
         qkv_bias=False,
         attn_out_bias=False,
-        layer_types=[AttentionKind.SLIDING if window else AttentionKind.FULL] * int(hf["num_hidden_layers"]),
-        sliding_window=int(window) if window else None,
+        layer_types=layer_types,
+        sliding_window=window,
     )
     moe = MoeConfig(
         num_experts=int(hf.get("num_local_experts", 8)),

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import AttentionKind, DType, ModelConfig
-from .llama import llama_layout_config
+from ..config import DType, ModelConfig
+from .llama import every_layer, llama_layout_config
 from .registration import Refusals, register_architecture
 
 
@@ -42,8 +42,7 @@ def phi3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals)
         rope = {k: v for k, v in rope.items() if k in ("rope_theta", "partial_rotary_factor")}  # read on as default
     # transformers 5 keeps the factor in rope_parameters, 4.x at the top level
     partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
-    window = hf.get("sliding_window")
-    layers = int(hf["num_hidden_layers"])
+    layer_types, window = every_layer(hf.get("sliding_window"), int(hf["num_hidden_layers"]))
     return llama_layout_config(
         arch,
         {**hf, "partial_rotary_factor": partial, "rope_parameters": rope, "rope_scaling": None},
@@ -53,6 +52,6 @@ def phi3_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refusals)
         max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
         qkv_bias=False,
         attn_out_bias=False,
-        layer_types=[AttentionKind.SLIDING if window else AttentionKind.FULL] * layers,
-        sliding_window=int(window) if window else None,
+        layer_types=layer_types,
+        sliding_window=window,
     )

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..config import AttentionKind, DType, ModelConfig, MoeConfig
+from ..config import DType, ModelConfig, MoeConfig
+from .llama import every_layer
 from .moe import refuse_moe_variants
 from .qwen3 import qwen3_config
 from .registration import Refusals, register_architecture
@@ -30,9 +31,10 @@ def qwen3_moe_config(arch: str, hf: dict[str, Any], dtype: DType, refusals: Refu
     hf = {**QWEN3_MOE_DEFAULTS, **hf}
     refuse_moe_variants(hf, refusals)
     cfg = qwen3_config(arch, hf, dtype, refusals)
-    window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
-    kind = AttentionKind.SLIDING if window else AttentionKind.FULL
-    cfg = replace(cfg, layer_types=[kind] * cfg.num_layers, sliding_window=int(window) if window else None)
+    layer_types, window = every_layer(
+        hf.get("sliding_window") if hf.get("use_sliding_window") else None, cfg.num_layers
+    )
+    cfg = replace(cfg, layer_types=layer_types, sliding_window=window)
     # transformers 5 writes num_experts as num_local_experts (its attribute map), earlier versions as num_experts
     experts = int(hf.get("num_experts", hf.get("num_local_experts", 128)))
     step = int(hf.get("decoder_sparse_step", 1))

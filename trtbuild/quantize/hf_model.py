@@ -22,6 +22,7 @@ import numpy as np
 from ..checkpoint.layout import LAYER_LINEARS
 from ..config import AttentionKind, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
 from ..errors import TrtbuildError
+from ..models.llama import HF_LAYER_TYPES
 
 # Architectures quantize accepts -> transformers model_type.
 MODEL_TYPES = {
@@ -159,8 +160,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.architecture in ("MistralForCausalLM", "Phi3ForCausalLM"):  # a window slides every layer
         out["sliding_window"] = cfg.sliding_window
     if cfg.architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):  # the window slides the layers it names
-        kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
-        out.update(use_sliding_window=cfg.sliding_window is not None, layer_types=[kinds[k] for k in cfg.layer_types])
+        out.update(use_sliding_window=cfg.sliding_window is not None, layer_types=hf_layer_types(cfg))
         out["sliding_window"] = cfg.sliding_window
     if cfg.architecture == "Qwen3ForCausalLM":
         out["attention_bias"] = cfg.qkv_bias
@@ -188,16 +188,21 @@ def _sizes(cfg: ModelConfig) -> dict[str, Any]:
     )
 
 
+def hf_layer_types(cfg: ModelConfig) -> list[str]:
+    """``cfg``'s layer kinds in transformers' names (the inverse of ``models.llama.HF_LAYER_TYPES``)."""
+    names = {kind: name for name, kind in HF_LAYER_TYPES.items()}
+    return [names[kind] for kind in cfg.layer_types]
+
+
 def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """Gemma 3's ``config.json`` (transformers 5: ``rope_parameters`` per layer type): the inverse of
     ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there; ``build_hf_model``
     sets the checkpoint's own (rounded to its dtype)."""
     assert cfg.rope is not None
-    kinds = {AttentionKind.FULL: "full_attention", AttentionKind.SLIDING: "sliding_attention"}
     return dict(
         **_sizes(cfg),
         hidden_activation="gelu_pytorch_tanh",
-        layer_types=[kinds[kind] for kind in cfg.layer_types],
+        layer_types=hf_layer_types(cfg),
         # a model with no sliding layer has no window; transformers wants a number all the same (then unused)
         sliding_window=cfg.sliding_window or cfg.max_position_embeddings,
         rope_parameters={
