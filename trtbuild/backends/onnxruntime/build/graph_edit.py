@@ -51,6 +51,12 @@ def emitted_quantization(graph: onnx.GraphProto, q: onnx.NodeProto) -> set[str]:
     return {n.name for n in graph.node if n.name.startswith(base)}
 
 
+def import_domain(model: onnx.ModelProto, domain: str) -> None:
+    """Import ``domain`` (version 1) into ``model`` unless it is imported already."""
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+
+
 def replace_nodes(graph: onnx.GraphProto, dead: set[str], replacements: dict[str, list[onnx.NodeProto]]) -> None:
     """Drop the ``dead`` nodes, put each ``replacements`` list in its node's place, and drop the initializers no
     node reads any more (onnxruntime warns about them)."""

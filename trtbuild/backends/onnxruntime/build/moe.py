@@ -26,7 +26,7 @@ from ....errors import BuildError
 from ....graph.builder import GraphBuilder
 from ....plugins.moe import ACTIVATION_SILU, DOMAIN, OP_TYPE
 from ..kernel_library import MOE_OP, NATIVE_DOMAIN
-from .graph_edit import node_attr, replace_nodes
+from .graph_edit import import_domain, node_attr, replace_nodes
 
 
 def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -37,11 +37,6 @@ def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         if activation != ACTIVATION_SILU or len(node.input) not in (4, 6):
             raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 or 6 inputs and activation silu (plugins/moe)")
     return nodes
-
-
-def _with_native_domain(model: onnx.ModelProto) -> None:
-    if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
 
 
 def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -66,7 +61,7 @@ def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
         for node in nodes
     }
     replace_nodes(out.graph, set(), replacements)
-    _with_native_domain(out)
+    import_domain(out, NATIVE_DOMAIN)
     return out
 
 

@@ -36,7 +36,7 @@ from ..kernel_library import (
     NATIVE_DOMAIN,
     SWIGLU_OP,
 )
-from .graph_edit import node_attr, node_attrs
+from .graph_edit import import_domain, node_attr, node_attrs
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has
 # no float8), so its graph inputs are uint8.
@@ -158,8 +158,7 @@ def fuse_swiglu(model: onnx.ModelProto) -> onnx.ModelProto:
     kept = [t for t in graph.initializer if t.name in used or t.name not in orphans]
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    if not any(o.domain == NATIVE_DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+    import_domain(out, NATIVE_DOMAIN)
     return out
 
 

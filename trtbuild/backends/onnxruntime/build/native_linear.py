@@ -41,7 +41,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
-from .graph_edit import dynamic_linears, emitted_quantization, node_attrs, replace_nodes
+from .graph_edit import dynamic_linears, emitted_quantization, import_domain, node_attrs, replace_nodes
 from .weights import ACTIVATION_BLOCK, offset_weight
 
 PANEL = 16  # output columns per packed panel (one AVX-512 register of int32 sums, two AVX2 ones)
@@ -256,6 +256,5 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     graph.initializer.extend(packed)
     replace_nodes(graph, dead, replacements)
-    if not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+    import_domain(model, NATIVE_DOMAIN)
     return model

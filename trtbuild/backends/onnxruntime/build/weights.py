@@ -35,7 +35,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
-from .graph_edit import dynamic_linears, emitted_quantization, node_attrs, replace_nodes
+from .graph_edit import dynamic_linears, emitted_quantization, import_domain, node_attrs, replace_nodes
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block
 
@@ -172,8 +172,8 @@ def integer_gemms_per_token(model: onnx.ModelProto, native: bool) -> onnx.ModelP
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
     graph.initializer.extend(unsigned_weights.values())
     replace_nodes(graph, dead, replacements)
-    if native and not any(o.domain == NATIVE_DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(NATIVE_DOMAIN, 1))
+    if native:
+        import_domain(model, NATIVE_DOMAIN)
     return model
 
 
