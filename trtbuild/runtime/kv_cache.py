@@ -18,7 +18,7 @@ import os
 import numpy as np
 
 from ..config import BuildConfig, KVCacheDType, ModelConfig
-from .kv_groups import group_memory_need
+from .kv_groups import group_bytes_per_block, group_memory_need
 
 # Storage dtype of the cache arrays per KV cache dtype (fp8 as its bit patterns).
 CACHE_NUMPY_DTYPES = {KVCacheDType.FLOAT32: np.float32, KVCacheDType.INT8: np.int8, KVCacheDType.FP8: np.uint8}
@@ -28,9 +28,8 @@ KV_MEMORY_FRACTION = 0.25  # of the memory available when a CPU engine opens: th
 
 
 def bytes_per_block(model: ModelConfig, block_size: int) -> int:
-    """Memory one block takes across all layers, keys and values."""
-    itemsize = np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize
-    return 2 * model.num_layers * block_size * model.num_kv_heads * model.head_size * itemsize
+    """Memory one block takes across all layers, keys and values (a block of each KV-cache group)."""
+    return sum(group_bytes_per_block(model, block_size, np.dtype(CACHE_NUMPY_DTYPES[model.kv_cache_dtype]).itemsize))
 
 
 def available_memory() -> int | None:
