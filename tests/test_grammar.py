@@ -8,12 +8,15 @@ The engine gets a character-level tokenizer with JSON's punctuation (``json_toke
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import numpy as np
@@ -357,18 +360,15 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATH
 
 
 @pytest.fixture(scope="module")
-def tool_client(tmp_path_factory):
-    """A server on a tiny random llama of 1,024 positions (the functions' descriptions take ~600 characters)."""
-    import openai
+def tool_engine(tmp_path_factory) -> Path:
+    """A tiny random llama of 1,024 positions (the functions' descriptions take ~600 characters), JSON tokenizer."""
     import torch
-    from test_serve import API_KEY, running_server
     from tiny_models import TINY_CONFIGS
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trtbuild.build import build_engine
     from trtbuild.config import BuildConfig, DType
     from trtbuild.convert.convert import convert
-    from trtbuild.serve.config import ServeConfig
 
     root = tmp_path_factory.mktemp("tools")
     spec = {**TINY_CONFIGS["llama_gqa"], "max_position_embeddings": 1024}
@@ -377,9 +377,25 @@ def tool_client(tmp_path_factory):
     model.save_pretrained(str(root / "hf"))
     convert(root / "hf", root / "ckpt", DType.FLOAT32)
     build_engine(root / "ckpt", root / "long", BuildConfig(max_seq_len=1024, kv_block_size=16))
-    engine = add_json_tokenizer(root / "long", root / "engine")
+    return add_json_tokenizer(root / "long", root / "engine")
+
+
+@contextlib.contextmanager
+def openai_client(engine: Path) -> Iterator[Any]:
+    import openai
+    from test_serve import API_KEY, running_server
+
+    from trtbuild.serve.config import ServeConfig
+
     with running_server(engine, ServeConfig(api_key=API_KEY)) as url:
         yield openai.OpenAI(base_url=url, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tool_client(tool_engine):
+    """A server whose chat template renders no tools: they are described in a system message."""
+    with openai_client(tool_engine) as client:
+        yield client
 
 
 def test_serve_tool_choice_required_calls_a_declared_function(tool_client):
@@ -489,6 +505,116 @@ def test_tool_call_stream_splits_a_call_at_any_boundary():
         assert [c["function"]["name"] for c in calls if "id" in c] == ["get_weather"]
         assert "".join(c["function"]["arguments"] for c in calls) == json.dumps({"city": "a}b", "unit": "c"})
     tools = parse_tools({"tools": [WEATHER, ADD]})  # tool_choice auto: a reply is a call only if it is one
-    assert tools.parse_call(text) == ("get_weather", json.dumps({"city": "a}b", "unit": "c"}))
-    assert tools.parse_call('{"name": "nope", "arguments": {}}') is None
-    assert tools.parse_call("the weather is fine") is None
+    assert tools.parse_calls(text) == [("get_weather", json.dumps({"city": "a}b", "unit": "c"}))]
+    assert tools.parse_calls('{"name": "nope", "arguments": {}}') == []
+    assert tools.parse_calls("the weather is fine") == []
+    assert tools.parse_calls(f"<tool_call>{text}</tool_call>") == []  # the Hermes tags are not this format's
+
+
+# A chat template in the Hermes tool format (modelled on Qwen2.5's, Apache-2.0): tools listed in <tools>, calls in
+# <tool_call> blocks, tool results as <tool_response> user turns.
+HERMES_TEMPLATE = (
+    "{% if tools %}<s>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools></s>\n"
+    "{% elif messages[0].role == 'system' %}<s>system\n{{ messages[0].content }}</s>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'system' %}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<s>assistant\n{% for c in m.tool_calls %}<tool_call>\n"
+    '{{ {"name": c.function.name, "arguments": c.function.arguments} | tojson }}\n</tool_call>{% endfor %}</s>\n'
+    "{% elif m.role == 'tool' %}<s>user\n<tool_response>\n{{ m.content }}\n</tool_response></s>\n"
+    "{% else %}<s>{{ m.role }}\n{{ m.content }}</s>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def hermes_engine(tool_engine, tmp_path_factory) -> Path:
+    engine = tmp_path_factory.mktemp("hermes") / "engine"
+    shutil.copytree(tool_engine, engine)
+    (engine / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    return engine
+
+
+def test_hermes_template_gets_the_tools_and_the_calls_in_its_own_format(hermes_engine, tool_engine):
+    """A template that renders ``tools`` with <tool_call> tags gets the functions as ``tools`` (not a system
+    message), the history's calls with their arguments as objects, and a required call starts after <tool_call>."""
+    from trtbuild.runtime.tokenizer import Tokenizer
+    from trtbuild.serve.protocol import Endpoint, parse_request
+    from trtbuild.serve.tools import ToolFormat
+
+    tokenizer = Tokenizer.from_engine_dir(hermes_engine)
+    assert tokenizer.template_takes_tools and ToolFormat.of(tokenizer) is ToolFormat.HERMES
+    assert ToolFormat.of(Tokenizer.from_engine_dir(tool_engine)) is ToolFormat.SYSTEM_MESSAGE  # renders no tools
+    call = {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    messages = [
+        {"role": "user", "content": "1 + 2"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+    ]
+    body = {"messages": messages, "tools": [WEATHER, ADD], "tool_choice": "required"}
+    [chat] = parse_request(body, Endpoint.CHAT, ToolFormat.HERMES).prompts
+    assert chat.messages[0] == messages[0] and chat.tools == [WEATHER, ADD] and chat.reply_prefix == "<tool_call>\n"
+    text = tokenizer.apply_chat_template(chat.messages, tools=chat.tools) + chat.reply_prefix
+    assert text.startswith("<s>system\n<tools>" + json.dumps(WEATHER) + json.dumps(ADD) + "</tools>")
+    assert '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>' in text  # not re-quoted
+    assert text.endswith("<tool_response>\n3\n</tool_response></s>\n<s>assistant\n<tool_call>\n")
+    auto = parse_request({**body, "tool_choice": "auto"}, Endpoint.CHAT, ToolFormat.HERMES)
+    assert auto.prompts[0].reply_prefix == "" and auto.tools is not None
+    two = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n<tool_call>\n' + (
+        '{"name": "get_weather", "arguments": {"city": "x", "unit": "c"}}\n</tool_call>'
+    )
+    assert [name for name, _ in auto.tools.parse_calls(two)] == ["add", "get_weather"]
+    assert auto.tools.parse_calls("sure: " + two) == []  # text beside the calls: a text reply
+    assert auto.tools.parse_calls('{"name": "add", "arguments": {"a": 1, "b": 2}}') == [("add", '{"a": 1, "b": 2}')]
+
+
+def test_serve_required_call_on_a_hermes_template(hermes_engine):
+    """Through the server: the reply generated after the forced <tool_call> names a declared function with
+    arguments that validate, whole and streamed alike; an "auto" text reply streams the text it answers whole."""
+    with openai_client(hermes_engine) as client:
+        kwargs = dict(
+            model="tiny",
+            messages=[{"role": "user", "content": "weather in paris?"}],
+            tools=[WEATHER, ADD],
+            tool_choice="required",
+            max_tokens=80,
+            temperature=0,
+        )
+        whole = client.chat.completions.create(**kwargs)
+        [call] = whole.choices[0].message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+        assert whole.choices[0].finish_reason == "tool_calls"
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+        assert calls[0].function.name == call.function.name
+        assert "".join(tc.function.arguments or "" for tc in calls) == call.function.arguments
+        auto = {**kwargs, "tool_choice": "auto", "max_tokens": 30}  # the random model replies text: streamed as such
+        text = client.chat.completions.create(**auto).choices[0].message.content
+        chunks = list(client.chat.completions.create(**auto, stream=True))
+        assert text and "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_auto_call_stream_holds_back_only_what_may_be_a_call(step):
+    """``"auto"`` streaming: a reply that is calls goes out as tool_calls deltas at its end, whatever the
+    boundaries; a text reply streams as it comes (held back only while it could still open a call)."""
+    from trtbuild.serve.tools import AutoCallStream, ToolFormat, parse_tools
+
+    def run(tools, reply):
+        stream, text, calls = AutoCallStream(tools), [], []
+        for i in range(0, len(reply), step):
+            t, c = stream.feed(reply[i : i + step], finished=i + step >= len(reply))
+            text.append(t)
+            calls += c
+        return "".join(text), calls, text
+
+    hermes = parse_tools({"tools": [WEATHER, ADD]}, ToolFormat.HERMES)
+    reply = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    text, calls, _ = run(hermes, reply)
+    assert text == "" and [(c["index"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == [
+        (0, "add", '{"a": 1, "b": 2}')
+    ]
+    text, calls, parts = run(hermes, "Hello there, no call")
+    assert text == "Hello there, no call" and calls == []
+    assert step == 1000 or parts[1] != ""  # passed through once it cannot open a call, not held to the end
+    text, calls, _ = run(hermes, '{"not": "a call"}')
+    assert text == '{"not": "a call"}' and calls == []  # held (it could have been one), then sent as text

@@ -234,16 +234,25 @@ class LLM:
         return TextStream(self, rid, state, request[0])
 
     def chat(
-        self, messages: Messages | Sequence[Messages], params: SamplingParams | None = None
+        self,
+        messages: Messages | Sequence[Messages],
+        params: SamplingParams | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[RequestOutput]:
-        """Reply to one conversation or a list of them, rendered with the engine's chat template."""
+        """Reply to one conversation or a list of them, rendered with the engine's chat template (``tools``:
+        OpenAI function tools for templates that render them, as vLLM's ``LLM.chat`` takes them)."""
         chats = [messages] if not messages or isinstance(messages[0], Mapping) else list(messages)
-        return self.generate([self.chat_prompt(m) for m in chats], params)
+        return self.generate([self.chat_prompt(m, tools=tools) for m in chats], params)
 
-    def chat_prompt(self, messages: Messages) -> list[int]:
-        """Token ids of ``messages`` rendered by the chat template with ``add_generation_prompt=True``."""
+    def chat_prompt(
+        self, messages: Messages, *, tools: Sequence[Mapping[str, Any]] | None = None, reply_prefix: str = ""
+    ) -> list[int]:
+        """Token ids of ``messages`` rendered by the chat template with ``add_generation_prompt=True`` (``tools``:
+        OpenAI function tools handed to the template), followed by ``reply_prefix``, the reply's forced start."""
         tokenizer = self._require_tokenizer("chat")
-        return tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+        text = tokenizer.apply_chat_template(messages, tools=tools) + reply_prefix
+        return tokenizer.encode(text, add_special_tokens=False)
 
     # ------------------------------------------------------------------ step-wise API (a server owns the loop)
 

@@ -25,16 +25,24 @@ REPLACEMENT_CHAR = "\ufffd"  # what an incomplete UTF-8 sequence decodes to: hol
 class Tokenizer:
     """Text <-> token ids for one engine, plus its chat template. Load with ``from_engine_dir``."""
 
-    def __init__(self, tokenizer: HFTokenizer, config: Mapping[str, Any], chat_template: str | None) -> None:
+    def __init__(
+        self,
+        tokenizer: HFTokenizer,
+        config: Mapping[str, Any],
+        chat_template: str | None,
+        tool_template: str | None = None,
+    ) -> None:
         self._tok = tokenizer
         self.chat_template = chat_template  # jinja2 source, or None when the engine has none
+        # tokenizer_config.json's named "tool_use" template, rendered instead when tools are given (transformers' rule)
+        self.tool_template = tool_template
         # Special tokens the chat template may reference ({{ bos_token }} ...): strings, or {"content": ...} dicts.
         self.special_tokens = {
             key: value["content"] if isinstance(value, dict) else value
             for key in ("bos_token", "eos_token", "unk_token", "pad_token")
             if isinstance(value := config.get(key), str | dict)
         }
-        self._compiled: Any = None
+        self._compiled: dict[str, Any] = {}  # jinja2 source -> its compiled template
 
     @classmethod
     def from_engine_dir(cls, engine_dir: Path) -> Tokenizer | None:
@@ -55,9 +63,16 @@ class Tokenizer:
                 raise EngineError(f"{config_path}: not valid JSON ({e})") from None
         template_path = path.with_name(CHAT_TEMPLATE_FILE)
         template = template_path.read_text() if template_path.is_file() else config.get("chat_template")
+        tool_template = None
         if isinstance(template, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-        return cls(tok, config, template if isinstance(template, str) else None)
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template, tool_template = named.get("default"), named.get("tool_use")
+        return cls(
+            tok,
+            config,
+            template if isinstance(template, str) else None,
+            tool_template if isinstance(tool_template, str) else None,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -78,14 +93,23 @@ class Tokenizer:
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """Render ``messages`` ([{"role": ..., "content": ...}, ...]) with the engine's chat template.
 
         Rendered like transformers' ``apply_chat_template``: a sandboxed jinja2 environment with ``trim_blocks``,
         ``lstrip_blocks``, loop controls, ``raise_exception``, ``strftime_now`` and a ``tojson`` filter. The
         result already holds the template's special tokens: encode it with ``add_special_tokens=False``.
+        ``tools`` (OpenAI function tools, ``{"type": "function", "function": {...}}``) are handed to the template
+        as its ``tools`` variable, by the ``tool_use`` template where the tokenizer config names one.
         """
-        if self.chat_template is None:
+        source = self.tool_template if tools is not None and self.tool_template is not None else self.chat_template
+        if source is None:
             raise RequestError("the engine has no chat template (chat_template.jinja or in tokenizer_config.json)")
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
             raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects")
@@ -94,30 +118,52 @@ class Tokenizer:
                 raise RequestError(f"messages[{i}]: expected an object with a 'role' string and a 'content'")
         from jinja2 import TemplateError
 
+        extra = {} if tools is None else {"tools": [dict(t) for t in tools]}
         try:
-            return self._template().render(
+            return self._template(source).render(
                 messages=[dict(m) for m in messages],
                 add_generation_prompt=add_generation_prompt,
+                **extra,
                 **self.special_tokens,
             )
         except TemplateError as e:
             raise RequestError(f"chat template: {e}") from None
 
-    def _template(self) -> Any:
-        if self._compiled is None:
-            from jinja2 import TemplateError
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+    @property
+    def template_takes_tools(self) -> bool:
+        """Whether the chat template (or the ``tool_use`` one) reads a ``tools`` variable: describes functions."""
+        if self.tool_template is not None:
+            return True
+        if self.chat_template is None:
+            return False
+        from jinja2 import TemplateError, meta
 
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise_exception
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            return "tools" in meta.find_undeclared_variables(_environment().parse(self.chat_template))
+        except TemplateError as e:
+            raise EngineError(f"the engine's chat template does not compile ({e})") from None
+
+    def _template(self, source: str) -> Any:
+        if source not in self._compiled:
+            from jinja2 import TemplateError
+
             try:
-                self._compiled = env.from_string(self.chat_template)
+                self._compiled[source] = _environment().from_string(source)
             except TemplateError as e:
                 raise EngineError(f"the engine's chat template does not compile ({e})") from None
-        return self._compiled
+        return self._compiled[source]
+
+
+def _environment() -> Any:
+    """transformers' chat-template environment: sandboxed jinja2, trimmed blocks, its filters and globals."""
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 def check_text(text: object) -> None:

@@ -31,6 +31,7 @@ from .errors import APIError, bad_request, internal, overloaded, too_large, unau
 from .metrics import ServerMetrics
 from .protocol import Endpoint, ParsedRequest, parse_request
 from .responses import ResponseBuilder, sse
+from .tools import ToolFormat
 
 RETRY_AFTER_S = 1
 ACCESS_LOGGER = "trtbuild.serve.access"  # uvicorn's handler prints it to stderr (server.py)
@@ -44,6 +45,7 @@ class ServerState:
         self.metrics = ServerMetrics()
         self.engine = EngineLoop(llm, config.max_queue, self.metrics)
         self.created = int(time.time())
+        self.tool_format = ToolFormat.of(llm.tokenizer)  # how the chat template takes functions (serve/tools.py)
 
 
 def build_app(llm: LLM, config: ServeConfig, model_name: str) -> Starlette:
@@ -191,7 +193,7 @@ async def _read_json(request: Request, limit: int) -> Any:
 
 async def _generate(state: ServerState, request: Request, endpoint: Endpoint) -> Response:
     _authorize(state, request)
-    parsed = parse_request(await _read_json(request, state.config.max_body_bytes), endpoint)
+    parsed = parse_request(await _read_json(request, state.config.max_body_bytes), endpoint, state.tool_format)
     if parsed.model is not None and parsed.model != state.model_name:
         raise bad_request(
             f"the model '{parsed.model}' does not exist; this server serves '{state.model_name}'",

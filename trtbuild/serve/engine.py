@@ -46,7 +46,7 @@ class Update:
 
 @dataclass
 class Submission:
-    """One HTTP request's prompts (text, token ids, or a chat as messages) on their way through the engine."""
+    """One HTTP request's prompts (text, token ids, or chats: ``tools.ChatInput``) on their way through the engine."""
 
     prompts: Sequence[Any]
     params: SamplingParams
@@ -156,7 +156,10 @@ class EngineLoop:
     def _add(self, sub: Submission, future: asyncio.Future[None] | None) -> None:
         error: BaseException | None = None
         try:
-            prompts: list[Any] = [self.llm.chat_prompt(p) if sub.is_chat else p for p in sub.prompts]
+            prompts: list[Any] = [
+                self.llm.chat_prompt(p.messages, tools=p.tools, reply_prefix=p.reply_prefix) if sub.is_chat else p
+                for p in sub.prompts
+            ]
             added = self.llm.add_requests(prompts, sub.params)
         except RequestError as e:
             error = e

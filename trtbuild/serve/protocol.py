@@ -20,7 +20,7 @@ from ..errors import RequestError
 from ..runtime.grammar import JSON_OBJECT_SCHEMA
 from ..runtime.sampling import SamplingParams
 from .errors import bad_request
-from .tools import ToolRequest, parse_tools
+from .tools import ChatInput, ToolFormat, ToolRequest, parse_tools
 
 MAX_N = 128  # completions per request
 MAX_PROMPTS = 128  # prompts in one /v1/completions request
@@ -77,7 +77,7 @@ CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "t
 CHAT_TOOL_FIELDS = {"tools", "tool_choice"}  # chat takes them (serve/tools.py); completions only at neutral values
 
 
-def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
+def parse_request(body: Any, endpoint: Endpoint, tool_format: ToolFormat = ToolFormat.SYSTEM_MESSAGE) -> ParsedRequest:
     """Check ``body`` (decoded JSON) for ``endpoint``; raises a 400 ``APIError`` naming the offending field."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -116,9 +116,9 @@ def parse_request(body: Any, endpoint: Endpoint) -> ParsedRequest:
             raise bad_request("best_of other than n is not supported", param="best_of")
         tools = None
     else:
-        tools = parse_tools(body)
+        tools = parse_tools(body, tool_format)
         messages = _messages(body)
-        prompts = [messages if tools is None else tools.messages(messages)]
+        prompts = [ChatInput(messages) if tools is None else tools.chat_input(messages)]
         if tools is not None and tools.constrained:
             if values["json_schema"] is not None:
                 raise bad_request("response_format cannot be combined with a required tool call", param="tool_choice")

@@ -17,7 +17,7 @@ from ..runtime.sequence import FinishReason
 from ..runtime.tokenizer import Tokenizer
 from .engine import Update
 from .protocol import Endpoint
-from .tools import ToolCallStream, ToolRequest, tool_call
+from .tools import AutoCallStream, ToolCallStream, ToolRequest, tool_call
 
 
 def sse(data: Any) -> bytes:
@@ -45,6 +45,7 @@ class ResponseBuilder:
         self.endpoint, self.model, self.tokenizer = endpoint, model, tokenizer
         self.tools = tools  # chat: a reply that is a call becomes tool_calls (serve/tools.py)
         self._calls = [ToolCallStream() for _ in range(num_choices)] if tools is not None and tools.constrained else []
+        self._auto = [AutoCallStream(tools) for _ in range(num_choices)] if tools and not tools.constrained else []
         chat = endpoint is Endpoint.CHAT
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.object = "chat.completion" if chat else "text_completion"
@@ -94,9 +95,16 @@ class ResponseBuilder:
             choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return self._envelope("chat.completion.chunk", [choice])
         if self.endpoint is Endpoint.CHAT:
-            delta: dict[str, Any] = {"role": "assistant", "content": update.text} if first else {}
-            if update.text and not first:
-                delta["content"] = update.text
+            text, calls = update.text, []
+            if self._auto:  # "auto": text unless the reply is calls (held back while it may be)
+                auto = self._auto[update.index]
+                text, calls = auto.feed(update.text, update.finish_reason is not None)
+                reason = "tool_calls" if reason == "stop" and auto.called else reason
+            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {}
+            if text and not first:
+                delta["content"] = text
+            if calls:
+                delta["tool_calls"] = calls
             choice = {"index": update.index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
             return self._envelope("chat.completion.chunk", [choice])
         choice = {"index": update.index, "text": update.text, "logprobs": logprobs, "finish_reason": reason}
@@ -111,9 +119,9 @@ class ResponseBuilder:
         choices = []
         for i, text in enumerate(self.text):
             finish = self.finish[i]
-            call = None if self.tools is None else self.tools.parse_call(text)
-            if call is not None:
-                message = {"role": "assistant", "content": None, "tool_calls": [tool_call(*call)]}
+            calls = [] if self.tools is None else self.tools.parse_calls(text)
+            if calls:
+                message = {"role": "assistant", "content": None, "tool_calls": [tool_call(*c) for c in calls]}
                 choice, finish = {"index": i, "message": message}, "tool_calls" if finish == "stop" else finish
             elif self.endpoint is Endpoint.CHAT:
                 choice = {"index": i, "message": {"role": "assistant", "content": text}}
