@@ -10,6 +10,7 @@ native and lowered engines and the torch CPU engine, its greedy tokens compared 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -377,6 +378,30 @@ def test_prefix_cache_hits_and_kv_offload_refused(gemma3, form: str) -> None:
     assert llm.stats.prefix_cache_hits == 40 and llm.stats.num_computed_tokens == 3 + 5
     with pytest.raises(ConfigError, match="two KV-cache groups"):
         LLM(engines["native"], kv_offload=KVOffloadConfig(memory=1 << 20))
+
+
+def test_bench_and_serve_metrics_report_the_sliding_group(gemma3) -> None:
+    # `trtbuild bench` and serve's /metrics give the sliding group's blocks beside the full layers' (whose gauges
+    # keep their names); the sliding peak stays within the bound per request while the full group's grows.
+    from test_serve import metric, request, running_server
+
+    from trtbuild.cli.bench import BenchWorkload, run_bench
+    from trtbuild.serve.config import ServeConfig
+    from trtbuild.serve.metrics import EngineSnapshot, ServerMetrics
+
+    _, _, engines = gemma3
+    llm = LLM(engines["native"], max_num_batched_tokens=8)
+    r = run_bench(llm, BenchWorkload(num_requests=3, input_len=40, output_len=8))
+    sliding = llm.scheduler.sliding_kv_cache
+    assert r.kv_sliding_blocks_total == sliding.num_usable_blocks and r.kv_blocks_total == llm.num_kv_blocks
+    assert 0 < r.kv_sliding_blocks_peak <= 3 * sliding.max_blocks_held(127, 8) < r.kv_blocks_peak
+    with running_server(engines["native"], ServeConfig()) as url:
+        assert metric(url, "trtbuild_kv_cache_sliding_total_blocks") == sliding.num_usable_blocks
+        body = json.dumps({"prompt": list(range(3, 40)), "max_tokens": 4}).encode()
+        status, _, _ = request(url, "POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        assert status == 200 and metric(url, "trtbuild_kv_cache_sliding_used_blocks") == 0  # idle: all free
+        assert metric(url, "trtbuild_kv_cache_total_blocks") == llm.num_kv_blocks
+    assert "sliding" not in ServerMetrics().render(EngineSnapshot(kv_total_blocks=8))  # one group: no such gauges
 
 
 def test_memory_split_between_the_groups(gemma3) -> None:

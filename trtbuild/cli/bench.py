@@ -66,6 +66,10 @@ class BenchResult:
     kv_blocks_peak: int
     kv_blocks_total: int
     kv_waste_pct: float
+    # A model of sliding and full layers (runtime/kv_groups.py): the sliding group's peak and usable blocks (those
+    # above are the full layers'); None without one.
+    kv_sliding_blocks_peak: int | None
+    kv_sliding_blocks_total: int | None
     preemptions: int
     prefix_cache_hit_rate: float
     steps: int
@@ -127,6 +131,8 @@ def run_bench(llm: Any, workload: BenchWorkload, *, show_progress: bool = False,
         kv_blocks_peak=stats.peak_used_blocks,
         kv_blocks_total=stats.num_blocks,
         kv_waste_pct=round(100 * stats.kv_waste, 2),
+        kv_sliding_blocks_peak=stats.peak_used_sliding_blocks,
+        kv_sliding_blocks_total=stats.num_sliding_blocks,
         preemptions=stats.num_preemptions,
         prefix_cache_hit_rate=round(stats.prefix_cache_hit_rate, 4),
         steps=stats.num_steps,
@@ -227,6 +233,8 @@ def bench(
     click.echo(
         f"  KV cache       {r.kv_blocks_peak:10d} blocks peak    of {r.kv_blocks_total}, {r.kv_waste_pct:.2f}% waste"
     )
+    if r.kv_sliding_blocks_peak is not None:
+        click.echo(f"  KV sliding     {r.kv_sliding_blocks_peak:10d} blocks peak    of {r.kv_sliding_blocks_total}")
     click.echo(f"  preemptions    {r.preemptions:10d}")
     click.echo(f"  prefix cache   {100 * r.prefix_cache_hit_rate:10.1f}% of prompt tokens hit")
     click.echo(f"  steps          {r.steps:10d}               {r.engine_calls} engine calls")

@@ -73,7 +73,12 @@ class EngineLoop:
         self.llm = llm
         self.max_queue = max_queue
         self.metrics = metrics
-        self.snapshot = EngineSnapshot(kv_total_blocks=llm.num_kv_blocks)
+        stats = llm.stats
+        self.snapshot = EngineSnapshot(
+            kv_total_blocks=stats.num_blocks,
+            sliding_kv_used_blocks=None if stats.num_sliding_blocks is None else 0,
+            sliding_kv_total_blocks=stats.num_sliding_blocks,
+        )
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Submission, asyncio.Future[None] | None]] = []
         self._pending_seqs = 0  # sequences in the inbox
@@ -220,6 +225,8 @@ class EngineLoop:
             waiting=self.num_waiting,
             kv_used_blocks=scheduler.kv_cache.num_used_blocks,
             kv_total_blocks=stats.num_blocks,
+            sliding_kv_used_blocks=None if (sliding := scheduler.sliding_kv_cache) is None else sliding.num_used_blocks,
+            sliding_kv_total_blocks=stats.num_sliding_blocks,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits,
             preemptions=stats.num_preemptions,

@@ -25,6 +25,9 @@ class EngineSnapshot:
     waiting: int = 0
     kv_used_blocks: int = 0
     kv_total_blocks: int = 0
+    # A model of sliding and full layers (runtime/kv_groups.py): the sliding group's blocks; None without one.
+    sliding_kv_used_blocks: int | None = None
+    sliding_kv_total_blocks: int | None = None
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     preemptions: int = 0
@@ -98,6 +101,24 @@ KV_OFFLOAD_COUNTERS = {  # TierStats field -> (metric name, help); each with a t
 }
 
 
+def sliding_group_lines(snap: EngineSnapshot) -> list[str]:
+    """The sliding layers' KV-cache group of a model of both kinds (its blocks are apart from the gauges above,
+    which are the full layers'); nothing for other models."""
+    used, total = snap.sliding_kv_used_blocks, snap.sliding_kv_total_blocks
+    if used is None or total is None:
+        return []
+    p = PREFIX
+    return [
+        *gauge(f"{p}_kv_cache_sliding_used_blocks", "sliding-window layers' KV-cache blocks held by sequences", used),
+        *gauge(f"{p}_kv_cache_sliding_total_blocks", "usable KV-cache blocks of the sliding-window layers", total),
+        *gauge(
+            f"{p}_kv_cache_sliding_usage_ratio",
+            "fraction of the sliding-window layers' usable KV-cache blocks in use",
+            used / total if total else 0.0,
+        ),
+    ]
+
+
 def kv_offload_lines(tiers: Sequence[TierStats]) -> list[str]:
     """The KV offload tiers' counters, one labelled sample per tier (nothing when the tier is off)."""
     lines: list[str] = []
@@ -144,6 +165,7 @@ class ServerMetrics:
             *gauge(f"{p}_kv_cache_used_blocks", "KV-cache blocks held by sequences", snap.kv_used_blocks),
             *gauge(f"{p}_kv_cache_total_blocks", "usable KV-cache blocks", snap.kv_total_blocks),
             *gauge(f"{p}_kv_cache_usage_ratio", "fraction of the usable KV-cache blocks in use", usage),
+            *sliding_group_lines(snap),
             *gauge(f"{p}_prefix_cache_hit_rate", "prompt tokens found in the prefix cache / looked up", hit_rate),
             *counter(
                 f"{p}_prefix_cache_queries_total",
