@@ -9,7 +9,8 @@ alternating which goes first:
 - fork: a program appends the prefix, forks 4 branches, each appends its own question and generates 32 tokens
   (greedy, EOS ignored);
 - independent: the same four texts (prefix + question) as four requests given to one ``LLM.generate`` call (the
-  scheduler's own prefix caching shares what requests admitted in a later step find computed);
+  scheduler's own prefix caching: the first computes the prefix, the other three wait for it to be cached, in-batch
+  prefix sharing, then compute only their questions);
 - independent, no prefix caching: the same on a second ``LLM`` with ``enable_prefix_caching=False`` (each request
   computes the whole prefix).
 

@@ -207,6 +207,26 @@ def test_prefix_cache_hit_in_the_scheduler() -> None:
     assert b.output_token_ids == a.output_token_ids == reference(prompt, 3)
 
 
+def test_requests_arriving_together_compute_their_shared_prefix_once() -> None:
+    # Three requests over a 12-token shared prefix (blocks of 4) arrive in one step. The first computes the prefix;
+    # the others wait until it is cached and then compute only the rest (in-batch prefix sharing), in arrival order,
+    # while "d", which shares nothing, waits behind them (FCFS). In chunks of 8 the wait follows the first's chunks.
+    shared = list(range(1, 13))
+    for tokens, plans in (
+        (64, [[("a", 14)], [("a", 1), ("b", 3), ("c", 4), ("d", 5)]]),
+        (8, [[("a", 8)], [("a", 6)], [("a", 1), ("b", 3), ("c", 4)]]),
+    ):
+        sched, model = make(block_size=4, tokens=tokens)
+        params = SamplingParams(temperature=0, max_tokens=3)
+        prompts = {"a": [*shared, 20, 21], "b": [*shared, 22, 23, 24], "c": [*shared, 25, 26, 27, 28], "d": [9] * 5}
+        seqs = {name: sched.add_request(name, prompt, params) for name, prompt in prompts.items()}
+        assert [plan(step(sched, model)[0]) for _ in plans] == plans
+        drain(sched, model)
+        assert seqs["b"].num_cached_tokens == seqs["c"].num_cached_tokens == 12
+        for name, prompt in prompts.items():
+            assert seqs[name].output_token_ids == reference(prompt, 3)
+
+
 def test_abort_waiting_and_running() -> None:
     sched, model = make(seqs=1)
     a = sched.add_request("a", [1, 2], SamplingParams(temperature=0, max_tokens=5))

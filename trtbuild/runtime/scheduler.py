@@ -1,7 +1,9 @@
 """Continuous batching (nano-vllm / vLLM v1 style): which requests run in the next step, and with how many tokens.
 
 Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
-of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). With a KV
+of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup; the head waits
+while the block after its hit is one a running prefill has yet to compute, so requests that arrive together over
+a shared prefix compute it once, as SGLang's in-batch prefix sharing does). With a KV
 window (every layer sliding), each running request first releases its blocks wholly before the window of its next
 token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. A model of both
 sliding and full layers has two KV-cache groups (``kv_groups.py``): every request holds blocks in both, allocated
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from ..errors import RequestError
 from . import kv_groups
 from .batch import StepBatch
+from .block_pool import BlockHash
 from .engine_session import EngineSession
 from .kv_cache_manager import KVCacheGroup, KVCacheManager
 from .sampling import SamplingParams
@@ -218,11 +221,14 @@ class Scheduler:
                 budget -= num_new
                 i += 1
         # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full).
+        in_flight = self._blocks_in_flight()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if self.prefix_loader is not None:
                 self.prefix_loader(self.kv_cache, seq)
             computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
+            if self._next_block(seq, num_hit_tokens) in in_flight:
+                break  # a running prefill computes it: wait a step and hit it rather than compute it twice
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
@@ -234,8 +240,31 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append((seq, num_new))
             budget -= num_new
+            in_flight |= self._blocks_in_flight([seq])
         sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
         return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None)
+
+    def _blocks_in_flight(self, seqs: Iterable[Sequence] | None = None) -> set[BlockHash]:
+        """The hashes of the full prompt blocks that running prefills (``seqs``, default every running request)
+        have yet to compute: a waiting request whose next block is one of them waits for it (SGLang's in-batch
+        prefix sharing), so requests arriving together over a shared prefix compute it once, not once each."""
+        kv = self.kv_cache
+        if not kv.enable_prefix_caching:
+            return set()
+        pending: set[BlockHash] = set()
+        for seq in self.running if seqs is None else seqs:
+            first, end = seq.num_computed_tokens // kv.block_size, (seq.num_tokens - 1) // kv.block_size
+            if first < end:
+                pending.update(kv.block_hashes(seq, end)[first:])
+        return pending
+
+    def _next_block(self, seq: Sequence, num_hit_tokens: int) -> BlockHash | None:
+        """The hash of the full block after ``seq``'s prefix-cache hit; None when no full block follows it."""
+        kv = self.kv_cache
+        index = num_hit_tokens // kv.block_size
+        if not kv.enable_prefix_caching or index >= (seq.num_tokens - 1) // kv.block_size:
+            return None
+        return kv.block_hashes(seq, index + 1)[index]
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.
