@@ -224,11 +224,11 @@ class Scheduler:
         in_flight = self._blocks_in_flight()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            if self.prefix_loader is not None:
-                self.prefix_loader(self.kv_cache, seq)
             computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             if self._next_block(seq, num_hit_tokens) in in_flight:
                 break  # a running prefill computes it: wait a step and hit it rather than compute it twice
+            if self.prefix_loader is not None and self.prefix_loader(self.kv_cache, seq):
+                computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
