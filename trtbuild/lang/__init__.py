@@ -14,10 +14,25 @@
     state = review.run(LLM("artifacts/demo/smollm2-engine"), product="a kettle")
     state["verdict"], state["why"]
 
-The guide is docs/lang.md.
+Tools: ``call_tool(name, [python_function, ...])`` in an assistant block, then ``tool(s[name].content)``
+(``tools.py``). The guide is docs/lang.md.
 """
 
 from .interpreter import ForkGroup, Program, ProgramState, function
-from .ir import assistant, gen, select, system, user
+from .ir import assistant, gen, select, system, tool, user
+from .tools import ToolCall, call_tool
 
-__all__ = ["ForkGroup", "Program", "ProgramState", "assistant", "function", "gen", "select", "system", "user"]
+__all__ = [
+    "ForkGroup",
+    "Program",
+    "ProgramState",
+    "ToolCall",
+    "assistant",
+    "call_tool",
+    "function",
+    "gen",
+    "select",
+    "system",
+    "tool",
+    "user",
+]

@@ -22,6 +22,7 @@ from ..runtime.llm import LLM
 from ..runtime.sampling import SamplingParams
 from .ir import Concat, Expr, Gen, Role, RoleBlock, Select
 from .runtime import Runtime
+from .tools import CallTool
 
 
 class ProgramState:
@@ -139,11 +140,14 @@ class ProgramState:
             role, content = self._open
             self._messages.append({"role": role.value, "content": content})
             self._open = None
+        elif isinstance(expr, CallTool):
+            self._check_generation()
+            tools = [f.openai() for f in expr.functions] if self._runtime.tokenizer.template_takes_tools else None
+            out = self._runtime.generate(self._encode(self._prompt_text(tools)), expr.params, busy=True)
+            self._vars[expr.name] = expr.run(out.text)
+            self._append_text(out.text)
         elif isinstance(expr, Gen | Select):
-            if self._open is not None and self._open[0] is not Role.ASSISTANT:
-                raise RequestError(f"gen / select inside a {self._open[0].value} block: generate in assistant blocks")
-            if self._messages and self._open is None:
-                raise RequestError("gen / select outside a role block in a chat program: use assistant(gen(...))")
+            self._check_generation()
             prompt = self._encode(self._prompt_text())
             out = self._runtime.generate(prompt, expr.params, busy=True)
             if isinstance(expr, Select) and out.text not in expr.choices:
@@ -156,6 +160,13 @@ class ProgramState:
         else:
             raise TypeError(f"cannot append {type(expr).__name__}")
 
+    def _check_generation(self) -> None:
+        """Generation (gen, select, call_tool) happens in assistant blocks, or in a program without roles."""
+        if self._open is not None and self._open[0] is not Role.ASSISTANT:
+            raise RequestError(f"gen / select inside a {self._open[0].value} block: generate in assistant blocks")
+        if self._messages and self._open is None:
+            raise RequestError("gen / select outside a role block in a chat program: use assistant(gen(...))")
+
     def _append_text(self, text: str) -> None:
         if self._open is not None:
             self._open = (self._open[0], self._open[1] + text)
@@ -164,20 +175,23 @@ class ProgramState:
         else:
             self._plain += text
 
-    def _prompt_text(self) -> str:
+    def _prompt_text(self, tools: list[dict[str, Any]] | None = None) -> str:
         """The text the model sees: the plain text, or the chat template's rendering of the closed blocks (with the
-        generation prompt and the content so far when an assistant block is open)."""
+        generation prompt and the content so far when an assistant block is open; ``tools``: the functions handed
+        to the template, for a ``call_tool``)."""
         if not self._messages and self._open is None:
             return self._plain
-        render = self._runtime.tokenizer.apply_chat_template
+        tokenizer = self._runtime.tokenizer
         if self._open is None:
-            return self._plain + render(self._messages, add_generation_prompt=False)
+            return self._plain + tokenizer.apply_chat_template(self._messages, add_generation_prompt=False)
         role, content = self._open
         if role is not Role.ASSISTANT:  # a system / user block being written: shown as the message it will be
-            return self._plain + render([*self._messages, {"role": role.value, "content": content}], False)
+            shown = [*self._messages, {"role": role.value, "content": content}]
+            return self._plain + tokenizer.apply_chat_template(shown, add_generation_prompt=False)
         if not self._messages:
             raise RequestError("a chat program starts with a system or user block, not an assistant block")
-        return self._plain + render(self._messages, add_generation_prompt=True) + content
+        rendered = tokenizer.apply_chat_template(self._messages, add_generation_prompt=True, tools=tools)
+        return self._plain + rendered + content
 
     def _encode(self, text: str) -> list[int]:
         chat = bool(self._messages) or self._open is not None

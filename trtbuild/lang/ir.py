@@ -63,6 +63,7 @@ class Role(enum.Enum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a tool's result (``tools.call_tool``), as OpenAI's chat messages carry it
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,11 @@ def user(*parts: Expr | str) -> RoleBlock:
 
 def assistant(*parts: Expr | str) -> RoleBlock:
     return RoleBlock(Role.ASSISTANT, _flatten(parts))
+
+
+def tool(*parts: Expr | str) -> RoleBlock:
+    """A tool message: the result of a call (``s[name].content`` of a ``call_tool``), as the chat template shows it."""
+    return RoleBlock(Role.TOOL, _flatten(parts))
 
 
 def _flatten(parts: tuple[Expr | str, ...]) -> tuple[Expr | str, ...]:
