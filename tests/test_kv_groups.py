@@ -363,9 +363,8 @@ def test_llm_greedy_tokens_match_transformers_with_a_bounded_sliding_group(gemma
 
 
 @pytest.mark.parametrize("form", ["native", "lowered"])
-def test_prefix_cache_hits_and_kv_offload_refused(gemma3, form: str) -> None:
-    # A second request sharing a 40-token prefix hits it in both groups and still gets transformers' tokens; the KV
-    # offload tier is refused for two-group models.
+def test_prefix_cache_hits_in_both_groups(gemma3, form: str) -> None:
+    # A second request sharing a 40-token prefix hits it in both groups and still gets transformers' tokens.
     model, _, engines = gemma3
     llm = LLM(engines[form], max_num_batched_tokens=8)
     prompt = [3 + (5 * i) % 90 for i in range(40)]
@@ -376,8 +375,28 @@ def test_prefix_cache_hits_and_kv_offload_refused(gemma3, form: str) -> None:
     [out] = llm.generate([longer], params)
     assert out.outputs[0].token_ids == transformers_greedy(model, longer, 6)
     assert llm.stats.prefix_cache_hits == 40 and llm.stats.num_computed_tokens == 3 + 5
-    with pytest.raises(ConfigError, match="two KV-cache groups"):
-        LLM(engines["native"], kv_offload=KVOffloadConfig(memory=1 << 20))
+
+
+def test_kv_offload_restores_both_groups(gemma3, tmp_path) -> None:
+    # An LLM stores a 40-token prompt's blocks in both groups on a disk tier; a fresh one (an empty pool, as after a
+    # restart) asked the prompt plus 3 tokens loads the full group's 10 blocks and the sliding group's window at
+    # their end (blocks 8 and 9: positions 32-39 cover the window of 6 before position 40), computes only the rest,
+    # and still gets transformers' tokens.
+    model, _, engines = gemma3
+    config = KVOffloadConfig(disk_dir=tmp_path, disk=1 << 24)
+    prompt = [3 + (5 * i) % 90 for i in range(40)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    first = LLM(engines["native"], kv_offload=config)
+    first.generate([prompt], params)
+    first.offloader.flush()
+    assert all(t.blocks_stored == 2 * 11 for t in first.stats.kv_offload)  # 45 computed tokens, both groups
+    llm = LLM(engines["native"], max_num_batched_tokens=8, kv_offload=config)
+    longer = [*prompt, 7, 8, 9]
+    [out] = llm.generate([longer], params)
+    assert out.outputs[0].token_ids == transformers_greedy(model, longer, 6)
+    stats = llm.stats
+    assert stats.kv_offload_loaded_blocks == 10 + 2 and stats.prefix_cache_hits == 40
+    assert stats.num_computed_tokens == 3 + 5
 
 
 def test_bench_and_serve_metrics_report_the_sliding_group(gemma3) -> None:

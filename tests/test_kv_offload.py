@@ -104,7 +104,7 @@ def test_store_and_load_round_trip_is_bit_exact(engine, tmp_path, kv):
     writer.close()
     reader = KVOffloader(config, caches[1], "fp")
     for b, key in enumerate(keys, start=1):
-        data = reader.lookup(key)
+        data = reader.lookup(key, caches[1].block_nbytes)
         assert data is not None
         caches[1].write_block(b, data)
     assert caches[1].keys.dtype == caches[0].keys.dtype

@@ -125,10 +125,10 @@ def test_offload_load_keeps_the_pools_window_hit(window_engine: Path) -> None:
 
     evict(1, 2)  # the prefix's first two blocks: the pool alone still hits all 20 tokens, so nothing is loaded
     b = Sequence("b", [*range(20), 99], SamplingParams(), 1)
-    assert kv.get_computed_blocks(b)[1] == 20 and offloader.load_prefix(kv, b) == 0
+    assert kv.get_computed_blocks(b)[1] == 20 and offloader.load_prefix([kv], b) == 0
     evict(5)  # the last: the pool hits 16 (blocks 3, 4); loading fills blocks 0, 1 and 4 and keeps 3, 4 in the pool
     computed, hit = kv.get_computed_blocks(b)
     assert hit == 16 and [blk.block_id for blk in computed.blocks] == [0, 0, 3, 4]
-    assert offloader.load_prefix(kv, b) == 3 and kv.get_computed_blocks(b)[1] == 20
+    assert offloader.load_prefix([kv], b) == 3 and kv.get_computed_blocks(b)[1] == 20
     assert kv.num_used_blocks == 0 and kv.pool.get_cached_block(b.block_hashes[2]).block_id == 3
     offloader.close()

@@ -17,8 +17,8 @@ abort and finish free both.
 Prefix caching: both groups register each full computed block under the same chained hash; a hit
 (``get_computed_blocks``) is a prefix found in both pools: the full group's longest cached prefix, cut to the
 longest prefix whose sliding blocks from the window of its end on are still cached (the sliding group's windowed
-lookup; its earlier entries are the null block). The KV offload tier stays off for two-group models (its blocks
-hold every layer of one pool): ``LLM(kv_offload=...)`` refuses them.
+lookup; its earlier entries are the null block). The KV offload tier stores each group's blocks apart and loads
+a prefix's full-group run and the sliding group's window at its end (``kv_offload/loading.py``).
 
 Memory split (``split_kv_blocks``): a block of the sliding group costs ``bytes_per_block`` of the sliding layers
 only, one of the full group of the full layers only. A running request never holds more sliding blocks than full

@@ -125,6 +125,8 @@ class LLM:
         self.scheduler = Scheduler(self.config, stop_hook=self._on_token, prefix_loader=loader)
         if self.offloader is not None:
             self.scheduler.kv_cache.on_block_cached = self.offloader.store
+            if self.scheduler.sliding_kv_cache is not None:
+                self.scheduler.sliding_kv_cache.on_block_cached = self.offloader.store_sliding
         self.sampler = self.session.new_sampler(seed)
         self._states: dict[str, CompletionState] = {}  # unfinished requests
         self._num_requests = 0

@@ -37,9 +37,9 @@ from .sequence import FinishReason, RequestStatus, Sequence
 # Called once for every token appended to a running request; returns the stop string the request's text now
 # contains (which finishes it with FinishReason.STOP), or None. The detokenizing layer plugs stop strings in here.
 StopHook = Callable[[Sequence], str | None]
-# Called before a waiting request's prefix-cache lookup to bring its prefix into the pool from elsewhere (the KV
-# offload tier's ``KVOffloader.load_prefix``); returns the number of blocks it loaded.
-PrefixLoader = Callable[[KVCacheManager, Sequence], int]
+# Called before a waiting request's prefix-cache lookup to bring its prefix into the pools (the KV-cache groups'
+# managers) from elsewhere (the KV offload tier's ``KVOffloader.load_prefix``); returns the number of blocks it loaded.
+PrefixLoader = Callable[[list[KVCacheManager], Sequence], int]
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ class Scheduler:
             computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             if self._next_block(seq, num_hit_tokens) in in_flight:
                 break  # a running prefill computes it: wait a step and hit it rather than compute it twice
-            if self.prefix_loader is not None and self.prefix_loader(self.kv_cache, seq):
+            if self.prefix_loader is not None and self.prefix_loader(self.kv_groups, seq):
                 computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):

@@ -8,7 +8,12 @@ later evict is thereby already stored (write-through), and the disk tier outlive
 Loading (``load_prefix``, called by the scheduler before a waiting request's prefix-cache lookup): the request's
 full blocks past its pool hits are looked up tier by tier (memory, then disk; a disk hit is copied into memory) and
 written into free blocks, which are registered in the prefix cache and left free; the lookup that follows takes them
-as ordinary hits, so the prefill computes only the rest.
+as ordinary hits, so the prefill computes only the rest (``loading.py``).
+
+A model of sliding and full layers has two KV-cache groups (``runtime/kv_groups.py``), each with its own cache and
+pool: a block of the full group is stored under its prefix hash, one of the sliding group under ``sliding_key`` of
+it. A prefix hit needs the full group's blocks of the whole prefix and the sliding group's blocks of the window at
+its end; those are what is loaded.
 """
 
 from __future__ import annotations
@@ -23,18 +28,26 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import ConfigError
-from ..block_pool import BlockHash, KVCacheBlock
+from ..block_pool import BlockHash
 from ..engine_session import EngineSession
 from ..kv_cache import PagedKVCache
 from ..kv_cache_manager import KVCacheManager
 from ..sequence import Sequence
 from .config import KVOffloadConfig
+from .loading import load_run, load_window
 from .tiers import DiskTier, MemoryTier, TierStats
 
 if TYPE_CHECKING:
     from .redis_tier import RedisTier
 
 FLUSH_AT_EXIT_S = 30.0  # how long the interpreter's exit waits for queued blocks to reach the tiers
+SLIDING_KEY_TAG = b"sliding"
+
+
+def sliding_key(block_hash: BlockHash) -> BlockHash:
+    """The tiers' key of the sliding group's block of ``block_hash`` (apart from the full group's, which is the
+    hash itself; a chained digest, so no other block's key equals it)."""
+    return hashlib.sha256(SLIDING_KEY_TAG + block_hash).digest()
 
 
 def engine_fingerprint(engine_dir: Path) -> str:
@@ -59,15 +72,12 @@ def open_offloader(
         return None
     if not enable_prefix_caching:
         raise ConfigError("kv_offload needs prefix caching (its blocks are found by their prefix hashes)")
-    if session.num_sliding_blocks is not None:  # no prefix caching there either (runtime/kv_groups.py)
-        raise ConfigError(
-            "kv_offload is not available for models of sliding and full layers (two KV-cache groups, docs/runner.md)"
-        )
-    cache = getattr(session, "cache", None)
-    if not isinstance(cache, PagedKVCache):
+    cache, sliding_cache = getattr(session, "cache", None), getattr(session, "sliding_cache", None)
+    two_groups = session.num_sliding_blocks is not None
+    if not isinstance(cache, PagedKVCache) or (two_groups and not isinstance(sliding_cache, PagedKVCache)):
         raise ConfigError("kv_offload needs an engine whose KV cache is in host memory (the onnxruntime backend)")
     try:
-        return KVOffloader(config, cache, engine_fingerprint(engine_dir))
+        return KVOffloader(config, cache, engine_fingerprint(engine_dir), sliding_cache if two_groups else None)
     except OSError as e:
         raise ConfigError(f"--kv-offload-dir {config.disk_dir}: {e.strerror or e}") from None
 
@@ -75,9 +85,12 @@ def open_offloader(
 class KVOffloader:
     """The tiers of one ``LLM``; see the module docstring. ``flush()`` waits for queued blocks to be stored."""
 
-    def __init__(self, config: KVOffloadConfig, cache: PagedKVCache, fingerprint: str) -> None:
+    def __init__(
+        self, config: KVOffloadConfig, cache: PagedKVCache, fingerprint: str, sliding_cache: PagedKVCache | None = None
+    ) -> None:
         self.config = config
-        self.cache = cache
+        self.cache = cache  # every layer's, or the full layers' of a model of two KV-cache groups
+        self.sliding_cache = sliding_cache  # the sliding layers' of a model of two groups, else None
         self.fingerprint = fingerprint
         self.memory = MemoryTier(config.memory) if config.memory is not None else None
         self.disk = DiskTier(config.disk_dir, fingerprint, config.disk) if config.disk_dir is not None else None
@@ -105,18 +118,26 @@ class KVOffloader:
     # ------------------------------------------------------------------------------------------------ storing
 
     def store(self, block_id: int, block_hash: BlockHash) -> None:
-        """Queue block ``block_id`` (full, computed, registered under ``block_hash``) for the tiers."""
+        """Queue block ``block_id`` of ``cache`` (full, computed, registered under ``block_hash``) for the tiers."""
+        self._store(self.cache, block_id, block_hash)
+
+    def store_sliding(self, block_id: int, block_hash: BlockHash) -> None:
+        """``store`` for a block of the sliding group (``sliding_cache``), kept under ``sliding_key(block_hash)``."""
+        assert self.sliding_cache is not None
+        self._store(self.sliding_cache, block_id, sliding_key(block_hash))
+
+    def _store(self, cache: PagedKVCache, block_id: int, key: BlockHash) -> None:
         if not self._stop.alive:
             return
         with self._lock:
-            if block_hash in self._pending:
+            if key in self._pending:
                 return
-        if self.memory is not None and block_hash in self.memory and self.tiers == [self.memory]:
+        if self.memory is not None and key in self.memory and self.tiers == [self.memory]:
             return
-        data = self.cache.read_block(block_id)
+        data = cache.read_block(block_id)
         with self._lock:
-            self._pending[block_hash] = data
-        self._queue.put((block_hash, data))
+            self._pending[key] = data
+        self._queue.put((key, data))
 
     def flush(self) -> None:
         """Wait until every queued block is in the tiers."""
@@ -128,14 +149,14 @@ class KVOffloader:
 
     # ------------------------------------------------------------------------------------------------ loading
 
-    def lookup(self, key: BlockHash) -> np.ndarray | None:
-        """The block's bytes from the first tier that has it; a block still queued for the writer is found in the
-        queue (counted in no tier's hits). A hit below the memory tier is copied into it."""
+    def lookup(self, key: BlockHash, nbytes: int) -> np.ndarray | None:
+        """The bytes of the block of ``nbytes`` stored under ``key`` from the first tier that has it; a block still
+        queued for the writer is found in the queue (counted in no tier's hits). A hit below the memory tier is
+        copied into it."""
         with self._lock:
             data = self._pending.get(key)
         if data is not None:
             return data
-        nbytes = self.cache.block_nbytes
         if self.memory is not None:
             data = self.memory.get(key)
             if data is not None:
@@ -149,54 +170,12 @@ class KVOffloader:
                     return data
         return None
 
-    def load_prefix(self, kv: KVCacheManager, seq: Sequence) -> int:
-        """Load ``seq``'s full blocks missing from the pool (after its pool hits, up to the first tier miss) into
-        free blocks registered in the prefix cache; returns how many were loaded.
-
-        Loads only while the pool keeps room for the blocks the rest of the request needs, and never evicts the
-        request's own pool hits (they are held while loading): with a KV window those are also the blocks of the
-        pool's own hit past a gap (``KVCacheManager.get_computed_blocks``). A block found in the pool past a gap is
-        held, not loaded again. The last token is never covered (as the lookup's).
-        """
-        if not kv.enable_prefix_caching or seq.block_ids:
-            return 0
-        pool, num_full = kv.pool, (seq.num_tokens - 1) // kv.block_size
-        computed, num_hit_tokens = kv.get_computed_blocks(seq)
-        if num_hit_tokens == num_full * kv.block_size:
-            return 0
-        hashes = kv.block_hashes(seq, num_full)
-        hits = []
-        for h in hashes:
-            block = pool.get_cached_block(h)
-            if block is None:
-                break
-            hits.append(block)
-        # With a window the pool's hit may lie past the leading run: held too, after it (so evicted later).
-        later = [b for b in computed.blocks[len(hits) :] if b is not pool.null_block]
-        rest = kv.num_blocks_for(seq.num_tokens) - num_full  # blocks past the full ones, whatever is loaded
-        room = pool.num_free_blocks - sum(1 for b in (*hits, *later) if b.ref_cnt == 0) - rest
-        if room <= 0:
-            return 0
-        pool.touch(hits + later)  # so that taking free blocks below cannot evict them
-        taken: list[KVCacheBlock] = []  # the prefix's blocks past the leading hits: loaded, or held from the pool
-        num_loaded = 0
-        try:
-            for h in hashes[len(hits) : len(hits) + room]:
-                block = pool.get_cached_block(h)
-                if block is not None:  # in the pool past a gap: held, not loaded again
-                    pool.touch([block])
-                else:
-                    data = self.lookup(h)
-                    if data is None:
-                        break
-                    [block] = pool.get_new_blocks(1)
-                    self.cache.write_block(block.block_id, data)
-                    pool.cache_full_block(block, h)
-                    num_loaded += 1
-                taken.append(block)
-        finally:
-            # last block first: the prefix's tail is evicted first; the window's blocks after it
-            pool.free_blocks([*reversed(hits + taken), *later])
+    def load_prefix(self, groups: list[KVCacheManager], seq: Sequence) -> int:
+        """Load ``seq``'s prefix blocks missing from the pools (``groups``: the scheduler's KV-cache groups) into
+        free blocks registered in the prefix cache; returns how many were loaded (``loading.py``)."""
+        num_loaded = load_run(self, groups[0], seq)
+        if len(groups) > 1:
+            num_loaded += load_window(self, groups[0], groups[1], seq)
         self.loaded_blocks += num_loaded
         return num_loaded
 
