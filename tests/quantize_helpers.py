@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import NamedTuple
 
-from tiny_models import TINY_CONFIGS, make_hf_model
+from tiny_models import make_hf_model, tiny_config
 
 from trtbuild.config import ActivationScales, KVCacheDType, QFormat
 
@@ -95,13 +95,35 @@ CASES = {
     "gemma3_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="gemma3"),
     "gemma3_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="gemma3"),
     "gemma3_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="gemma3", activations=STATIC),
+    # Gemma 2 (tiny_models.TINY_GEMMA2_CONFIGS): Gemma 3's layout without q/k norms, one rotary base, attention
+    # scores soft-capped at 1.5 after the quantized cache (int8, fp8) is read, logits at 3. Its other formats:
+    # SLOW_CASES
+    "gemma2_int8_wo+kv_int8": Case(QFormat.INT8_WO, KVCacheDType.INT8, group=16, model="gemma2"),
+    "gemma2_int4_awq": Case(QFormat.INT4_AWQ, group=16, model="gemma2"),
+    "gemma2_int8_sq_static": Case(QFormat.INT8_SQ, group=16, model="gemma2", activations=STATIC),
+    "gemma2_fp8+kv_fp8": Case(QFormat.FP8, KVCacheDType.FP8, model="gemma2", activations=STATIC),
 }
+# The rest of Gemma 2's formats and caches, quantized one at a time by test_gemma_quantize.py's slow test (not by
+# ``quantized_cases``): with CASES' gemma2 entries, every format and KV-cache dtype
+SLOW_CASES = {
+    "gemma2_int4_wo": Case(QFormat.INT4_WO, group=16, model="gemma2"),
+    "gemma2_int4_awq+kv_int8": Case(QFormat.INT4_AWQ, KVCacheDType.INT8, group=16, model="gemma2"),
+    "gemma2_int8_sq": Case(QFormat.INT8_SQ, group=16, model="gemma2"),
+    "gemma2_int8_sq_per_token": Case(QFormat.INT8_SQ, group=16, model="gemma2", activations=PER_TOKEN),
+    "gemma2_int8_sq+kv_fp8": Case(QFormat.INT8_SQ, KVCacheDType.FP8, group=16, model="gemma2"),
+    "gemma2_fp8": Case(QFormat.FP8, model="gemma2"),
+}
+
+
+def find_case(name: str) -> Case:
+    """The case ``name`` of CASES or SLOW_CASES."""
+    return CASES[name] if name in CASES else SLOW_CASES[name]
 
 
 def quantized_linear_count(name: str) -> int:
     """The decoder linears case ``name`` quantizes: layers x (qkv, out, gate_up, down); the cases exclude lm_head
     unless they say "+head", and that one is not counted."""
-    return 4 * int(TINY_CONFIGS[CASES[name].model]["num_hidden_layers"])
+    return 4 * int(tiny_config(find_case(name).model)["num_hidden_layers"])
 
 
 _QUANTIZED: dict[str, tuple] = {}
@@ -112,29 +134,34 @@ def quantized_cases(tmp_path_factory) -> dict[str, tuple]:
     (the ``quantized`` fixture of each test_quantize_formats*.py file)."""
     if _QUANTIZED:
         return _QUANTIZED
+    root = tmp_path_factory.mktemp("quant")
+    checkpoints = {name: tiny_checkpoint(root, name)[1] for name in {case.model for case in CASES.values()}}
+    text = calib_file(root)
+    out = {name: quantize_case(root, name, checkpoints[case.model], text) for name, case in CASES.items()}
+    _QUANTIZED.update(out)
+    return _QUANTIZED
+
+
+def quantize_case(root: Path, name: str, checkpoint: Path, text: Path) -> tuple:
+    """(fake-quantized torch model, quantized checkpoint, engine) of case ``name`` of float ``checkpoint``,
+    calibrated on ``text``, written under ``root``."""
     from trtbuild.build import build_engine
     from trtbuild.config import BuildConfig, QuantConfig
     from trtbuild.quantize.quantize import quantize
 
-    root = tmp_path_factory.mktemp("quant")
-    checkpoints = {name: tiny_checkpoint(root, name)[1] for name in {case.model for case in CASES.values()}}
-    text = calib_file(root)
-    out = {}
-    for name, case in CASES.items():
-        qcfg = QuantConfig(
-            qformat=case.qformat,
-            kv_cache_dtype=case.kv,
-            group_size=case.group,
-            exclude=list(case.exclude),
-            zero_points=case.zero_points,
-            calib_dataset=str(text),
-            calib_size=2,
-            calib_seq_len=24,
-            activation_scales=case.activations,
-        )
-        qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
-        result = quantize(checkpoints[case.model], qckpt, qcfg, progress=False, keep_model=True)
-        build_engine(qckpt, engine, BuildConfig(max_seq_len=128, kv_block_size=4))
-        out[name] = (result.fake_quant_model, qckpt, engine)
-    _QUANTIZED.update(out)
-    return _QUANTIZED
+    case = find_case(name)
+    qcfg = QuantConfig(
+        qformat=case.qformat,
+        kv_cache_dtype=case.kv,
+        group_size=case.group,
+        exclude=list(case.exclude),
+        zero_points=case.zero_points,
+        calib_dataset=str(text),
+        calib_size=2,
+        calib_seq_len=24,
+        activation_scales=case.activations,
+    )
+    qckpt, engine = root / f"{name}-ckpt", root / f"{name}-engine"
+    result = quantize(checkpoint, qckpt, qcfg, progress=False, keep_model=True)
+    build_engine(qckpt, engine, BuildConfig(max_seq_len=128, kv_block_size=4))
+    return result.fake_quant_model, qckpt, engine

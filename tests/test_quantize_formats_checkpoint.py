@@ -162,11 +162,12 @@ def test_tensorrt_lowering_refuses_zero_points(quantized):
         lower_for_tensorrt(graph, build)
 
 
-def test_gemma3_smoothing_folds_into_the_stored_one_plus_w_norms(quantized):
+@pytest.mark.parametrize("name", ["gemma3_int8_sq_static", "gemma2_int8_sq_static"])
+def test_gemma_smoothing_folds_into_the_stored_one_plus_w_norms(quantized, name):
     """Gemma's norms scale by 1 + w and the checkpoint stores 1 + w: SmoothQuant's pre-quant scales multiply that
     (HF's w is 1 + w less one), into the norm before each smoothed linear (the pre-MLP one is HF's
     pre_feedforward_layernorm); the sandwich norms stay as converted."""
-    model, qckpt, _ = quantized["gemma3_int8_sq_static"]
+    model, qckpt, _ = quantized[name]
     _, weights = load_any_checkpoint(qckpt)
     for n, layer in enumerate(model.model.layers):
         for norm, hf_norm, linear in (
@@ -180,9 +181,10 @@ def test_gemma3_smoothing_folds_into_the_stored_one_plus_w_norms(quantized):
             np.testing.assert_allclose(weights[f"layers.{n}.{norm}.weight"], expected.numpy(), rtol=1e-6, err_msg=norm)
 
 
-def test_gemma3_kv_cache_scales_are_calibrated_per_layer(quantized):
-    """Each layer's K and V ranges, as modelopt calibrated them on keys after Gemma's k norm and rotary."""
-    model, qckpt, _ = quantized["gemma3_int8_wo+kv_int8"]
+@pytest.mark.parametrize("name", ["gemma3_int8_wo+kv_int8", "gemma2_int8_wo+kv_int8"])
+def test_gemma_kv_cache_scales_are_calibrated_per_layer(quantized, name):
+    """Each layer's K and V ranges, as modelopt calibrated them on keys after rotary (and Gemma 3's k norm)."""
+    model, qckpt, _ = quantized[name]
     _, weights = load_any_checkpoint(qckpt)
     for n, layer in enumerate(model.model.layers):
         for kv in ("k", "v"):

@@ -177,6 +177,25 @@ TINY_MOE_CONFIGS = {
 }
 
 
+# Gemma 2 (tests/test_gemma.py, the gemma2 quantization cases): the tiny Gemma 3 with one rotary base, no q/k norms
+# and strong soft-capping of both kinds. Kept out of TINY_CONFIGS: the shared tests run Gemma 3's paths already.
+TINY_GEMMA2_CONFIGS = {
+    "gemma2": dict(
+        TINY_CONFIGS["gemma3"],
+        model_type="gemma2",
+        architectures=["Gemma2ForCausalLM"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+        attn_logit_softcapping=1.5,
+        final_logit_softcapping=3.0,
+    ),
+}
+
+
+def tiny_config(name: str) -> dict:
+    """The config keys of tiny model ``name``, from any of the tables above."""
+    return (TINY_CONFIGS | TINY_MOE_CONFIGS | TINY_GEMMA2_CONFIGS)[name]
+
+
 def make_hf_model(name: str, folder: Path, seed: int = 0, **overrides):
     """Save a random-init transformers model of config ``name`` (with ``overrides`` of its config keys) to
     ``folder``; returns the model (eval, fp32)."""
@@ -184,7 +203,7 @@ def make_hf_model(name: str, folder: Path, seed: int = 0, **overrides):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    spec = {**(TINY_CONFIGS | TINY_MOE_CONFIGS)[name], **overrides}
+    spec = {**tiny_config(name), **overrides}
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     config._attn_implementation = "eager"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()

@@ -1,5 +1,5 @@
 """A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family, Qwen3, Phi-3,
-Gemma 3).
+Gemma 2 and 3).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
 ``mlp.gate_up`` -> gate/up_proj rows), except for Phi-3, whose modules are fused as the canonical tensors are
@@ -7,10 +7,12 @@ Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv
 canonical linear (``checkpoint.layout.LAYER_LINEARS``, in the same order); ``layer_linears`` picks one.
 Qwen3's and Gemma 3's per-head q/k norms are not linears: they stay float (``NORMS``).
 
-Gemma 3 (``models.gemma3``): its RMSNorms scale by ``1 + w``; the checkpoint stores ``1 + w`` and the HF model ``w``
-(``hf_state_dict`` subtracts the one; pre-quant scales are folded into the stored ``1 + w``, ``export.py``). Its
-pre-MLP norm, canonical ``post_attn_norm``, is HF's ``pre_feedforward_layernorm``; HF's ``post_attention_layernorm``
-is the sandwich norm on the attention output (``GEMMA3_LAYER_NORMS``).
+Gemma 2 and 3 (``models.gemma``): their RMSNorms scale by ``1 + w``; the checkpoint stores ``1 + w`` and the HF
+model ``w`` (``hf_state_dict`` subtracts the one; pre-quant scales are folded into the stored ``1 + w``,
+``export.py``). The pre-MLP norm, canonical ``post_attn_norm``, is HF's ``pre_feedforward_layernorm``; HF's
+``post_attention_layernorm`` is the sandwich norm on the attention output (``GEMMA_LAYER_NORMS``). Gemma 2 has no
+q/k norms and one rotary base; its attention-score soft-capping applies after modelopt's K/V quantizers, as the
+engine's attention caps scores of the dequantized cache.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
 }
 
@@ -63,15 +66,18 @@ LAYER_NORMS: dict[str, str] = {
     "input_norm.weight": "input_layernorm.weight",
     "post_attn_norm.weight": "post_attention_layernorm.weight",
 }
-GEMMA3_LAYER_NORMS: dict[str, str] = {  # sandwich norms; HF's post_attention_layernorm norms the attention output
+GEMMA_LAYER_NORMS: dict[str, str] = {  # sandwich norms; HF's post_attention_layernorm norms the attention output
     "input_norm.weight": "input_layernorm.weight",
     "attn.post_norm.weight": "post_attention_layernorm.weight",
     "post_attn_norm.weight": "pre_feedforward_layernorm.weight",
     "mlp.post_norm.weight": "post_feedforward_layernorm.weight",
 }
+GEMMA2, GEMMA3 = "Gemma2ForCausalLM", "Gemma3ForCausalLM"
+# Gemma's architectures: GeGLU, sandwich norms (GEMMA_LAYER_NORMS), query_pre_attn_scalar, soft-caps, an embedding
+# multiplier; q/k norms in Gemma 3 only (``gemma_hf_config``, ``check_gemma``).
+GEMMA = frozenset({GEMMA2, GEMMA3})
 # Architectures whose RMSNorms scale by (1 + w): the checkpoint stores 1 + w (``convert.tensor_names``), HF w.
-ONE_PLUS_W_NORMS = frozenset({"Gemma3ForCausalLM"})
-GEMMA3 = "Gemma3ForCausalLM"
+ONE_PLUS_W_NORMS = GEMMA
 
 
 def check_quantizable(cfg: ModelConfig) -> None:
@@ -86,22 +92,18 @@ def check_quantizable(cfg: ModelConfig) -> None:
         raise TrtbuildError(
             f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
         )
-    gemma = cfg.architecture == GEMMA3
+    gemma = cfg.architecture in GEMMA
     mlp = MlpKind.GEGLU if gemma else MlpKind.SWIGLU
     if cfg.norm is not NormKind.RMS or cfg.mlp is not mlp or cfg.position is not PositionKind.ROPE:
         raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm/MLP/position layout")
-    if cfg.sandwich_norms != gemma or (gemma and not cfg.qk_norm):
+    if cfg.sandwich_norms != gemma or (gemma and cfg.qk_norm != (cfg.architecture == GEMMA3)):
         raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has an unexpected norm layout")
     partial_ok = cfg.architecture == "Phi3ForCausalLM"  # the one transformers model here that rotates part of a head
     ropes = [r for r in (cfg.rope, cfg.local_rope) if r is not None]
     if any(r.rotary_dim != cfg.head_size for r in ropes) and not partial_ok:
         raise TrtbuildError(f"quantize: partial rotary embedding is not supported for {cfg.architecture}")
     if gemma:
-        if query_pre_attn_scalar(cfg) ** -0.5 != cfg.softmax_scale:
-            raise TrtbuildError(
-                f"quantize: attention scale {cfg.softmax_scale} is not query_pre_attn_scalar ** -0.5 for an integer "
-                "query_pre_attn_scalar (what transformers' Gemma 3 takes)"
-            )
+        check_gemma(cfg)
         return
     gemma_only = (
         ("sliding-window layers", AttentionKind.SLIDING in cfg.layer_types and cfg.architecture not in WINDOWED),
@@ -114,8 +116,29 @@ def check_quantizable(cfg: ModelConfig) -> None:
             raise TrtbuildError(f"quantize: {cfg.architecture} checkpoint has {feature}, which quantize cannot rebuild")
 
 
+def check_gemma(cfg: ModelConfig) -> None:
+    """Raise a one-line error where a Gemma checkpoint holds what transformers' Gemma 2 / Gemma 3 would not compute:
+    an attention scale not of an integer ``query_pre_attn_scalar``; for Gemma 2 a second rotary embedding or heads
+    that do not divide ``hidden_size`` (``Gemma2Config`` refuses them)."""
+    name = "Gemma 2" if cfg.architecture == GEMMA2 else "Gemma 3"
+    if query_pre_attn_scalar(cfg) ** -0.5 != cfg.softmax_scale:
+        raise TrtbuildError(
+            f"quantize: attention scale {cfg.softmax_scale} is not query_pre_attn_scalar ** -0.5 for an integer "
+            f"query_pre_attn_scalar (what transformers' {name} takes)"
+        )
+    if cfg.architecture != GEMMA2:
+        return
+    if cfg.local_rope is not None:
+        raise TrtbuildError("quantize: Gemma 2 checkpoint has a rotary embedding of its own for the sliding layers")
+    if cfg.hidden_size % cfg.num_heads:
+        raise TrtbuildError(
+            f"quantize: Gemma 2 hidden_size {cfg.hidden_size} is not a multiple of num_heads {cfg.num_heads} "
+            "(transformers' Gemma2Config refuses it)"
+        )
+
+
 def query_pre_attn_scalar(cfg: ModelConfig) -> int:
-    """Gemma 3's ``query_pre_attn_scalar`` (an integer in transformers) of the softmax scale ``q ** -0.5``."""
+    """Gemma's ``query_pre_attn_scalar`` (an integer in transformers) of the softmax scale ``q ** -0.5``."""
     return round(cfg.softmax_scale**-2)
 
 
@@ -143,8 +166,8 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """The Hugging Face ``config.json`` of ``cfg`` (inverse of ``models.llama.llama_config``,
     ``models.qwen3.qwen3_config``, ``models.phi3.phi3_config`` and ``models.gemma.gemma_config``)."""
     assert cfg.rope is not None
-    if cfg.architecture == GEMMA3:
-        return gemma3_hf_config(cfg)
+    if cfg.architecture in GEMMA:
+        return gemma_hf_config(cfg)
     rope = hf_rope(cfg.rope)
     out: dict[str, Any] = dict(
         **_sizes(cfg),
@@ -194,21 +217,21 @@ def hf_layer_types(cfg: ModelConfig) -> list[str]:
     return [names[kind] for kind in cfg.layer_types]
 
 
-def gemma3_hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    """Gemma 3's ``config.json`` (transformers 5: ``rope_parameters`` per layer type): the inverse of
-    ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there; ``build_hf_model``
-    sets the checkpoint's own (rounded to its dtype)."""
+def gemma_hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """Gemma 2's or Gemma 3's ``config.json`` (transformers 5: Gemma 3 has ``rope_parameters`` per layer type, Gemma
+    2 one): the inverse of ``models.gemma.gemma_config``. The embedding multiplier is ``hidden_size ** 0.5`` there;
+    ``build_hf_model`` sets the checkpoint's own (rounded to its dtype)."""
     assert cfg.rope is not None
+    rope: dict[str, Any] = hf_rope(cfg.rope)  # Gemma 2: one rotary embedding (``check_gemma``)
+    if cfg.architecture == GEMMA3:
+        rope = {"full_attention": rope, "sliding_attention": hf_rope(cfg.local_rope or cfg.rope)}
     return dict(
         **_sizes(cfg),
         hidden_activation="gelu_pytorch_tanh",
         layer_types=hf_layer_types(cfg),
         # a model with no sliding layer has no window; transformers wants a number all the same (then unused)
         sliding_window=cfg.sliding_window or cfg.max_position_embeddings,
-        rope_parameters={
-            "full_attention": hf_rope(cfg.rope),
-            "sliding_attention": hf_rope(cfg.local_rope or cfg.rope),
-        },
+        rope_parameters=rope,
         query_pre_attn_scalar=query_pre_attn_scalar(cfg),
         attn_logit_softcapping=cfg.attn_softcap,
         final_logit_softcapping=cfg.final_softcap,
@@ -239,7 +262,7 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
         sd["lm_head.weight"] = t("lm_head.weight")
     q, kv, i = cfg.num_heads * cfg.head_size, cfg.num_kv_heads * cfg.head_size, cfg.intermediate_size
     fused = cfg.architecture in FUSED_ARCHITECTURES
-    layer_norms = GEMMA3_LAYER_NORMS if cfg.architecture == GEMMA3 else LAYER_NORMS
+    layer_norms = GEMMA_LAYER_NORMS if cfg.architecture in GEMMA else LAYER_NORMS
     for n in range(cfg.num_layers):
         p, h = f"layers.{n}.", f"model.layers.{n}."
         for name, hf_name in layer_norms.items():
@@ -283,6 +306,6 @@ def build_hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
         )
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    if cfg.architecture == GEMMA3:  # the checkpoint's multiplier: sqrt(hidden_size) rounded to its dtype
+    if cfg.architecture in GEMMA:  # the checkpoint's multiplier: sqrt(hidden_size) rounded to its dtype
         model.model.embed_tokens.embed_scale.fill_(cfg.embed_multiplier)
     return model.eval()
