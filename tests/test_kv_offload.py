@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -24,7 +25,14 @@ from trtbuild.errors import ConfigError
 from trtbuild.runtime.kv_cache import PagedKVCache, bytes_per_block
 from trtbuild.runtime.kv_offload import KVOffloadConfig, KVOffloader
 from trtbuild.runtime.kv_offload.offloader import engine_fingerprint
-from trtbuild.runtime.kv_offload.redis_tier import PASSWORD_ENV, RedisAddress, RespConnection, parse_redis_url
+from trtbuild.runtime.kv_offload.redis_tier import (
+    PASSWORD_ENV,
+    CertReqs,
+    RedisAddress,
+    RespConnection,
+    TlsOptions,
+    parse_redis_url,
+)
 from trtbuild.runtime.kv_offload.tiers import HEADER, DiskTier, MemoryTier
 from trtbuild.runtime.llm import LLM, SamplingParams
 from trtbuild.serve.metrics import kv_offload_lines
@@ -274,8 +282,9 @@ def test_bench_and_metrics_report_each_tier(engine, tmp_path, monkeypatch, capsy
     assert kv_offload_lines(()) == []
 
 
-def start_redis(workdir, *extra: str):
-    """A redis-server of our own on a free port (skipped where none is installed): (process, port)."""
+def start_redis(workdir, *extra: str, tls: tuple[Path, Path] | None = None):
+    """A redis-server of our own on a free port (skipped where none is installed): (process, port). ``tls``: (its
+    certificate, key): the port speaks TLS only, and clients need no certificate."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
@@ -283,6 +292,10 @@ def start_redis(workdir, *extra: str):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", workdir]
+    if tls is not None:
+        cert, key = tls
+        args[1:3] = ["--port", "0", "--tls-port", str(port), "--tls-cert-file", cert, "--tls-key-file", key]
+        args += ["--tls-ca-cert-file", cert, "--tls-auth-clients", "no"]
     proc = subprocess.Popen([str(a) for a in [*args, *extra]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
         try:
@@ -361,6 +374,59 @@ def test_redis_server_with_a_password(engine, block_bytes, tmp_path, monkeypatch
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by the openssl CLI (skipped where there is none)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert, "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def test_replicas_share_blocks_through_redis_over_tls(engine, block_bytes, tmp_path):
+    """rediss:// with the server's certificate trusted through ssl_ca_certs: two replicas share blocks as over
+    redis://; without trusting it (the system's CAs) the certificate check fails in one line; ssl_cert_reqs=none
+    skips the check."""
+    cert, key = self_signed(tmp_path)
+    proc, port = start_redis(tmp_path, tls=(cert, key))
+    try:
+        url = f"rediss://127.0.0.1:{port}?ssl_ca_certs={cert}"
+        assert parse_redis_url(url).tls == TlsOptions(ca_certs=str(cert))
+        expected = chat_rounds(small_llm(engine, block_bytes), rounds=1)
+        first = small_llm(engine, block_bytes, KVOffloadConfig(url=url))
+        assert chat_rounds(first, rounds=1) == expected
+        first.offloader.close()
+        second = small_llm(engine, block_bytes, KVOffloadConfig(url=url))
+        assert chat_rounds(second, rounds=1) == expected and second.stats.kv_offload[0].hits == 3 * 14
+        with pytest.raises(ConfigError, match=r"cannot reach the server .*CERTIFICATE_VERIFY_FAILED"):
+            LLM(engine, kv_offload=KVOffloadConfig(url=f"rediss://127.0.0.1:{port}"))
+        with pytest.raises(ConfigError, match="cannot reach the server"):  # plain text to a TLS port
+            LLM(engine, kv_offload=KVOffloadConfig(url=f"redis://127.0.0.1:{port}"))
+        unchecked = RespConnection(parse_redis_url(f"rediss://127.0.0.1:{port}?ssl_cert_reqs=none"))
+        assert unchecked.call(b"DBSIZE") == 3 * 16
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_rediss_url_options():
+    tls = parse_redis_url("rediss://h:6380/1?ssl_certfile=c.pem&ssl_keyfile=k.pem&ssl_cert_reqs=none").tls
+    assert tls == TlsOptions(None, "c.pem", "k.pem", CertReqs.NONE)
+    assert parse_redis_url("redis://h").tls is None
+    for url, needle in (
+        ("redis://h?ssl_ca_certs=x", "expected redis://HOST"),  # TLS options need rediss://
+        ("rediss://h?ssl_cert_reqs=maybe", "ssl_cert_reqs must be one of"),
+        ("rediss://h?sslmode=on", "unknown parameter 'sslmode'"),
+        ("rediss://h?ssl_ca_certs=", "ssl_ca_certs takes one value"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            KVOffloadConfig(url=url)
 
 
 def test_an_unused_llm_and_its_writer_go_away(engine, tmp_path):

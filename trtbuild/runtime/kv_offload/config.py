@@ -38,6 +38,7 @@ class KVOffloadConfig:
             "flag": "--kv-offload-url",
             "help": "Redis / Valkey server of a remote KV offload tier shared by replicas, "
             "redis://[[USER]:PASSWORD@]HOST[:PORT][/DB] (or the password in $TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD; "
+            "rediss://...[?ssl_ca_certs=PEM&ssl_certfile=PEM&ssl_keyfile=PEM] over TLS; "
             "bound its memory with the server's maxmemory + allkeys-lru) [default: off]",
         },
     )

@@ -3,7 +3,9 @@
 Speaks the Redis protocol (RESP2: ``AUTH``, ``SELECT``, ``GET``, ``SET``, ``PING``) over a plain socket, one
 connection per thread (the writer thread stores while the engine thread looks up): no client package. A password
 comes from the URL (``redis://[USER]:PASSWORD@HOST``) or, kept out of the process list, from
-``$TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD``; messages show the URL with the password masked. No TLS. Keys are
+``$TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD``; messages show the URL with the password masked. ``rediss://`` connects
+over TLS (``TlsOptions``: the server's certificate checked against the system's CAs or ``ssl_ca_certs``, its name
+against the host; a client certificate for servers that ask for one), with redis-py's URL parameters. Keys are
 ``trtkv:<engine fingerprint>:<block hash hex>``; values are a disk file's bytes (header with the block hash, length
 and crc32, then the payload), so a truncated or foreign value is a miss. The server bounds the memory: run it with
 ``maxmemory`` and ``maxmemory-policy allkeys-lru``. A server that stops answering turns lookups into misses and drops
@@ -12,11 +14,13 @@ stores (the next call reconnects).
 
 from __future__ import annotations
 
+import enum
 import os
 import socket
+import ssl
 import threading
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
 
@@ -28,15 +32,48 @@ TIMEOUT_S = 5.0
 PASSWORD_ENV = "TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD"  # used when the URL carries no password
 
 
+class CertReqs(enum.Enum):
+    """``ssl_cert_reqs``: whether the server's certificate is checked (redis-py's values)."""
+
+    REQUIRED = "required"  # checked against the CAs, and its name against the host (the default)
+    NONE = "none"  # not checked: encrypted, but open to a man in the middle (a test server's self-signed one)
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """TLS of a ``rediss://`` URL, from its query (redis-py's names): ``ssl_ca_certs`` (a PEM file of the CAs to
+    trust instead of the system's), ``ssl_certfile`` / ``ssl_keyfile`` (a client certificate), ``ssl_cert_reqs``."""
+
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    cert_reqs: CertReqs = CertReqs.REQUIRED
+
+    def context(self) -> ssl.SSLContext:
+        """The client context (``OSError`` / ``ssl.SSLError`` for files it cannot read)."""
+        context = ssl.create_default_context(cafile=self.ca_certs)
+        if self.cert_reqs is CertReqs.NONE:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.certfile is not None:
+            context.load_cert_chain(self.certfile, self.keyfile)
+        return context
+
+
+TLS_QUERY = {"ssl_ca_certs": "ca_certs", "ssl_certfile": "certfile", "ssl_keyfile": "keyfile"}
+
+
 @dataclass(frozen=True)
 class RedisAddress:
-    """Where the server is and how to log in: ``username`` is None for the default user (``AUTH password``)."""
+    """Where the server is and how to log in: ``username`` is None for the default user (``AUTH password``);
+    ``tls`` None for a plain connection (``redis://``)."""
 
     host: str
     port: int = 6379
     db: int = 0
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    tls: TlsOptions | None = None
 
 
 def masked(url: str) -> str:
@@ -49,22 +86,43 @@ def masked(url: str) -> str:
 
 
 def parse_redis_url(url: str) -> RedisAddress:
-    """The address of ``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`` (password else ``$TRTBUILD_KV_OFFLOAD_REDIS_
-    PASSWORD``); ``ConfigError`` otherwise."""
+    """The address of ``redis[s]://[[USER]:PASSWORD@]HOST[:PORT][/DB][?TLS options]`` (password else
+    ``$TRTBUILD_KV_OFFLOAD_REDIS_PASSWORD``; TLS options for ``rediss`` only: ``TlsOptions``); ``ConfigError``
+    otherwise."""
     parts = urlsplit(url)
     try:
         port = parts.port or 6379
         db = int(parts.path.strip("/") or 0)
     except ValueError:
         port = db = -1
-    if parts.scheme != "redis" or not parts.hostname or port < 0 or db < 0 or parts.query:
+    tls = parts.scheme == "rediss"
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname or port < 0 or db < 0 or (parts.query and not tls):
         raise ConfigError(
             f"--kv-offload-url {masked(url)!r}: expected redis://HOST[:PORT][/DB] "
-            "(redis://[USER]:PASSWORD@HOST... with a password)"
+            "(redis://[USER]:PASSWORD@HOST... with a password, rediss://...[?ssl_ca_certs=PEM] over TLS)"
         )
     password = unquote(parts.password) if parts.password is not None else os.environ.get(PASSWORD_ENV) or None
     username = unquote(parts.username) if parts.username else None
-    return RedisAddress(parts.hostname, port, db, username, password)
+    return RedisAddress(parts.hostname, port, db, username, password, _tls_options(url, parts.query) if tls else None)
+
+
+def _tls_options(url: str, query: str) -> TlsOptions:
+    files: dict[str, str] = {}
+    cert_reqs = CertReqs.REQUIRED
+    for name, given in parse_qs(query, keep_blank_values=True).items():
+        if len(given) != 1 or not given[0]:
+            raise ConfigError(f"--kv-offload-url {masked(url)!r}: {name} takes one value")
+        if name == "ssl_cert_reqs":
+            choices = [c.value for c in CertReqs]
+            if given[0] not in choices:
+                raise ConfigError(f"--kv-offload-url {masked(url)!r}: ssl_cert_reqs must be one of {choices}")
+            cert_reqs = CertReqs(given[0])
+        elif name in TLS_QUERY:
+            files[TLS_QUERY[name]] = given[0]
+        else:
+            known = sorted([*TLS_QUERY, "ssl_cert_reqs"])
+            raise ConfigError(f"--kv-offload-url {masked(url)!r}: unknown parameter {name!r} (known: {known})")
+    return TlsOptions(files.get("ca_certs"), files.get("certfile"), files.get("keyfile"), cert_reqs)
 
 
 class RedisError(Exception):
@@ -75,8 +133,15 @@ class RespConnection:
     """One connection speaking RESP2; ``call`` sends a command and returns its reply (bytes, int, None, list)."""
 
     def __init__(self, address: RedisAddress) -> None:
-        self.sock = socket.create_connection((address.host, address.port), timeout=TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.create_connection((address.host, address.port), timeout=TIMEOUT_S)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if address.tls is not None:
+            try:
+                sock = address.tls.context().wrap_socket(sock, server_hostname=address.host)
+            except (OSError, ValueError):
+                sock.close()
+                raise
+        self.sock = sock
         self.reader = self.sock.makefile("rb")
         if address.password is not None:
             user = [address.username.encode()] if address.username else []
