@@ -26,7 +26,7 @@ from ..artifacts.atomic import atomic_output_dir, scratch_dir
 from ..checkpoint.files import WEIGHTS_FILE, copy_tokenizer_files, load_checkpoint, save_checkpoint
 from ..checkpoint.formats import FORMATS, activation_block, dynamic_activations
 from ..checkpoint.layout import canonical_linears, excluded_linears
-from ..config import DType, ModelConfig, QFormat, QuantConfig
+from ..config import DType, KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import calibrate, modelopt_reads_tokens
 from .export import export_tensors
@@ -71,7 +71,7 @@ def quantize(
             new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
             tensors = moe_weight_only_tensors(new_cfg, weights)
             t, model = time.perf_counter(), None
-            if len(samples):
+            if qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32:
                 kv_scales, model = moe_kv_scales(new_cfg, tensors, samples, progress=progress)
                 tensors.update(kv_scales)
             calib_seconds = time.perf_counter() - t
