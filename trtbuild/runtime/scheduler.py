@@ -13,7 +13,7 @@ One step of the caller's loop::
 
     out = scheduler.schedule()
     logits = session.step(out.to_step_batch())
-    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)
+    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)  # with prompt rows: see logits_ends
     finished = scheduler.update_from_output(out, sampled.token_ids)
 """
 
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import RequestError
 from . import kv_groups
 from .batch import StepBatch
 from .engine_session import EngineSession
 from .kv_cache_manager import KVCacheGroup, KVCacheManager
+from .prompt_logprobs import NO_ROWS, logits_rows, max_cached_tokens, prompt_rows
 from .sampling import SamplingParams
 from .sequence import FinishReason, RequestStatus, Sequence
 
@@ -107,6 +108,9 @@ class SchedulerOutput:
     sample_rows: list[int]
     preempted: list[Sequence]  # requests preempted while planning this step
     sliding_group: bool = False  # the model has a sliding KV-cache group: steps carry its block tables too
+    # Request b -> offsets into its new tokens whose logits score its prompt tokens (prompt_logprobs.py); only the
+    # requests with some. With any, request b's logits are these rows then its last token's (``logits_rows``).
+    prompt_rows: dict[int, range] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -121,13 +125,30 @@ class SchedulerOutput:
         """The requests of ``sample_rows``, in the same order."""
         return [self.scheduled[b][0] for b in self.sample_rows]
 
+    def part(self, rows: list[int]) -> SchedulerOutput:
+        """The requests ``rows`` of this step as a step of their own (one engine call), sampling none."""
+        prompt = {i: self.prompt_rows[b] for i, b in enumerate(rows) if b in self.prompt_rows}
+        return SchedulerOutput([self.scheduled[b] for b in rows], [], [], self.sliding_group, prompt)
+
+    def logits_ends(self) -> list[int]:
+        """Where request b's rows of the step's logits end (its last token's row is the one before)."""
+        ends, total = [], 0
+        for b, (_, n) in enumerate(self.scheduled):
+            total += len(logits_rows(self.prompt_rows.get(b, NO_ROWS), n)) if self.prompt_rows else 1
+            ends.append(total)
+        return ends
+
     def to_step_batch(self) -> StepBatch:
         """The engine inputs: each request's new tokens from position ``num_computed_tokens``, and its block table."""
+        rows = None
+        if self.prompt_rows:
+            rows = [logits_rows(self.prompt_rows.get(b, NO_ROWS), n) for b, (_, n) in enumerate(self.scheduled)]
         return StepBatch.build(
             [seq.token_ids(seq.num_computed_tokens, seq.num_computed_tokens + n) for seq, n in self.scheduled],
             [seq.num_computed_tokens for seq, _ in self.scheduled],
             [seq.block_ids for seq, _ in self.scheduled],
             sliding_block_tables=[seq.sliding_block_ids for seq, _ in self.scheduled] if self.sliding_group else None,
+            logits_rows=rows,
         )
 
 
@@ -217,12 +238,17 @@ class Scheduler:
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 i += 1
-        # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full).
+        # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full). A
+        # request whose next uncached block a scheduled request is computing waits for it (kv_groups.in_flight).
+        in_flight = kv_groups.in_flight(self.kv_cache, [seq for seq, _ in scheduled])
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if self.prefix_loader is not None:
                 self.prefix_loader(self.kv_cache, seq)
-            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
+            cap = max_cached_tokens(seq)
+            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
+            if kv_groups.waits_for(self.kv_cache, seq, num_hit_tokens, cap, in_flight):
+                break  # FCFS: its prefix is cached after this step, and it goes first then
             num_new = min(seq.num_tokens - num_hit_tokens, budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
@@ -233,9 +259,11 @@ class Scheduler:
             seq.num_computed_tokens = num_hit_tokens
             self.running.append(seq)
             scheduled.append((seq, num_new))
+            in_flight |= kv_groups.in_flight(self.kv_cache, [seq])
             budget -= num_new
         sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None)
+        rows = {b: r for b, (seq, n) in enumerate(scheduled) if (r := prompt_rows(seq, n))}
+        return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None, rows)
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.
