@@ -17,7 +17,20 @@
 The guide is docs/lang.md.
 """
 
+from .choices import ChoicesMethod, SelectScores
 from .interpreter import ForkGroup, Program, ProgramState, function
 from .ir import assistant, gen, select, system, user
 
-__all__ = ["ForkGroup", "Program", "ProgramState", "assistant", "function", "gen", "select", "system", "user"]
+__all__ = [
+    "ChoicesMethod",
+    "ForkGroup",
+    "Program",
+    "ProgramState",
+    "SelectScores",
+    "assistant",
+    "function",
+    "gen",
+    "select",
+    "system",
+    "user",
+]
