@@ -10,7 +10,7 @@ import numpy as np
 
 from .engine_session import EngineSession, StepSampler
 from .prompt_logprobs import to_host
-from .scheduler import SchedulerOutput
+from .scheduler_output import SchedulerOutput
 from .step_shaping import split_step
 
 # Called with (request b of the step, the float32 host logits of its ``SchedulerOutput.prompt_rows[b]``).
