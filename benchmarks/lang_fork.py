@@ -9,7 +9,7 @@ alternating which goes first:
 - fork: a program appends the prefix, forks 4 branches, each appends its own question and generates 32 tokens
   (greedy, EOS ignored);
 - independent: the same four texts (prefix + question) as four requests given to one ``LLM.generate`` call (the
-  scheduler's own prefix caching shares what requests admitted in a later step find computed);
+  scheduler's in-batch prefix sharing: the later requests wait a step for the first's prefix blocks);
 - independent, no prefix caching: the same on a second ``LLM`` with ``enable_prefix_caching=False`` (each request
   computes the whole prefix).
 
