@@ -366,9 +366,8 @@ class LLM:
 
     def _request_output(self, request_id: str, prompt: str | None, states: list[CompletionState]) -> RequestOutput:
         seq = states[0].seq
-        scores = states[0].prompt_logprobs
-        outputs = [s.output() for s in states]
-        return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), outputs, scores and list(scores))
+        scores = None if states[0].prompt_logprobs is None else list(states[0].prompt_logprobs)
+        return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), [s.output() for s in states], scores)
 
     def _grammars(self) -> Grammars:
         if self.grammars is None:

@@ -1,7 +1,10 @@
 """Continuous batching (nano-vllm / vLLM v1 style): which requests run in the next step, and with how many tokens.
 
 Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
-of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup). With a KV
+of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup; one whose next
+uncached block a scheduled request is computing waits a step and then finds it cached: requests queued together
+share their prefix). A request asking for prompt logprobs reuses cached blocks only before its first scored row
+(``prompt_logprobs.py``), and the plan names its prompt rows (``SchedulerOutput.prompt_rows``). With a KV
 window (every layer sliding), each running request first releases its blocks wholly before the window of its next
 token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. A model of both
 sliding and full layers has two KV-cache groups (``kv_groups.py``): every request holds blocks in both, allocated
@@ -181,7 +184,7 @@ class Scheduler:
                 i += 1
         # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full). A
         # request whose next uncached block a scheduled request is computing waits for it (kv_groups.in_flight).
-        in_flight = kv_groups.in_flight(self.kv_cache, [seq for seq, _ in scheduled])
+        in_flight = kv_groups.in_flight(self.kv_cache, [seq for seq, _ in scheduled]) if self.waiting else set()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
             if self.prefix_loader is not None:
