@@ -12,7 +12,7 @@ from test_llm import add_tokenizer
 from test_prompt_logprobs import reference
 
 from trtbuild.errors import RequestError
-from trtbuild.lang import ChoicesMethod, function, select
+from trtbuild.lang import ChoicesMethod, SelectScores, function, select
 from trtbuild.runtime.llm import LLM
 
 # 41 characters, 41 tokens (this tokenizer adds no BOS): the last one's row scores a choice's first token, and the
@@ -97,3 +97,18 @@ def test_get_meta_info_needs_a_ranking_select(llm):
     state = pick.run(llm)
     with pytest.raises(KeyError, match="no scores for 'c'"):
         state.get_meta_info("c")
+
+
+@pytest.mark.parametrize(
+    ("logprobs", "normalized", "greedy"),
+    [
+        ([[-0.1, -5.0], [-0.5, -0.5]], 1, 0),  # a likelier first token, a worse mean
+        ([[-1.0, -0.2, -9.0], [-1.0, -0.5], [-1.0]], 1, 0),  # first tokens tie; a one-token choice stands at its mean
+    ],
+)
+def test_the_two_rankings_differ_where_sglang_says(logprobs, normalized, greedy):
+    choices = tuple(f"c{i}" for i in range(len(logprobs)))
+    by_mean = SelectScores.rank(ChoicesMethod.TOKEN_LENGTH_NORMALIZED, choices, logprobs)
+    assert by_mean.chosen == normalized == int(np.argmax([np.mean(lp) for lp in logprobs]))
+    by_token = SelectScores.rank(ChoicesMethod.GREEDY_TOKEN_SELECTION, choices, logprobs)
+    assert by_token.chosen == greedy == greedy_token_selection([np.array(lp) for lp in logprobs])
