@@ -14,7 +14,9 @@
 // 4. per token: out = the weighted sum of its k slots' outputs, in the order the router ranked them.
 // Experts no token chose are never read: a batch-1 decode step reads k of E experts. Each expert's weights are read
 // once per pass, whatever its number of tokens. Results do not depend on the number of threads. Int8 experts are
-// widened to float in the dot products and each product scaled by its row's scale.
+// widened to float in the dot products and each product scaled by its row's scale; int4 experts are unpacked to
+// float in the dot products (sixteen codes a table lookup), each block of `group` in-features summed apart and
+// scaled by its block's scale. A batch-1 decode step of int4 experts reads the k routed experts' packed bytes only.
 
 #include "moe.h"
 
@@ -46,6 +48,45 @@ inline v8 load8(const int8_t* p) {
   std::memcpy(&b, p, sizeof(b));
   out = __builtin_convertvector(b, v8);
 #endif
+  return out;
+}
+
+// A signed int4 code from its nibble: two's complement, [-8, 7].
+inline int nibble_value(uint8_t nibble) { return int(nibble ^ 8) - 8; }
+
+// Int4 code c of a packed row: byte c / 2, the low nibble for even c.
+inline float code4(const uint8_t* row, int64_t c) { return float(nibble_value((row[c >> 1] >> ((c & 1) * 4)) & 15)); }
+
+// Sixteen int4 codes (eight bytes) widened to floats, in-features [0, 8) in lo and [8, 16) in hi: with AVX2, the
+// nibbles split and interleaved back into order, a table lookup (pshufb) to their signed values, two widenings.
+inline void load16_q4(const uint8_t* p, v8& lo, v8& hi) {
+#if defined(__AVX2__)
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i low = _mm_and_si128(bytes, mask), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+  const __m128i table = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  const __m128i codes = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(low, high));
+  const __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(codes));
+  const __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(codes, 8)));
+  std::memcpy(&lo, &f0, sizeof(lo));
+  std::memcpy(&hi, &f1, sizeof(hi));
+#else
+  for (int i = 0; i < 8; ++i) {
+    const uint8_t b = p[i];
+    v8& half = i < 4 ? lo : hi;
+    half[(2 * i) % 8] = float(nibble_value(b & 15));
+    half[(2 * i) % 8 + 1] = float(nibble_value(b >> 4));
+  }
+#endif
+}
+
+// Eight int4 codes (four bytes) widened to floats.
+inline v8 load8_q4(const uint8_t* p) {
+  v8 out;
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = float(nibble_value(p[i] & 15));
+    out[2 * i + 1] = float(nibble_value(p[i] >> 4));
+  }
   return out;
 }
 
@@ -91,6 +132,107 @@ inline void dots2(const W* w0, const W* w1, const float* const* x, int n, int64_
     case 2: return dots2_n<2>(w0, w1, x, len, out0, out1);
     case 3: return dots2_n<3>(w0, w1, x, len, out0, out1);
     default: return dots2_n<4>(w0, w1, x, len, out0, out1);
+  }
+}
+
+// dots2_n for int4 rows w0, w1 (packed, len even) with a scale per block of `group` in-features (s0, s1): each
+// block's products are summed apart, sixteen in-features a step, then scaled and added to the row's sum.
+template <int N>
+inline void dots2_q4_n(const uint8_t* w0, const uint8_t* w1, const float* s0, const float* s1,
+                       const float* const* x, int64_t len, int64_t group, float* out0, float* out1) {
+  v8 a0[N] = {}, a1[N] = {};
+  float t0[N] = {}, t1[N] = {};  // the blocks' scalar tails (in-features past the last whole eight of a block)
+  const float* xs[N];
+  for (int j = 0; j < N; ++j) xs[j] = x[j];
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += group, ++b) {
+    const int64_t k1 = std::min(len, k0 + group);
+    v8 g0[N] = {}, g1[N] = {};
+    int64_t i = k0;
+    for (; i + 16 <= k1; i += 16) {
+      v8 u0a, u0b, u1a, u1b;
+      load16_q4(w0 + i / 2, u0a, u0b);
+      load16_q4(w1 + i / 2, u1a, u1b);
+      for (int j = 0; j < N; ++j) {
+        const v8 xa = load8(xs[j] + i), xb = load8(xs[j] + i + 8);
+        g0[j] += u0a * xa + u0b * xb;
+        g1[j] += u1a * xa + u1b * xb;
+      }
+    }
+    for (; i + 8 <= k1; i += 8) {
+      const v8 u0 = load8_q4(w0 + i / 2), u1 = load8_q4(w1 + i / 2);
+      for (int j = 0; j < N; ++j) {
+        const v8 xv = load8(xs[j] + i);
+        g0[j] += u0 * xv;
+        g1[j] += u1 * xv;
+      }
+    }
+    for (int j = 0; j < N; ++j) {
+      a0[j] += g0[j] * s0[b];
+      a1[j] += g1[j] * s1[b];
+      float r0 = 0.0f, r1 = 0.0f;
+      for (int64_t k = i; k < k1; ++k) {
+        r0 += code4(w0, k) * xs[j][k];
+        r1 += code4(w1, k) * xs[j][k];
+      }
+      t0[j] += r0 * s0[b];
+      t1[j] += r1 * s1[b];
+    }
+  }
+  for (int j = 0; j < N; ++j) {
+    out0[j] = hsum(a0[j]) + t0[j];
+    out1[j] = hsum(a1[j]) + t1[j];
+  }
+}
+
+// An expert's rows as the dot products read them, scaled: float or int8 rows (W) with a scale per row (null for
+// float), each row `len` weights.
+template <typename W>
+struct RowScaled {
+  const W* w;
+  const float* scale;
+  int64_t len;
+
+  // out0[j], out1[j]: rows r0 and r1 dotted with the n <= 4 vectors x[j], times the rows' scales.
+  void dots(int64_t r0, int64_t r1, const float* const* x, int n, float* out0, float* out1) const {
+    dots2(w + r0 * len, w + r1 * len, x, n, len, out0, out1);
+    if (scale == nullptr) return;
+    for (int j = 0; j < n; ++j) {
+      out0[j] *= scale[r0];
+      out1[j] *= scale[r1];
+    }
+  }
+};
+
+// Int4 rows of `len` in-features (len / 2 bytes each) with a scale per block of `group` (`blocks` a row).
+struct Int4Rows {
+  const uint8_t* w;
+  const float* scale;
+  int64_t len, group, blocks;
+
+  void dots(int64_t r0, int64_t r1, const float* const* x, int n, float* out0, float* out1) const {
+    const uint8_t *w0 = w + r0 * (len / 2), *w1 = w + r1 * (len / 2);
+    const float *s0 = scale + r0 * blocks, *s1 = scale + r1 * blocks;
+    switch (n) {
+      case 1: return dots2_q4_n<1>(w0, w1, s0, s1, x, len, group, out0, out1);
+      case 2: return dots2_q4_n<2>(w0, w1, s0, s1, x, len, group, out0, out1);
+      case 3: return dots2_q4_n<3>(w0, w1, s0, s1, x, len, group, out0, out1);
+      default: return dots2_q4_n<4>(w0, w1, s0, s1, x, len, group, out0, out1);
+    }
+  }
+};
+
+// Expert e's rows of a [E, rows, len] tensor in whichever form the node's experts take.
+template <typename Fn>
+inline void with_expert_rows(const MoeArgs& a, bool gate_up, int64_t e, Fn&& fn) {
+  const int64_t rows = gate_up ? 2 * a.inter : a.hidden_size, len = gate_up ? a.hidden_size : a.inter;
+  const float* scale = gate_up ? a.gate_up_scale : a.down_scale;
+  if (const uint8_t* q4 = gate_up ? a.gate_up_q4 : a.down_q4) {
+    const int64_t blocks = (len + a.group - 1) / a.group;
+    fn(Int4Rows{q4 + e * rows * (len / 2), scale + e * rows * blocks, len, a.group, blocks});
+  } else if (const int8_t* q8 = gate_up ? a.gate_up_q : a.down_q) {
+    fn(RowScaled<int8_t>{q8 + e * rows * len, scale + e * rows, len});
+  } else {
+    fn(RowScaled<float>{(gate_up ? a.gate_up : a.down) + e * rows * len, nullptr, len});
   }
 }
 
@@ -173,15 +315,13 @@ void make_tasks(Pass& p, int64_t rows) {
   }
 }
 
-// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert; `base`: the
-// float or int8 gate_up, `scales` the int8 rows' scales (null for float).
-template <typename W>
-void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
+// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert; `w`: the
+// expert's gate_up rows (with_expert_rows).
+template <typename Rows>
+void gate_up_rows(Pass& p, size_t task, const Rows& w) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.inter, r0 + p.rows_per_task);
-  const W* w = base + e * 2 * a.inter * a.hidden_size;
-  const float* scale = scales ? scales + e * 2 * a.inter : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -190,9 +330,8 @@ void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
       for (int j = 0; j < n; ++j) x[j] = a.hidden + p.slot_token[s0 + j] * a.hidden_size;
       for (int64_t r = b0; r < b1; ++r) {
         float g[4], u[4];
-        dots2(w + r * a.hidden_size, w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, g, u);
-        const float gs = scale ? scale[r] : 1.0f, us = scale ? scale[a.inter + r] : 1.0f;
-        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j] * gs, u[j] * us);
+        w.dots(r, a.inter + r, x, n, g, u);
+        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
       }
     }
   }
@@ -200,20 +339,15 @@ void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
 
 void gate_up_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  if (p.a->gate_up_q)
-    gate_up_rows(p, task, p.a->gate_up_q, p.a->gate_up_scale);
-  else
-    gate_up_rows(p, task, p.a->gate_up, nullptr);
+  with_expert_rows(*p.a, true, p.task_expert[task], [&](const auto& w) { gate_up_rows(p, task, w); });
 }
 
-// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert (`base`, `scales` as step 2's).
-template <typename W>
-void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
+// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert (`w` as step 2's).
+template <typename Rows>
+void down_rows(Pass& p, size_t task, const Rows& w) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.hidden_size, r0 + p.rows_per_task);
-  const W* w = base + e * a.hidden_size * a.inter;
-  const float* scale = scales ? scales + e * a.hidden_size : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -223,11 +357,10 @@ void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
       for (int64_t r = b0; r < b1; r += 2) {  // rows in pairs (an odd last row is paired with itself)
         const int64_t r_next = std::min(r + 1, b1 - 1);
         float y0[4], y1[4];
-        dots2(w + r * a.inter, w + r_next * a.inter, x, n, a.inter, y0, y1);
-        const float c0 = scale ? scale[r] : 1.0f, c1 = scale ? scale[r_next] : 1.0f;
+        w.dots(r, r_next, x, n, y0, y1);
         for (int j = 0; j < n; ++j) {
-          p.y[(s0 + j) * a.hidden_size + r] = y0[j] * c0;
-          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j] * c1;
+          p.y[(s0 + j) * a.hidden_size + r] = y0[j];
+          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j];
         }
       }
     }
@@ -236,10 +369,7 @@ void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
 
 void down_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  if (p.a->down_q)
-    down_rows(p, task, p.a->down_q, p.a->down_scale);
-  else
-    down_rows(p, task, p.a->down, nullptr);
+  with_expert_rows(*p.a, false, p.task_expert[task], [&](const auto& w) { down_rows(p, task, w); });
 }
 
 // Step 4, one task: kRowsPerTask tokens of the pass.
