@@ -210,3 +210,12 @@ def test_other_requests_are_refused_in_one_line(qcfg, needle):
     with pytest.raises(TrtbuildError) as e:
         check_request(model_config_from_hf(spec, DType.FLOAT32), qcfg)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_int4_note_does_not_suggest_zero_points_for_moe(tmp_path):
+    """The CLI's int4 accuracy note: MoE experts' int4 is symmetric, so ``--zero-points`` is not offered."""
+    from trtbuild.cli.quantize import int4_note
+
+    assert "--zero-points costs less" in int4_note(INT4, tmp_path)
+    note = int4_note(INT4, tmp_path, zero_points_possible=False)
+    assert "+68.0%" in note and "--zero-points" not in note

@@ -4,7 +4,7 @@
 2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``); a mixture-of-experts model is
-   int8 weight-only by round to nearest instead (``moe.py``), with no model and no data;
+   int8 or int4 weight-only by round to nearest instead (``moe.py``), with no model and no data;
 5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
 6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
    (``checkpoint.files``).
@@ -64,7 +64,7 @@ def quantize(
         if (ckpt_dir / "config.json").is_file():  # else load_checkpoint says what is missing
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
-        if cfg.moe is not None:  # int8 weight-only by round to nearest: no model to calibrate (moe.py)
+        if cfg.moe is not None:  # int8 / int4 weight-only by round to nearest: no model to calibrate (moe.py)
             new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
             tensors = moe_weight_only_tensors(new_cfg, weights)
             with atomic_output_dir(out, overwrite=overwrite) as tmp:
