@@ -135,6 +135,74 @@ inline void dots2(const W* w0, const W* w1, const float* const* x, int n, int64_
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// Thirty-two int4 codes (sixteen bytes) as two vectors of sixteen floats, in-features [0, 16) in lo and [16, 32) in
+// hi: each byte beside itself shifted down a nibble (the codes in order, each in a byte's low four bits), widened to
+// 32-bit lanes, and the signed values looked up in a register (vpermps reads the low four bits of each index).
+inline void load32_q4(const uint8_t* p, __m512 table, __m512& lo, __m512& hi) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i high = _mm_srli_epi16(bytes, 4);
+  lo = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, high)), table);
+  hi = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi8(bytes, high)), table);
+}
+
+// Sixteen int4 codes (eight bytes) as sixteen floats, as load32_q4.
+inline __m512 load16_q4_512(const uint8_t* p, __m512 table) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi8(bytes, _mm_srli_epi16(bytes, 4))), table);
+}
+
+// dots2_n for int4 rows w0, w1 (packed, len even) with a scale per block of `group` in-features (s0, s1), on
+// AVX-512: each block's products summed apart, thirty-two in-features a step, then scaled and added to the row's
+// sum; in-features past the block's last whole sixteen in plain loops.
+template <int N>
+inline void dots2_q4_n(const uint8_t* w0, const uint8_t* w1, const float* s0, const float* s1,
+                       const float* const* x, int64_t len, int64_t group, float* out0, float* out1) {
+  const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  __m512 a0[N], a1[N];
+  float t0[N] = {}, t1[N] = {};
+  for (int j = 0; j < N; ++j) a0[j] = a1[j] = _mm512_setzero_ps();
+  for (int64_t k0 = 0, b = 0; k0 < len; k0 += group, ++b) {
+    const int64_t k1 = std::min(len, k0 + group);
+    __m512 g0[N], g1[N];
+    for (int j = 0; j < N; ++j) g0[j] = g1[j] = _mm512_setzero_ps();
+    int64_t i = k0;
+    for (; i + 32 <= k1; i += 32) {
+      __m512 u0a, u0b, u1a, u1b;
+      load32_q4(w0 + i / 2, table, u0a, u0b);
+      load32_q4(w1 + i / 2, table, u1a, u1b);
+      for (int j = 0; j < N; ++j) {
+        const __m512 xa = _mm512_loadu_ps(x[j] + i), xb = _mm512_loadu_ps(x[j] + i + 16);
+        g0[j] = _mm512_fmadd_ps(u0b, xb, _mm512_fmadd_ps(u0a, xa, g0[j]));
+        g1[j] = _mm512_fmadd_ps(u1b, xb, _mm512_fmadd_ps(u1a, xa, g1[j]));
+      }
+    }
+    for (; i + 16 <= k1; i += 16) {
+      const __m512 u0 = load16_q4_512(w0 + i / 2, table), u1 = load16_q4_512(w1 + i / 2, table);
+      for (int j = 0; j < N; ++j) {
+        const __m512 xv = _mm512_loadu_ps(x[j] + i);
+        g0[j] = _mm512_fmadd_ps(u0, xv, g0[j]);
+        g1[j] = _mm512_fmadd_ps(u1, xv, g1[j]);
+      }
+    }
+    for (int j = 0; j < N; ++j) {
+      a0[j] = _mm512_fmadd_ps(g0[j], _mm512_set1_ps(s0[b]), a0[j]);
+      a1[j] = _mm512_fmadd_ps(g1[j], _mm512_set1_ps(s1[b]), a1[j]);
+      float r0 = 0.0f, r1 = 0.0f;
+      for (int64_t k = i; k < k1; ++k) {
+        r0 += code4(w0, k) * x[j][k];
+        r1 += code4(w1, k) * x[j][k];
+      }
+      t0[j] += r0 * s0[b];
+      t1[j] += r1 * s1[b];
+    }
+  }
+  for (int j = 0; j < N; ++j) {
+    out0[j] = _mm512_reduce_add_ps(a0[j]) + t0[j];
+    out1[j] = _mm512_reduce_add_ps(a1[j]) + t1[j];
+  }
+}
+#else
 // dots2_n for int4 rows w0, w1 (packed, len even) with a scale per block of `group` in-features (s0, s1): each
 // block's products are summed apart, sixteen in-features a step, then scaled and added to the row's sum.
 template <int N>
@@ -183,6 +251,8 @@ inline void dots2_q4_n(const uint8_t* w0, const uint8_t* w1, const float* s0, co
     out1[j] = hsum(a1[j]) + t1[j];
   }
 }
+
+#endif
 
 // An expert's rows as the dot products read them, scaled: float or int8 rows (W) with a scale per row (null for
 // float), each row `len` weights.
