@@ -59,6 +59,10 @@ def _run(model, hidden: np.ndarray, logits: np.ndarray) -> np.ndarray:
     return sess.run(None, {"hidden": hidden, "logits": logits})[0]
 
 
+def _rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
+
+
 def _close(got: np.ndarray, want: np.ndarray) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
 
@@ -104,12 +108,14 @@ def test_int8_experts_match_the_oracle(form, t, h, i, e, k, renorm):
 
 # tokens, hidden, expert width, experts, top_k, renormalize, group: partial last blocks (48 by 32, 20 by 16), a
 # group wider than the expert's rows (24 by 32), blocks shorter than the 8- and 16-wide loops (14 by 6, 10 by 6), a
-# thread split
+# thread split; wide groups (128: the default, 256) over in-features they do not divide (320, 136)
 INT4_CASES = [
     (1, 48, 24, 6, 2, True, 32),
     (7, 40, 20, 4, 4, False, 16),
     (5, 14, 10, 3, 1, False, 6),
     (40, 64, 40, 8, 2, True, 32),
+    (3, 320, 136, 4, 2, True, 128),
+    (6, 320, 136, 4, 3, False, 256),
 ]
 
 
@@ -133,7 +139,8 @@ def test_int4_experts_match_the_oracle(form, t, h, i, e, k, renorm, group):
         got = _run((native_moe if form == "native" else lowered_moe)(portable), hidden, logits)
     _close(got, want)
     float_out = moe(hidden, logits, gate_up, down, MoeAttrs(k, renorm))
-    assert np.abs(want - float_out).max() < 0.25 * np.abs(float_out).max()  # int4 blocks: coarse but close
+    # int4 blocks of Gaussian weights: coarse (relative RMS error 0.1-0.2 here) but near the float experts
+    assert _rms(want - float_out) < 0.3 * _rms(float_out)
 
 
 def test_native_kernel_reads_only_the_routed_experts():
