@@ -7,6 +7,8 @@ pass (256) with the thread split; the native kernel must not read an expert no t
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -14,7 +16,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.build.moe import lowered_moe, native_moe
-from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, library_path
+from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, compile_args, library_path
 from trtbuild.backends.torch.moe import moe as torch_moe
 from trtbuild.plugins.moe import DOMAIN, OP_TYPE, MoeAttrs, dequantize_int4, moe, route
 from trtbuild.quantize.int4 import quantize_weight
@@ -51,9 +53,9 @@ def _portable(gate_up: np.ndarray, down: np.ndarray, attrs: MoeAttrs, scales: tu
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])
 
 
-def _run(model, hidden: np.ndarray, logits: np.ndarray) -> np.ndarray:
+def _run(model, hidden: np.ndarray, logits: np.ndarray, library=None) -> np.ndarray:
     opts = ort.SessionOptions()
-    opts.register_custom_ops_library(str(library_path()))
+    opts.register_custom_ops_library(str(library or library_path()))
     opts.intra_op_num_threads = 2
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {"hidden": hidden, "logits": logits})[0]
@@ -141,6 +143,25 @@ def test_int4_experts_match_the_oracle(form, t, h, i, e, k, renorm, group):
     float_out = moe(hidden, logits, gate_up, down, MoeAttrs(k, renorm))
     # int4 blocks of Gaussian weights: coarse (relative RMS error 0.1-0.2 here) but near the float experts
     assert _rms(want - float_out) < 0.3 * _rms(float_out)
+
+
+# The int4 loops other than this machine's own (-march=native less an ISA): on an AVX-512 CPU, the AVX2 loop; the
+# plain loops (GCC turns AVX-512 off with AVX2)
+OTHER_INT4_LOOPS = {"avx2": ["-mno-avx512f"], "plain": ["-mno-avx2"]}
+
+
+@pytest.mark.parametrize("loops", [pytest.param("avx2"), pytest.param("plain", marks=pytest.mark.slow)])
+def test_every_int4_loop_matches_the_oracle(tmp_path, loops):
+    """The library built for a CPU without AVX-512 (AVX2 unpacking) or without AVX2 (plain loops): int4 experts
+    against the oracle."""
+    lib = tmp_path / f"{loops}.so"
+    subprocess.run(["g++", *compile_args(lib, tuple(OTHER_INT4_LOOPS[loops]))], check=True, capture_output=True)
+    for t, h, i, e, k, renorm, group in INT4_CASES:
+        hidden, logits, gate_up, down = _inputs(t, h, i, e)
+        (gu_q, gu_s), (d_q, d_s) = int4_blocks(gate_up, group), int4_blocks(down, group)
+        attrs = MoeAttrs(k, renorm, group_size=group)
+        got = _run(native_moe(_portable(gu_q, d_q, attrs, scales=(gu_s, d_s))), hidden, logits, lib)
+        _close(got, moe(hidden, logits, gu_q, d_q, attrs, gu_s, d_s))
 
 
 def test_native_kernel_reads_only_the_routed_experts():
