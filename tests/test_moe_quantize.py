@@ -195,9 +195,9 @@ def check_against_reference(quantized: Quantized, name: str, variant: str, form:
 @pytest.mark.parametrize(
     ("qcfg", "needle"),
     [
-        (QuantConfig(QFormat.INT4_AWQ), "int4_wo only (not int4_awq (it needs calibration))"),
-        (QuantConfig(QFormat.INT8_SQ), "int4_wo only (not int8_sq)"),
-        (QuantConfig(QFormat.FP8), "int4_wo only (not fp8)"),
+        (QuantConfig(QFormat.INT4_AWQ), "int4_wo only, by round to nearest (int4_awq needs calibration)"),
+        (QuantConfig(QFormat.INT8_SQ), "(int8_sq needs calibration)"),
+        (QuantConfig(QFormat.FP8), "(fp8 needs calibration)"),
         (QuantConfig(QFormat.INT4_WO, zero_points=True), "--zero-points is not supported"),
         (QuantConfig(QFormat.INT4_WO, group_size=48), "--group-size 48 is not a power of two"),
         (QuantConfig(QFormat.INT8_WO, kv_cache_dtype=KVCacheDType.INT8), "--kv-cache-dtype is not supported"),

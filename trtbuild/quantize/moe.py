@@ -35,10 +35,9 @@ MOE_QFORMATS = (QFormat.INT8_WO, QFormat.INT4_WO)  # what round to nearest makes
 def check_moe_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     """One-line errors for what ``trtbuild quantize`` does not make of an MoE checkpoint."""
     if qcfg.qformat not in MOE_QFORMATS:
-        needs = " (it needs calibration)" if qcfg.qformat is QFormat.INT4_AWQ else ""
         raise TrtbuildError(
             f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes to int8_wo or "
-            f"int4_wo only (not {qcfg.qformat.value}{needs})"
+            f"int4_wo only, by round to nearest ({qcfg.qformat.value} needs calibration)"
         )
     if qcfg.qformat is QFormat.INT4_WO:
         check_int4_experts(cfg, qcfg)
