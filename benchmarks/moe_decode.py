@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/moe_decode.py [--hidden 1024] [--layers 8] [--experts 8] [--top-k 2]
         [--expert-width 1024] [--vocab 32000] [--context 128] [--rounds 9] [--steps 16] [--lowered] [--int8]
-        [--keep DIR]
+        [--int4] [--group-size 128] [--keep DIR]
 
 Two random-init float32 models of the same shape are made with transformers (no download): a Mixtral of
 ``--experts`` experts of ``--expert-width``, ``--top-k`` routed per token, and a Llama whose dense MLP is
@@ -11,11 +11,14 @@ E x H is the difference). Each is converted and built as a default onnxruntime e
 Mixtral, the native ``MoE`` kernel) and, with ``--lowered``, also with standard ops only (the Mixtral's experts then
 dense: every expert on every token). ``--int8`` quantizes both checkpoints first (``trtbuild quantize --qformat
 int8_wo``: the dense model's linears through modelopt, run by ``QLinear``; the MoE model's experts int8 per row in
-the ``MoE`` kernel, its attention and head as the dense model's). A sequence of ``--context`` tokens is prefilled,
-then each round times ``--steps`` batch-1 decode steps per engine (``OrtSession.step``, no runner), engines
-interleaved round by round so that the machine's drift hits all alike. Prints each engine's median step time over
-rounds (of each round's median) and the MoE / dense ratio of those medians, with the median and range of the rounds'
-own ratios; the target is <= 1.3 (an MoE step should cost what its active parameters cost).
+the ``MoE`` kernel, its attention and head as the dense model's); ``--int4`` likewise to ``int4_wo`` (blocks of
+``--group-size``: the dense model's linears int4 in ``QLinear``, the MoE model's experts packed int4 in the ``MoE``
+kernel; both heads int8, as every format's). With both, the four quantized engines run side by side. A sequence of
+``--context`` tokens is prefilled, then each round times ``--steps`` batch-1 decode steps per engine
+(``OrtSession.step``, no runner), engines interleaved round by round so that the machine's drift hits all alike.
+Prints each engine's median step time over rounds (of each round's median) and the MoE / dense ratio of those
+medians, with the median and range of the rounds' own ratios; the target is <= 1.3 (an MoE step should cost what its
+active parameters cost).
 """
 
 from __future__ import annotations
@@ -80,18 +83,27 @@ def build_engines(args: argparse.Namespace, sources: dict[str, Path], root: Path
         )
     engines = {}
     for name, hf in sources.items():
-        ckpt = root / f"{name}-ckpt"
-        if not ckpt.is_dir():
-            convert(hf, ckpt, DType.FLOAT32)
-        if args.int8:
-            if not (root / f"{name}-int8-ckpt").is_dir():
-                quantize(ckpt, root / f"{name}-int8-ckpt", QuantConfig(QFormat.INT8_WO), progress=False)
-            ckpt = root / f"{name}-int8-ckpt"
-        for suffix, build in builds.items():
-            engines[name + suffix] = root / f"{ckpt.name.removesuffix('-ckpt')}{suffix.replace(' ', '-')}-engine"
-            if not engines[name + suffix].is_dir():
-                build_engine(ckpt, engines[name + suffix], build)
+        float_ckpt = root / f"{name}-ckpt"
+        if not float_ckpt.is_dir():
+            convert(hf, float_ckpt, DType.FLOAT32)
+        for qformat in quantized_formats(args) or [None]:
+            ckpt = float_ckpt
+            if qformat is not None:
+                group = f"-g{args.group_size}" if qformat is QFormat.INT4_WO else ""
+                ckpt = root / f"{name}-{qformat.value}{group}-ckpt"
+                if not ckpt.is_dir():
+                    quantize(float_ckpt, ckpt, QuantConfig(qformat, group_size=args.group_size), progress=False)
+            for suffix, build in builds.items():
+                label = ("" if qformat is None else f" {qformat.value}") + suffix
+                engines[name + label] = root / f"{ckpt.name.removesuffix('-ckpt')}{suffix.replace(' ', '-')}-engine"
+                if not engines[name + label].is_dir():
+                    build_engine(ckpt, engines[name + label], build)
     return engines
+
+
+def quantized_formats(args: argparse.Namespace) -> list[QFormat]:
+    """The weight-only formats asked for (``--int8``, ``--int4``); none: float32."""
+    return [f for f, asked in ((QFormat.INT8_WO, args.int8), (QFormat.INT4_WO, args.int4)) if asked]
 
 
 class Decoder:
@@ -128,6 +140,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--lowered", action="store_true", help="also time both models built with standard ops only")
     p.add_argument("--int8", action="store_true", help="time int8_wo checkpoints of both models")
+    p.add_argument("--int4", action="store_true", help="time int4_wo checkpoints of both models")
+    p.add_argument("--group-size", type=int, default=128, help="int4_wo's in-features per scale")
     p.add_argument("--keep", type=Path, help="make the models and engines here (reused when present)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,12 +156,15 @@ def main() -> None:
             for name, d in decoders.items():
                 rounds[name].append(statistics.median(d.step() for _ in range(args.steps)))
     median = {name: statistics.median(times) for name, times in rounds.items()}
-    kind = "int8_wo" if args.int8 else "float32"
-    print(f"{kind} batch-1 decode step at context {args.context}, median of {args.rounds} rounds x {args.steps} steps:")
+    kinds = [f.value for f in quantized_formats(args)] or ["float32"]
+    print(
+        f"{', '.join(kinds)} batch-1 decode step at context {args.context}, "
+        f"median of {args.rounds} rounds x {args.steps} steps:"
+    )
     for name, t in median.items():
-        print(f"  {name:14s} {t * 1e3:8.2f} ms  (fastest round {min(rounds[name]) * 1e3:.2f} ms)")
-    for suffix in ("", " lowered"):
-        if "moe" + suffix in median:
+        print(f"  {name:22s} {t * 1e3:8.2f} ms  (fastest round {min(rounds[name]) * 1e3:.2f} ms)")
+    for suffix in sorted({name.removeprefix("moe") for name in median if name.startswith("moe")}):
+        if "dense" + suffix in median:
             ratio = median["moe" + suffix] / median["dense" + suffix]
             per_round = [m / d for m, d in zip(rounds["moe" + suffix], rounds["dense" + suffix], strict=True)]
             spread = f"per round: median {statistics.median(per_round):.2f}, {min(per_round):.2f}-{max(per_round):.2f}"

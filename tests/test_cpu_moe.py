@@ -1,11 +1,13 @@
 """``trtbuild::MoE`` against its numpy oracle (plugins/moe/reference.py): the native ``trtbuild.cpu::MoE``
 (trtbuild/kernels/cpu/moe.cc, placed by ``native_moe``), the standard-op lowering (``lowered_moe``) and the torch op,
-with float experts and with int8 ones (a scale per row).
+with float experts, int8 ones (a scale per row) and int4 ones (packed two a byte, a scale per block of in-features).
 
 Shapes cover a decode token, k = E, one expert kept, widths off the 8-lane loop, and more tokens than one routing
 pass (256) with the thread split; the native kernel must not read an expert no token chose."""
 
 from __future__ import annotations
+
+import subprocess
 
 import numpy as np
 import onnxruntime as ort
@@ -14,10 +16,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.build.moe import lowered_moe, native_moe
-from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, library_path
+from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, compile_args, library_path
 from trtbuild.backends.torch.moe import moe as torch_moe
-from trtbuild.plugins.moe import DOMAIN, OP_TYPE, MoeAttrs, moe, route
-from trtbuild.quantize.moe import int8_rows
+from trtbuild.plugins.moe import DOMAIN, OP_TYPE, MoeAttrs, dequantize_int4, moe, route
+from trtbuild.quantize.int4 import quantize_weight
+from trtbuild.quantize.moe import int4_blocks, int8_rows
 
 # tokens, hidden, expert width, experts, top_k, renormalize
 CASES = [(1, 48, 24, 6, 2, True), (7, 40, 20, 4, 4, False), (5, 13, 9, 3, 1, False), (300, 64, 40, 8, 2, True)]
@@ -33,12 +36,13 @@ def _inputs(t: int, h: int, i: int, e: int, seed: int = 0):
 
 
 def _portable(gate_up: np.ndarray, down: np.ndarray, attrs: MoeAttrs, scales: tuple | None = None):
-    """One ``trtbuild::MoE`` node as the emitter writes it: the experts (and int8 experts' row scales) are
+    """One ``trtbuild::MoE`` node as the emitter writes it: the experts (and quantized experts' scales) are
     initializers."""
     names = ["hidden", "logits", "gate_up", "down"] + (["gate_up_scale", "down_scale"] if scales else [])
     node = helper.make_node(
         OP_TYPE, names, ["out"], name="layers.0.moe.experts", domain=DOMAIN,
         top_k=attrs.top_k, renormalize=int(attrs.renormalize), activation=attrs.activation,
+        **({} if attrs.group_size is None else {"group_size": attrs.group_size}),
     )  # fmt: skip
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("hidden", "logits")]
     arrays = [gate_up, down, *(scales or ())]
@@ -49,12 +53,16 @@ def _portable(gate_up: np.ndarray, down: np.ndarray, attrs: MoeAttrs, scales: tu
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])
 
 
-def _run(model, hidden: np.ndarray, logits: np.ndarray) -> np.ndarray:
+def _run(model, hidden: np.ndarray, logits: np.ndarray, library=None) -> np.ndarray:
     opts = ort.SessionOptions()
-    opts.register_custom_ops_library(str(library_path()))
+    opts.register_custom_ops_library(str(library or library_path()))
     opts.intra_op_num_threads = 2
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, {"hidden": hidden, "logits": logits})[0]
+
+
+def _rms(a: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(a, dtype=np.float64))))
 
 
 def _close(got: np.ndarray, want: np.ndarray) -> None:
@@ -100,6 +108,62 @@ def test_int8_experts_match_the_oracle(form, t, h, i, e, k, renorm):
     assert np.abs(want - float_out).max() < 0.02 * np.abs(float_out).max()
 
 
+# tokens, hidden, expert width, experts, top_k, renormalize, group: partial last blocks (48 by 32, 20 by 16), a
+# group wider than the expert's rows (24 by 32), blocks shorter than the 8- and 16-wide loops (14 by 6, 10 by 6), a
+# thread split; wide groups (128: the default, 256) over in-features they do not divide (320, 136)
+INT4_CASES = [
+    (1, 48, 24, 6, 2, True, 32),
+    (7, 40, 20, 4, 4, False, 16),
+    (5, 14, 10, 3, 1, False, 6),
+    (40, 64, 40, 8, 2, True, 32),
+    (3, 320, 136, 4, 2, True, 128),
+    (6, 320, 136, 4, 3, False, 256),
+]
+
+
+@pytest.mark.parametrize("form", ["native", "lowered", "torch"])
+@pytest.mark.parametrize(("t", "h", "i", "e", "k", "renorm", "group"), INT4_CASES)
+def test_int4_experts_match_the_oracle(form, t, h, i, e, k, renorm, group):
+    """Int4 experts, a scale per block of ``group`` in-features (``quantize/moe.py``'s rounding), against the oracle
+    on the same codes; the oracle's unpacking gives ``int4.quantize_weight``'s dequantized weights."""
+    hidden, logits, gate_up, down = _inputs(t, h, i, e)
+    (gu_q, gu_s), (d_q, d_s) = int4_blocks(gate_up, group), int4_blocks(down, group)
+    assert gu_q.shape == (e, 2 * i, h // 2) and gu_s.shape == (e, 2 * i, -(-h // group))
+    dense = quantize_weight(torch.from_numpy(down[1]), group, zero_points=False).dequantized(group).numpy()
+    np.testing.assert_array_equal(dequantize_int4(d_q, d_s, group)[1].astype(np.float32), dense)
+    attrs = MoeAttrs(k, renorm, group_size=group)
+    want = moe(hidden, logits, gu_q, d_q, attrs, gu_s, d_s)
+    if form == "torch":
+        tensors = (torch.from_numpy(a) for a in (hidden, logits, gu_q, d_q, gu_s, d_s))
+        got = torch_moe(*tensors, k, renorm, group).numpy()
+    else:
+        portable = _portable(gu_q, d_q, attrs, scales=(gu_s, d_s))
+        got = _run((native_moe if form == "native" else lowered_moe)(portable), hidden, logits)
+    _close(got, want)
+    float_out = moe(hidden, logits, gate_up, down, MoeAttrs(k, renorm))
+    # int4 blocks of Gaussian weights: coarse (relative RMS error 0.1-0.2 here) but near the float experts
+    assert _rms(want - float_out) < 0.3 * _rms(float_out)
+
+
+# The int4 loops other than this machine's own (-march=native less an ISA): on an AVX-512 CPU, the AVX2 loop; the
+# plain loops (GCC turns AVX-512 off with AVX2)
+OTHER_INT4_LOOPS = {"avx2": ["-mno-avx512f"], "plain": ["-mno-avx2"]}
+
+
+@pytest.mark.parametrize("loops", [pytest.param("avx2"), pytest.param("plain", marks=pytest.mark.slow)])
+def test_every_int4_loop_matches_the_oracle(tmp_path, loops):
+    """The library built for a CPU without AVX-512 (AVX2 unpacking) or without AVX2 (plain loops): int4 experts
+    against the oracle."""
+    lib = tmp_path / f"{loops}.so"
+    subprocess.run(["g++", *compile_args(lib, tuple(OTHER_INT4_LOOPS[loops]))], check=True, capture_output=True)
+    for t, h, i, e, k, renorm, group in INT4_CASES:
+        hidden, logits, gate_up, down = _inputs(t, h, i, e)
+        (gu_q, gu_s), (d_q, d_s) = int4_blocks(gate_up, group), int4_blocks(down, group)
+        attrs = MoeAttrs(k, renorm, group_size=group)
+        got = _run(native_moe(_portable(gu_q, d_q, attrs, scales=(gu_s, d_s))), hidden, logits, lib)
+        _close(got, moe(hidden, logits, gu_q, d_q, attrs, gu_s, d_s))
+
+
 def test_native_kernel_reads_only_the_routed_experts():
     """A decode token routed to experts 1 and 3: the other experts' weights are NaN and must not be read."""
     hidden, logits, gate_up, down = _inputs(1, 32, 16, 6)
@@ -110,6 +174,20 @@ def test_native_kernel_reads_only_the_routed_experts():
         down[unused] = np.nan
     got = _run(native_moe(_portable(gate_up, down, MoeAttrs(2, True))), hidden, logits)
     _close(got, want)
+
+
+def test_native_int4_kernel_reads_only_the_routed_experts():
+    """Int4 experts, a decode token routed to experts 1 and 3: the other experts' block scales are NaN (and their
+    codes garbage) and must not be read."""
+    hidden, logits, gate_up, down = _inputs(1, 64, 32, 6)
+    logits[:] = [[0.0, 5.0, 0.0, 4.0, 0.0, 0.0]]
+    (gu_q, gu_s), (d_q, d_s) = int4_blocks(gate_up, 16), int4_blocks(down, 16)
+    attrs = MoeAttrs(2, True, group_size=16)
+    want = moe(hidden, logits, gu_q, d_q, attrs, gu_s, d_s)
+    for unused in (0, 2, 4, 5):
+        gu_s[unused] = d_s[unused] = np.nan
+        gu_q[unused] = d_q[unused] = 0x88
+    _close(_run(native_moe(_portable(gu_q, d_q, attrs, scales=(gu_s, d_s))), hidden, logits), want)
 
 
 @pytest.mark.parametrize(("t", "h", "i", "e", "k", "renorm"), CASES)

@@ -1,7 +1,9 @@
-"""``trtbuild quantize --qformat int8_wo`` of the mixture-of-experts models (``trtbuild/quantize/moe.py``): the
-checkpoint's tensors (int8 experts with a scale per row, float routers), the one-line refusals of other requests,
-and the engines: the quantized checkpoint's onnxruntime (native and lowered) and torch engines give the logits of a
-float engine built from the same weights dequantized (within 1e-4), through the paged cache."""
+"""``trtbuild quantize --qformat int8_wo / int4_wo`` of the mixture-of-experts models (``trtbuild/quantize/moe.py``):
+the checkpoint's tensors (int8 experts with a scale per row or packed int4 ones with a scale per block, float
+routers), the one-line refusals of other requests, and the engines: the quantized checkpoint's onnxruntime (native
+and lowered) and torch engines give the logits of a float engine built from the same weights dequantized (within
+1e-4), through the paged cache. Int4 takes groups of 32, which leave a partial last block in every expert tensor of
+the tiny models (hidden 48, expert widths 40 and 24)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from trtbuild.config import (
 )
 from trtbuild.convert.convert import convert
 from trtbuild.errors import TrtbuildError
+from trtbuild.plugins.moe import dequantize_int4
 from trtbuild.quantize.quantize import check_request, quantize
 from trtbuild.runtime.batch import StepBatch
 
@@ -33,21 +36,37 @@ BUILDS = engine_forms()
 
 def dequantized_twin(ckpt, out) -> None:
     """A float checkpoint at ``out`` holding the quantized checkpoint ``ckpt``'s weights dequantized (``q * scale``
-    per row): what its engines must compute."""
+    per row, or per block of ``group_size`` in-features; packed int4 experts by the op's oracle): what its engines
+    must compute."""
     cfg, weights = load_any_checkpoint(ckpt)
+    group = cfg.quantization.group_size
     tensors = {}
     for name, value in weights.items():
         if name.endswith(".weight_scale"):
             continue
         scale = weights.get(name + "_scale")
-        w = np.asarray(value, np.float32) if scale is None else value.astype(np.float32) * scale[..., None]
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(w))
+        if scale is None:
+            w = np.asarray(value, np.float32)
+        elif value.dtype == np.uint8:  # packed int4 experts [E, rows, in/2]
+            w = dequantize_int4(value, scale, group)
+        elif scale.ndim == value.ndim:  # int4 linear [out, in] (unpacked), a scale per block
+            w = value.astype(np.float32) * np.repeat(scale, group, axis=-1)[..., : value.shape[-1]]
+        else:  # int8 rows
+            w = value.astype(np.float32) * scale[..., None]
+        tensors[name] = torch.from_numpy(np.ascontiguousarray(w, np.float32))
     out.mkdir()
     save_checkpoint(out, replace(cfg, quantization=None), tensors)
 
 
-# What is quantized: everything int8_wo takes (attention, dense MLPs, LM head and experts), or the experts alone.
-VARIANTS = {"all": QuantConfig(QFormat.INT8_WO), "experts": QuantConfig(QFormat.INT8_WO, exclude=["*"])}
+# What is quantized: everything int8_wo / int4_wo takes (attention, dense MLPs, LM head and experts), or the experts
+# alone.
+INT4 = QuantConfig(QFormat.INT4_WO, group_size=32)
+VARIANTS = {
+    "all": QuantConfig(QFormat.INT8_WO),
+    "experts": QuantConfig(QFormat.INT8_WO, exclude=["*"]),
+    "int4-all": INT4,
+    "int4-experts": replace(INT4, exclude=["*"]),
+}
 
 
 class Quantized:
@@ -88,22 +107,31 @@ def quantized(tmp_path_factory) -> Quantized:
     return Quantized(tmp_path_factory.mktemp("moe-int8"))
 
 
+@pytest.mark.parametrize(("variant", "codes"), [("all", torch.int8), ("int4-all", torch.uint8)])
 @pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
-def test_checkpoint_holds_int8_experts_and_a_float_router(quantized, name):
+def test_checkpoint_holds_quantized_experts_and_a_float_router(quantized, name, variant, codes):
+    """int8: int8 experts and linears; int4: packed (uint8) experts and linears, an int8 LM head (every format's)."""
     from safetensors import safe_open
 
-    q = quantized.checkpoint(name, "all")
+    q = quantized.checkpoint(name, variant)
     cfg = ModelConfig.load(q)
     with safe_open(str(q / "rank0.safetensors"), framework="pt") as f:
-        dtypes = {k: f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
-    assert set(dtypes) == set(expected_quantized_tensors(cfg))
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a mapping)
+    assert {k: tuple(t.shape) for k, t in tensors.items()} == {
+        k: shape for k, (shape, _) in expected_quantized_tensors(cfg).items()
+    }
+    h, i_e = cfg.hidden_size, cfg.moe.intermediate_size
     for n in cfg.moe.sparse_layers:
-        assert dtypes[f"layers.{n}.moe.router.weight"] == torch.float32
-        assert dtypes[f"layers.{n}.moe.gate_up.weight"] == dtypes[f"layers.{n}.moe.down.weight"] == torch.int8
-    assert dtypes["layers.0.attn.qkv.weight"] == dtypes["lm_head.weight"] == torch.int8
+        assert tensors[f"layers.{n}.moe.router.weight"].dtype == torch.float32
+        gate_up, down = (tensors[f"layers.{n}.moe.{w}.weight"] for w in ("gate_up", "down"))
+        assert gate_up.dtype == down.dtype == codes
+        if codes is torch.uint8:
+            assert tuple(gate_up.shape) == (cfg.moe.num_experts, 2 * i_e, h // 2)
+            assert tensors[f"layers.{n}.moe.down.weight_scale"].shape[-1] == -(-i_e // 32)
+    assert tensors["layers.0.attn.qkv.weight"].dtype == codes and tensors["lm_head.weight"].dtype == torch.int8
 
 
-SLOW = pytest.mark.slow  # the whole-model variant: more engines of the same code paths
+SLOW = pytest.mark.slow  # the whole-model variants: more engines of the same code paths
 CHECKS = [
     ("experts", "native"),
     ("experts", "lowered"),
@@ -111,20 +139,38 @@ CHECKS = [
     pytest.param("all", "torch", marks=SLOW),
     pytest.param("all", "native", marks=SLOW),
 ]
+# int4: the torch engines (20 s each to build) once by default, the other model's and the whole model's when slow
+INT4_CHECKS = [
+    *((name, "int4-experts", form) for name in TINY_MOE_CONFIGS for form in ("native", "lowered")),
+    ("mixtral", "int4-experts", "torch"),
+    pytest.param("qwen3_moe", "int4-experts", "torch", marks=SLOW),
+    *(pytest.param(name, "int4-all", form, marks=SLOW) for name in TINY_MOE_CONFIGS for form in ("torch", "native")),
+]
+
+
+@pytest.mark.parametrize(("name", "variant", "form"), INT4_CHECKS)
+def test_int4_engines_compute_the_dequantized_weights(quantized, name, variant, form):
+    """``test_engines_compute_the_dequantized_weights`` for int4 experts (and linears) in groups of 32."""
+    check_against_reference(quantized, name, variant, form)
 
 
 @pytest.mark.parametrize(("variant", "form"), CHECKS)
 @pytest.mark.parametrize("name", list(TINY_MOE_CONFIGS))
 def test_engines_compute_the_dequantized_weights(quantized, name, variant, form):
-    """A ragged prefill, then decode steps, on scrambled blocks: the int8 engine's logits are the twin's within
-    1e-4. The onnxruntime engines' int8 linears outside the experts (``all``) also quantize their activations per
-    block of 16, as every int8_wo onnxruntime engine does, which moves the routers' inputs enough to flip close
-    routing choices (logits then differ by tenths): there the native engine is checked against the lowered one,
-    which quantizes its activations alike (MatMulNBits, QLinear), within 1e-2 (the two attentions' float-level
-    differences may flip an activation's rounding). torch's linears dequantize the weights only."""
+    """``check_against_reference`` for int8 experts (and linears)."""
+    check_against_reference(quantized, name, variant, form)
+
+
+def check_against_reference(quantized: Quantized, name: str, variant: str, form: str) -> None:
+    """A ragged prefill, then decode steps, on scrambled blocks: the quantized engine's logits are the twin's within
+    1e-4. The onnxruntime engines' quantized linears outside the experts (``all``, ``int4-all``) also quantize their
+    activations per block of 16, as every int8_wo / int4_wo onnxruntime engine does, which moves the routers' inputs
+    enough to flip close routing choices (logits then differ by tenths): there the native engine is checked against
+    the lowered one, which quantizes its activations alike (MatMulNBits, QLinear), within 1e-2 (the two attentions'
+    float-level differences may flip an activation's rounding). torch's linears dequantize the weights only."""
     from trtbuild.runtime.session import open_session
 
-    against_lowered = (variant, form) == ("all", "native")
+    against_lowered = form == "native" and VARIANTS[variant].exclude != ["*"]
     reference = quantized.engine(name, variant, "lowered") if against_lowered else quantized.twin(name, variant)
     engine = quantized.engine(name, variant, form)
     sessions = [open_session(path, kv_cache_memory=1 << 20) for path in (engine, reference)]
@@ -149,9 +195,12 @@ def test_engines_compute_the_dequantized_weights(quantized, name, variant, form)
 @pytest.mark.parametrize(
     ("qcfg", "needle"),
     [
-        (QuantConfig(QFormat.INT4_WO), "int8_wo only (not int4_wo)"),
-        (QuantConfig(QFormat.INT8_SQ), "int8_wo only (not int8_sq)"),
-        (QuantConfig(QFormat.FP8, kv_cache_dtype=KVCacheDType.FP8), "int8_wo only (not fp8)"),
+        (QuantConfig(QFormat.INT4_AWQ), "int4_wo only, by round to nearest (int4_awq needs calibration)"),
+        (QuantConfig(QFormat.INT8_SQ), "(int8_sq needs calibration)"),
+        (QuantConfig(QFormat.FP8, kv_cache_dtype=KVCacheDType.FP8), "(fp8 needs calibration)"),
+        (QuantConfig(QFormat.INT4_WO, zero_points=True), "--zero-points is not supported"),
+        (QuantConfig(QFormat.INT4_WO, group_size=48), "--group-size 48 is not a power of two"),
+        (QuantConfig(QFormat.INT4_WO, kv_cache_dtype=KVCacheDType.INT8), "--kv-cache-dtype is not supported with int4"),
     ],
 )
 def test_other_requests_are_refused_in_one_line(qcfg, needle):
@@ -161,3 +210,12 @@ def test_other_requests_are_refused_in_one_line(qcfg, needle):
     with pytest.raises(TrtbuildError) as e:
         check_request(model_config_from_hf(spec, DType.FLOAT32), qcfg)
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_int4_note_does_not_suggest_zero_points_for_moe(tmp_path):
+    """The CLI's int4 accuracy note: MoE experts' int4 is symmetric, so ``--zero-points`` is not offered."""
+    from trtbuild.cli.quantize import int4_note
+
+    assert "--zero-points costs less" in int4_note(INT4, tmp_path)
+    note = int4_note(INT4, tmp_path, zero_points_possible=False)
+    assert "+68.0%" in note and "--zero-points" not in note

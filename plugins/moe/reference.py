@@ -1,4 +1,5 @@
-"""The numpy oracle of ``trtbuild::MoE`` (README.md): softmax top-k routing and the routed SwiGLU experts.
+"""The numpy oracle of ``trtbuild::MoE`` (README.md): softmax top-k routing and the routed SwiGLU experts, with
+float, int8 (a scale per row) or int4 experts (packed two per byte, a scale per block of ``group_size`` in-features).
 
 Computed in float64 and returned in float32; every lowering and kernel of the op is tested against it
 (``tests/test_cpu_moe.py``).
@@ -18,17 +19,38 @@ ACTIVATION_SILU = "silu"
 
 @dataclass(frozen=True)
 class MoeAttrs:
-    """The node's attributes: experts kept per token, whether their weights are renormalised, the activation."""
+    """The node's attributes: experts kept per token, whether their weights are renormalised, the activation, and
+    for int4 experts (uint8 weights) the in-features per scale (``group_size``: given exactly when the experts are
+    int4; a positive even number)."""
 
     top_k: int
     renormalize: bool
     activation: str = ACTIVATION_SILU
+    group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
             raise ValueError("top_k must be at least 1")
         if self.activation != ACTIVATION_SILU:
             raise ValueError(f"activation {self.activation!r} is not supported (silu)")
+        if self.group_size is not None and (self.group_size < 2 or self.group_size % 2):
+            raise ValueError(f"group_size {self.group_size} must be a positive even number")
+
+
+def unpack_int4(packed: np.ndarray) -> np.ndarray:
+    """uint8 ``[..., n/2]`` -> int8 ``[..., n]`` in [-8, 7]: byte j holds column 2j in its low nibble and 2j + 1 in
+    its high one, each a two's-complement int4 (the dense int4 checkpoint format)."""
+    packed = np.asarray(packed, np.uint8)
+    nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1).astype(np.int8)
+    return np.where(nibbles > 7, nibbles - 16, nibbles).astype(np.int8)
+
+
+def dequantize_int4(packed: np.ndarray, scale: np.ndarray, group_size: int) -> np.ndarray:
+    """Int4 experts ``[E, rows, in/2]`` with their scales ``[E, rows, ceil(in / group_size)]`` -> float64
+    ``[E, rows, in]``: column c of a row is ``q[c] * scale[c // group_size]`` (the last group may be partial)."""
+    q = unpack_int4(packed).astype(np.float64)
+    per_column = np.repeat(np.asarray(scale, np.float64), group_size, axis=-1)[..., : q.shape[-1]]
+    return q * per_column
 
 
 def route(router_logits: np.ndarray, top_k: int, renormalize: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -56,8 +78,12 @@ def moe(
 ) -> np.ndarray:
     """``out[t] = sum_j w[t, j] * down[e] @ (silu(g) * u)`` with ``g | u = gate_up[e] @ hidden[t]`` over token t's
     routed experts ``e = experts[t, j]`` (``route``): float32 ``[T, H]``. With the scales, ``gate_up`` and ``down``
-    are int8 and each row is ``q * scale[e, row]``."""
-    if gate_up_scale is not None and down_scale is not None:
+    are int8 and each row is ``q * scale[e, row]``, or, with ``attrs.group_size``, packed int4 (``dequantize_int4``)."""
+    if attrs.group_size is not None:
+        assert gate_up_scale is not None and down_scale is not None, "int4 experts need their scales"
+        gate_up = dequantize_int4(gate_up, gate_up_scale, attrs.group_size)
+        down = dequantize_int4(down, down_scale, attrs.group_size)
+    elif gate_up_scale is not None and down_scale is not None:
         gate_up = np.asarray(gate_up, np.float64) * np.asarray(gate_up_scale, np.float64)[..., None]
         down = np.asarray(down, np.float64) * np.asarray(down_scale, np.float64)[..., None]
     x = np.asarray(hidden, np.float64)

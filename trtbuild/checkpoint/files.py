@@ -13,7 +13,7 @@ import numpy as np
 from ..config import ModelConfig
 from ..errors import BuildError, ConfigError
 from .formats import linear_format, unpack_int4
-from .layout import expected_quantized_tensors, expected_tensors, unsigned_codes
+from .layout import expected_quantized_tensors, expected_tensors, expert_weight_names, unsigned_codes
 
 WEIGHTS_FILE = "rank0.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
@@ -72,7 +72,8 @@ def _float_weights(ckpt_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
 def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """A float or quantized checkpoint for the graph: float tensors as float32, quantized weights as int8,
     ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked; ``ml_dtypes.uint4`` with zero
-    points, which load as ``ml_dtypes.uint4`` ``[out, groups]``)."""
+    points, which load as ``ml_dtypes.uint4`` ``[out, groups]``); int4 experts stay packed (uint8 ``[E, rows,
+    in/2]``, the ``trtbuild::MoE`` op's input)."""
     if not (ckpt_dir / "config.json").is_file():
         return load_checkpoint(ckpt_dir)  # its errors name what is missing
     cfg = _config(ckpt_dir)
@@ -83,6 +84,7 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
     from safetensors import safe_open
 
     expected = expected_quantized_tensors(cfg)
+    experts = set(expert_weight_names(cfg))
     weights: dict[str, np.ndarray] = {}
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -98,6 +100,8 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
                     raise BuildError(f"{path}: tensor {name} has dtype {t.dtype}, expected {dtype}")
                 if t.dtype is torch.float8_e4m3fn:
                     weights[name] = t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+                elif name in experts:  # int8, or packed int4 as the MoE op takes them (plugins/moe)
+                    weights[name] = t.numpy()
                 elif name.endswith(".weight_zero_point"):
                     weights[name] = t.numpy().astype(ml_dtypes.uint4)
                 elif dtype == "U8":

@@ -4,9 +4,11 @@ the checkpoint is quantized).
 Linear weights are ``[out_features, in_features]``; fused tensors concatenate their parts along dim 0
 (``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows). A sparse (mixture-of-experts) layer has no
 ``mlp.*`` tensors but ``moe.router.weight [E, H]`` (float), ``moe.gate_up.weight [E, 2 I, H]`` (each expert's gate |
-up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``. A quantized one (int8
-weight-only, the only format ``trtbuild quantize`` makes of an MoE model) holds both int8 with a float32
-``weight_scale`` per expert row (``[E, 2I]``, ``[E, H]``: ``w = q * scale``); the router stays float.
+up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``. A quantized one
+(``trtbuild quantize`` of an MoE model, weight-only) holds both int8 with a float32 ``weight_scale`` per expert row
+(int8_wo: ``[E, 2I]``, ``[E, H]``: ``w = q * scale``), or packed int4 as the dense int4 format per expert (int4_wo:
+uint8 ``[E, 2I, H/2]`` and ``[E, H, I/2]``, float32 ``weight_scale [E, 2I, ceil(H/group)]`` and
+``[E, H, ceil(I/group)]``); the router stays float.
 
 A quantized checkpoint is a float checkpoint whose quantized linears carry the tensors of ``formats.py`` instead of
 a float weight, plus ``layers.{i}.attn.k_scale`` / ``v_scale`` (float32 ``[]``) when the KV cache is quantized.
@@ -122,6 +124,13 @@ def unsigned_codes(q: QuantConfig, spec: FormatSpec) -> bool:
     return spec.weights is Numeric.INT4 and (q.zero_points or spec.offset)
 
 
+def expert_weight_names(cfg: ModelConfig) -> list[str]:
+    """The stacked experts' weights of ``cfg``'s sparse layers: ``layers.{n}.moe.gate_up.weight`` and
+    ``.down.weight``."""
+    sparse = cfg.moe.sparse_layers if cfg.moe is not None else []
+    return [f"layers.{n}.moe.{w}.weight" for n in sparse for w in ("gate_up", "down")]
+
+
 def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], str]]:
     """Canonical name -> (shape, safetensors dtype) of every tensor of the quantized checkpoint ``cfg``."""
     q = cfg.quantization
@@ -148,12 +157,14 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
             out[prefix + ".input_scale"] = ((), "F32")
         if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
             out[prefix + ".pre_quant_scale"] = ((cols,), "F32")
-    if cfg.moe is not None:  # int8 weight-only experts (quantize/moe.py): each expert's rows, a scale per row
-        for n in cfg.moe.sparse_layers:
-            for w in ("gate_up", "down"):
-                shape = out[f"layers.{n}.moe.{w}.weight"][0]
-                out[f"layers.{n}.moe.{w}.weight"] = (shape, "I8")
-                out[f"layers.{n}.moe.{w}.weight_scale"] = (shape[:2], "F32")
+    for name in expert_weight_names(cfg):  # weight-only experts (quantize/moe.py)
+        shape = out[name][0]
+        if q.qformat is QFormat.INT4_WO:  # packed int4, a scale per block of each expert row
+            out[name] = ((*shape[:2], shape[2] // 2), "U8")
+            out[name + "_scale"] = ((*shape[:2], -(-shape[2] // q.group_size)), "F32")
+        else:  # int8, a scale per expert row
+            out[name] = (shape, "I8")
+            out[name + "_scale"] = (shape[:2], "F32")
     if "embed" in q.tensor_formats:  # int8 per group (GGUF Q8_0), gathered and dequantized row by row
         assert FORMATS[q.tensor_formats["embed"]].qformat is QFormat.INT8_GROUP_WO
         out["embed.weight"] = ((cfg.vocab_size, cfg.hidden_size), "I8")

@@ -21,12 +21,13 @@ INT4_PERPLEXITY_COST = {
 }
 
 
-def int4_note(cfg: QuantConfig, output: Path) -> str | None:
-    """The accuracy warning an int4 quantization prints (None for other formats)."""
+def int4_note(cfg: QuantConfig, output: Path, *, zero_points_possible: bool = True) -> str | None:
+    """The accuracy warning an int4 quantization prints (None for other formats); ``zero_points_possible``: whether
+    to suggest ``--zero-points`` (not for mixture-of-experts models, whose int4 experts are symmetric)."""
     cost = INT4_PERPLEXITY_COST.get((cfg.qformat, cfg.zero_points))
     if cost is None:
         return None
-    better = "" if cfg.zero_points else "; --zero-points costs less"
+    better = "" if cfg.zero_points or not zero_points_possible else "; --zero-points costs less"
     return (
         f"note: int4 costs accuracy: {cfg.qformat.value} g128 raised SmolLM2-135M's perplexity on technical text by "
         f"+{cost:.1f}%{better} (docs/quantization.md). Measure this model: "
@@ -101,6 +102,6 @@ def quantize(
         f"quantized {result.config.architecture} to {cfg.qformat.value}{kv} -> {output} ({size:.1f} MiB): "
         f"{data} in {result.calib_seconds:.1f}s, {result.seconds:.1f}s in all"
     )
-    note = int4_note(cfg, output)
+    note = int4_note(cfg, output, zero_points_possible=result.config.moe is None)
     if note is not None:
         click.echo(note, err=True)

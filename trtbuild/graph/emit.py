@@ -198,17 +198,21 @@ def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
 
 def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
     """A sparse layer's mixture of experts: the router as a float MatMul (never quantized) feeding one
-    ``trtbuild::MoE`` node that holds the stacked experts, float or int8 with their row scales
-    (plugins/moe/README.md)."""
+    ``trtbuild::MoE`` node that holds the stacked experts, float, int8 with their row scales, or packed int4 (uint8)
+    with their block scales and ``group_size`` (plugins/moe/README.md)."""
     assert cfg.moe is not None
     router = g.initializer(prefix + ".router.weight", np.ascontiguousarray(weights[prefix + ".router.weight"].T))
     logits = g.op("MatMul", [x, router], name=prefix + ".router")
     experts = [g.initializer(prefix + f".{w}.weight", weights[prefix + f".{w}.weight"]) for w in ("gate_up", "down")]
-    if prefix + ".gate_up.weight_scale" in weights:  # int8 experts, a float32 scale per expert row
+    if prefix + ".gate_up.weight_scale" in weights:  # int8 experts (a scale per row) or int4 (a scale per block)
         experts += [
             g.initializer(prefix + f".{w}.weight_scale", weights[prefix + f".{w}.weight_scale"])
             for w in ("gate_up", "down")
         ]
+    int4 = {}
+    if weights[prefix + ".gate_up.weight"].dtype == np.uint8:  # packed int4 experts (checkpoint.layout)
+        assert cfg.quantization is not None
+        int4 = {"group_size": cfg.quantization.group_size}
     return g.op(
         moe_op.OP_TYPE,
         [x, logits, *experts],
@@ -217,4 +221,5 @@ def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
         top_k=cfg.moe.top_k,
         renormalize=int(cfg.moe.renormalize),
         activation=moe_op.ACTIVATION_SILU,
+        **int4,
     )

@@ -4,8 +4,8 @@
 2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``); a mixture-of-experts model is
-   int8 weight-only by round to nearest instead (``moe.py``), with no model and no data, unless its KV cache is
-   quantized: modelopt then calibrates the K/V ranges of the model rebuilt from those weights (``moe_kv.py``);
+   int8 or int4 weight-only by round to nearest instead (``moe.py``), with no model and no data, unless its KV
+   cache is quantized: modelopt then calibrates the K/V ranges of the model rebuilt from those weights (``moe_kv.py``);
 5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
 6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
    (``checkpoint.files``).
@@ -67,7 +67,7 @@ def quantize(
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
         samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
-        if cfg.moe is not None:  # int8 weight-only by round to nearest (moe.py), KV ranges by modelopt (moe_kv.py)
+        if cfg.moe is not None:  # weights by round to nearest (moe.py), KV ranges by modelopt (moe_kv.py)
             new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
             tensors = moe_weight_only_tensors(new_cfg, weights)
             t, model = time.perf_counter(), None

@@ -266,8 +266,9 @@ def _paged_attention(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequenc
 def _moe(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     if node.attrs.get("activation", moe_op.ACTIVATION_SILU) != moe_op.ACTIVATION_SILU:
         raise BuildError(f"{node.outputs[0]}: the torch backend's MoE runs silu experts only")
-    scales = (x[4], x[5]) if len(x) > 5 else (None, None)  # int8 experts
-    return (moe.moe(*x[:4], *scales, int(node.attrs["top_k"]), bool(node.attrs["renormalize"])),)
+    scales = (x[4], x[5]) if len(x) > 5 else (None, None)  # int8 or int4 experts
+    group = int(node.attrs["group_size"]) if "group_size" in node.attrs else None  # int4 experts (uint8)
+    return (moe.moe(*x[:4], *scales, int(node.attrs["top_k"]), bool(node.attrs["renormalize"]), group),)
 
 
 OPS: dict[str, Handler] = {

@@ -21,9 +21,11 @@ def moe(
     down_scale: Tensor | None,
     top_k: int,
     renormalize: bool,
+    group_size: int | None = None,
 ) -> Tensor:
     """``trtbuild::MoE``: ``[T, H]`` in ``hidden``'s dtype; routing in float32, experts in the weights' dtype (int8
-    experts, given their row scales, are widened to ``hidden``'s dtype one routed expert at a time)."""
+    experts, given their row scales, are widened to ``hidden``'s dtype one routed expert at a time; int4 experts,
+    uint8 two codes a byte with ``group_size``, likewise unpacked and scaled per block)."""
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if renormalize:
@@ -33,7 +35,11 @@ def moe(
     for e in torch.unique(experts).tolist():
         tokens, slots = torch.where(experts == e)
         w_gate_up, w_down = gate_up[e], down[e]
-        if gate_up_scale is not None and down_scale is not None:
+        if group_size is not None:
+            assert gate_up_scale is not None and down_scale is not None, "int4 experts need their scales"
+            w_gate_up = _dequantize_int4(w_gate_up, gate_up_scale[e], group_size).to(hidden.dtype)
+            w_down = _dequantize_int4(w_down, down_scale[e], group_size).to(hidden.dtype)
+        elif gate_up_scale is not None and down_scale is not None:
             w_gate_up = (w_gate_up.float() * gate_up_scale[e].float()[:, None]).to(hidden.dtype)
             w_down = (w_down.float() * down_scale[e].float()[:, None]).to(hidden.dtype)
         x = hidden[tokens].to(w_gate_up.dtype)
@@ -43,6 +49,14 @@ def moe(
     return out.to(hidden.dtype)
 
 
+def _dequantize_int4(packed: Tensor, scale: Tensor, group_size: int) -> Tensor:
+    """One expert's int4 rows, uint8 ``[rows, in/2]`` (in-feature 2j in byte j's low nibble), times their scales
+    ``[rows, ceil(in / group_size)]``: float32 ``[rows, in]``."""
+    nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2).to(torch.int8)
+    codes = torch.where(nibbles > 7, nibbles - 16, nibbles).float()
+    return codes * scale.float().repeat_interleave(group_size, dim=-1)[:, : codes.shape[-1]]
+
+
 @moe.register_fake
-def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scale, down_scale, top_k, renormalize):
+def _moe_fake(hidden, router_logits, gate_up, down, gate_up_scale, down_scale, top_k, renormalize, group_size=None):
     return hidden.new_empty(hidden.shape)

@@ -14,7 +14,9 @@
 // 4. per token: out = the weighted sum of its k slots' outputs, in the order the router ranked them.
 // Experts no token chose are never read: a batch-1 decode step reads k of E experts. Each expert's weights are read
 // once per pass, whatever its number of tokens. Results do not depend on the number of threads. Int8 experts are
-// widened to float in the dot products and each product scaled by its row's scale.
+// widened to float in the dot products and each product scaled by its row's scale; int4 experts are unpacked to
+// float in the dot products, each block of `group` in-features summed apart and scaled by its block's scale (the
+// dot products: moe_rows.h). A batch-1 decode step of int4 experts reads the k routed experts' packed bytes only.
 
 #include "moe.h"
 
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "common.h"
+#include "moe_rows.h"
 
 namespace trtbuild::cpu {
 namespace {
@@ -32,67 +35,6 @@ namespace {
 constexpr int64_t kTokensPerPass = 256;  // bounds the scratch: pass slots x (I + H) floats
 constexpr int64_t kMoeRowsPerTask = 16;  // the least rows a task takes (and the multiple it takes)
 constexpr int64_t kTargetTasks = 32;     // per step kind: more tasks of fewer rows each cost dispatch, not work
-
-// Eight int8 weights widened to floats (int8 experts): one sign-extending load and a conversion with AVX2 (GCC
-// lowers the generic form to a byte-by-byte insert, 3x slower a decode step).
-inline v8 load8(const int8_t* p) {
-  v8 out;
-#if defined(__AVX2__)
-  const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
-  std::memcpy(&out, &f, sizeof(out));
-#else
-  typedef int8_t v8b __attribute__((vector_size(8)));
-  v8b b;
-  std::memcpy(&b, p, sizeof(b));
-  out = __builtin_convertvector(b, v8);
-#endif
-  return out;
-}
-
-inline float hsum(v8 v) {
-  float s = 0.0f;
-  for (int i = 0; i < 8; ++i) s += v[i];
-  return s;
-}
-
-// The dot products of two weight rows w0, w1 with N vectors x[j], each of length len: out0[j], out1[j]. Each load
-// of a row serves every vector and each load of a vector both rows; N is a constant so that the 2 N accumulators
-// stay in registers.
-template <int N, typename W>
-inline void dots2_n(const W* w0, const W* w1, const float* const* x, int64_t len, float* out0, float* out1) {
-  v8 a0[N] = {}, a1[N] = {};
-  const float* xs[N];
-  for (int j = 0; j < N; ++j) xs[j] = x[j];
-  int64_t i = 0;
-  for (; i + 8 <= len; i += 8) {
-    const v8 u0 = load8(w0 + i), u1 = load8(w1 + i);
-    for (int j = 0; j < N; ++j) {
-      const v8 xv = load8(xs[j] + i);
-      a0[j] += u0 * xv;
-      a1[j] += u1 * xv;
-    }
-  }
-  for (int j = 0; j < N; ++j) {
-    float s0 = hsum(a0[j]), s1 = hsum(a1[j]);
-    for (int64_t k = i; k < len; ++k) {
-      s0 += float(w0[k]) * x[j][k];
-      s1 += float(w1[k]) * x[j][k];
-    }
-    out0[j] = s0;
-    out1[j] = s1;
-  }
-}
-
-// dots2_n for n = 1..4 vectors; W: float or int8 weights (the products then want the rows' scales).
-template <typename W>
-inline void dots2(const W* w0, const W* w1, const float* const* x, int n, int64_t len, float* out0, float* out1) {
-  switch (n) {
-    case 1: return dots2_n<1>(w0, w1, x, len, out0, out1);
-    case 2: return dots2_n<2>(w0, w1, x, len, out0, out1);
-    case 3: return dots2_n<3>(w0, w1, x, len, out0, out1);
-    default: return dots2_n<4>(w0, w1, x, len, out0, out1);
-  }
-}
 
 inline float silu_times(float g, float u) {
   const float e = exp_nonpositive(-std::fabs(g));
@@ -173,15 +115,13 @@ void make_tasks(Pass& p, int64_t rows) {
   }
 }
 
-// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert; `base`: the
-// float or int8 gate_up, `scales` the int8 rows' scales (null for float).
-template <typename W>
-void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
+// Step 2, one task: gate rows [r0, r1) of an expert and their up rows, over every slot of the expert; `w`: the
+// expert's gate_up rows (with_expert_rows).
+template <typename Rows>
+void gate_up_rows(Pass& p, size_t task, const Rows& w) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.inter, r0 + p.rows_per_task);
-  const W* w = base + e * 2 * a.inter * a.hidden_size;
-  const float* scale = scales ? scales + e * 2 * a.inter : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -190,9 +130,8 @@ void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
       for (int j = 0; j < n; ++j) x[j] = a.hidden + p.slot_token[s0 + j] * a.hidden_size;
       for (int64_t r = b0; r < b1; ++r) {
         float g[4], u[4];
-        dots2(w + r * a.hidden_size, w + (a.inter + r) * a.hidden_size, x, n, a.hidden_size, g, u);
-        const float gs = scale ? scale[r] : 1.0f, us = scale ? scale[a.inter + r] : 1.0f;
-        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j] * gs, u[j] * us);
+        w.dots(r, a.inter + r, x, n, g, u);
+        for (int j = 0; j < n; ++j) p.act[(s0 + j) * a.inter + r] = silu_times(g[j], u[j]);
       }
     }
   }
@@ -200,20 +139,15 @@ void gate_up_rows(Pass& p, size_t task, const W* base, const float* scales) {
 
 void gate_up_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  if (p.a->gate_up_q)
-    gate_up_rows(p, task, p.a->gate_up_q, p.a->gate_up_scale);
-  else
-    gate_up_rows(p, task, p.a->gate_up, nullptr);
+  with_expert_rows(*p.a, true, p.task_expert[task], [&](const auto& w) { gate_up_rows(p, task, w); });
 }
 
-// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert (`base`, `scales` as step 2's).
-template <typename W>
-void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
+// Step 3, one task: down rows [r0, r1) of an expert over every slot of the expert (`w` as step 2's).
+template <typename Rows>
+void down_rows(Pass& p, size_t task, const Rows& w) {
   const MoeArgs& a = *p.a;
   const int64_t e = p.task_expert[task], r0 = p.task_row[task];
   const int64_t r1 = std::min(a.hidden_size, r0 + p.rows_per_task);
-  const W* w = base + e * a.hidden_size * a.inter;
-  const float* scale = scales ? scales + e * a.hidden_size : nullptr;
   for (int64_t b0 = r0; b0 < r1; b0 += kMoeRowsPerTask) {  // a block of rows stays in cache over the slots
     const int64_t b1 = std::min(r1, b0 + kMoeRowsPerTask);
     for (int64_t s0 = p.begin[e]; s0 < p.begin[e + 1]; s0 += 4) {
@@ -223,11 +157,10 @@ void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
       for (int64_t r = b0; r < b1; r += 2) {  // rows in pairs (an odd last row is paired with itself)
         const int64_t r_next = std::min(r + 1, b1 - 1);
         float y0[4], y1[4];
-        dots2(w + r * a.inter, w + r_next * a.inter, x, n, a.inter, y0, y1);
-        const float c0 = scale ? scale[r] : 1.0f, c1 = scale ? scale[r_next] : 1.0f;
+        w.dots(r, r_next, x, n, y0, y1);
         for (int j = 0; j < n; ++j) {
-          p.y[(s0 + j) * a.hidden_size + r] = y0[j] * c0;
-          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j] * c1;
+          p.y[(s0 + j) * a.hidden_size + r] = y0[j];
+          p.y[(s0 + j) * a.hidden_size + r_next] = y1[j];
         }
       }
     }
@@ -236,10 +169,7 @@ void down_rows(Pass& p, size_t task, const W* base, const float* scales) {
 
 void down_task(void* data, size_t task) {
   Pass& p = *static_cast<Pass*>(data);
-  if (p.a->down_q)
-    down_rows(p, task, p.a->down_q, p.a->down_scale);
-  else
-    down_rows(p, task, p.a->down, nullptr);
+  with_expert_rows(*p.a, false, p.task_expert[task], [&](const auto& w) { down_rows(p, task, w); });
 }
 
 // Step 4, one task: kRowsPerTask tokens of the pass.

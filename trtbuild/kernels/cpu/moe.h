@@ -18,10 +18,16 @@ struct MoeArgs {
   // Int8 experts instead (both non-null): the same shapes, row r of expert e is q[e, r] * scale[e, r].
   const int8_t* gate_up_q;
   const int8_t* down_q;
-  const float* gate_up_scale;  // [E, 2I]
-  const float* down_scale;     // [E, H]
-  float* out;                  // [T, H]
+  const float* gate_up_scale;  // [E, 2I] (int8), [E, 2I, ceil(H / group)] (int4)
+  const float* down_scale;     // [E, H] (int8), [E, H, ceil(I / group)] (int4)
+  // Int4 experts instead (both non-null, with the scales above): two codes a byte, in-feature 2j in the low nibble
+  // of byte j, [E, 2I, H / 2] and [E, H, I / 2]; in-feature c of row r of expert e is q * scale[e, r, c / group]
+  // (H, I and group even; a last partial block where group does not divide the in-features).
+  const uint8_t* gate_up_q4;
+  const uint8_t* down_q4;
+  float* out;  // [T, H]
   int64_t tokens, hidden_size, experts, inter, top_k;
+  int64_t group;  // int4 experts: in-features per scale (unused otherwise)
   bool renormalize;
 };
 

@@ -261,7 +261,17 @@ const OrtCustomOp kQLinear = {
 
 struct MoeKernel {
   int64_t top_k = 0, renormalize = 0;
+  bool int4 = false;   // the node has `group_size`: its experts are int4 (uint8, two codes a byte)
+  int64_t group = 0;  // with int4
 };
+
+// Whether the int4 or int8 scales `s` of a [E, rows, in] expert tensor have their shape ([E, rows, blocks] or
+// [E, rows]).
+bool scale_fits(const Tensor& s, int64_t experts, int64_t rows, int64_t in, const MoeKernel& k) {
+  const bool rows_fit = s.dims[0] == experts && s.dims[1] == rows;
+  if (k.int4) return s.rank == 3 && rows_fit && s.dims[2] == (in + k.group - 1) / k.group;
+  return s.rank == 2 && rows_fit;
+}
 
 void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
   const MoeKernel& k = *static_cast<MoeKernel*>(kernel_ptr);
@@ -276,23 +286,32 @@ void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
   a.inter = gate_up.dims[1] / 2;
   a.top_k = k.top_k;
   a.renormalize = k.renormalize != 0;
-  const bool consistent = logits.dims[0] == a.tokens && logits.dims[1] == a.experts &&
-                          gate_up.dims[2] == a.hidden_size && down.dims[0] == a.experts &&
-                          down.dims[1] == a.hidden_size && down.dims[2] == a.inter && a.top_k >= 1 &&
-                          a.top_k <= a.experts;
-  const Tensor gate_up_scale = input(ctx, 4), down_scale = input(ctx, 5);  // int8 experts only
-  const bool int8 = gate_up_scale.data != nullptr && down_scale.data != nullptr;
+  a.group = k.group;
+  const int64_t per_byte = k.int4 ? 2 : 1;  // int4: the last dimensions hold two in-features a byte
+  const Tensor gate_up_scale = input(ctx, 4), down_scale = input(ctx, 5);  // int8 / int4 experts only
+  const bool scaled = gate_up_scale.data != nullptr && down_scale.data != nullptr;
+  const bool consistent =
+      logits.dims[0] == a.tokens && logits.dims[1] == a.experts && gate_up.dims[2] * per_byte == a.hidden_size &&
+      down.dims[0] == a.experts && down.dims[1] == a.hidden_size && down.dims[2] * per_byte == a.inter &&
+      a.top_k >= 1 && a.top_k <= a.experts && (!k.int4 || (scaled && k.group >= 2 && k.group % 2 == 0)) &&
+      (!scaled || (scale_fits(gate_up_scale, a.experts, 2 * a.inter, a.hidden_size, k) &&
+                   scale_fits(down_scale, a.experts, a.hidden_size, a.inter, k)));
   if (!consistent || !x.data || !logits.data || !gate_up.data || !down.data) {  // refused at build time
     std::fill(static_cast<float*>(y), static_cast<float*>(y) + a.tokens * a.hidden_size, 0.0f);
     return;
   }
   a.hidden = static_cast<const float*>(x.data);
   a.logits = static_cast<const float*>(logits.data);
-  if (int8) {
-    a.gate_up_q = static_cast<const int8_t*>(gate_up.data);
-    a.down_q = static_cast<const int8_t*>(down.data);
+  if (scaled) {
     a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
     a.down_scale = static_cast<const float*>(down_scale.data);
+  }
+  if (k.int4) {
+    a.gate_up_q4 = static_cast<const uint8_t*>(gate_up.data);
+    a.down_q4 = static_cast<const uint8_t*>(down.data);
+  } else if (scaled) {
+    a.gate_up_q = static_cast<const int8_t*>(gate_up.data);
+    a.down_q = static_cast<const int8_t*>(down.data);
   } else {
     a.gate_up = static_cast<const float*>(gate_up.data);
     a.down = static_cast<const float*>(down.data);
@@ -306,12 +325,15 @@ void* create_moe(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
   auto get_int = slot<GetAttrIntFn>(kKernelInfoGetAttributeInt64);
   ok(get_int(info, "top_k", &kernel->top_k));
   ok(get_int(info, "renormalize", &kernel->renormalize));
+  kernel->int4 = ok(get_int(info, "group_size", &kernel->group));  // absent: float or int8 experts
   return kernel;
 }
 
 void destroy_moe(void* kernel) { delete static_cast<MoeKernel*>(kernel); }
 const char* moe_name(const OrtCustomOp*) { return "MoE"; }
-int moe_input(const OrtCustomOp*, size_t i) { return (i == 2 || i == 3) ? kUndefined : kFloat; }  // float or int8
+int moe_input(const OrtCustomOp*, size_t i) {  // experts: float, int8 or uint8 (int4)
+  return (i == 2 || i == 3) ? kUndefined : kFloat;
+}
 size_t six(const OrtCustomOp*) { return 6; }
 int moe_input_characteristic(const OrtCustomOp*, size_t i) { return i >= 4 ? kOptional : kRequired; }
 

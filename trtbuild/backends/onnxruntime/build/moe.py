@@ -8,7 +8,8 @@ library (no compiler needed): ``Softmax`` and ``TopK`` over the router logits (`
 renormalising), the kept weights scattered into a ``[T, E]`` matrix of zeros (``ScatterElements``), every expert on
 every token as two batched ``MatMul`` s (``[T, H] x [E, H, 2I] -> [E, T, 2I]``, SwiGLU, ``x [E, I, H] ->
 [E, T, H]``: the expert weights are stored transposed for it; int8 experts are widened and scaled in the graph
-every step), then weighted and summed over experts. Exact, but E / k times the expert work of the routed form
+every step, int4 experts stored as ONNX int4 and dequantized per block by ``DequantizeLinear`` with ``block_size``,
+opset 21+), then weighted and summed over experts. Exact, but E / k times the expert work of the routed form
 (docs/decisions/moe-plugin-op.md).
 
 Pass contracts (``passes.PASSES``): ``native-moe`` / ``lowered-moe``: ``trtbuild::MoE`` -> ``trtbuild.cpu::MoE`` /
@@ -17,6 +18,7 @@ standard ops. Every other node is kept.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -24,7 +26,7 @@ from onnx import helper, numpy_helper
 from ....config import ORT_LOWERED_NODE_PREFIX
 from ....errors import BuildError
 from ....graph.builder import GraphBuilder
-from ....plugins.moe import ACTIVATION_SILU, DOMAIN, OP_TYPE
+from ....plugins.moe import ACTIVATION_SILU, DOMAIN, OP_TYPE, unpack_int4
 from ..kernel_library import MOE_OP, NATIVE_DOMAIN
 from .graph_edit import import_domain, node_attr, replace_nodes
 
@@ -36,7 +38,25 @@ def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
         activation = activation.decode() if isinstance(activation, bytes) else activation
         if activation != ACTIVATION_SILU or len(node.input) not in (4, 6):
             raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 or 6 inputs and activation silu (plugins/moe)")
+        group = _group_size(node)
+        if group is not None and (len(node.input) != 6 or group < 2 or group % 2):
+            raise BuildError(f"{node.name}: int4 experts take their scales and an even group_size (plugins/moe)")
     return nodes
+
+
+def _group_size(node: onnx.NodeProto) -> int | None:
+    """The node's ``group_size``: in-features per scale of its int4 experts; None for float or int8 experts."""
+    found = [helper.get_attribute_value(a) for a in node.attribute if a.name == "group_size"]
+    return int(found[0]) if found else None
+
+
+def _int4_transposed(b: GraphBuilder, name: str, packed: np.ndarray, scale: np.ndarray, group: int) -> str:
+    """Int4 experts ``[E, out, in/2]`` (scales ``[E, out, blocks]``) as an ONNX int4 ``[E, in, out]`` initializer
+    dequantized per block of ``group`` in-features (axis 1) by ``DequantizeLinear``: float ``[E, in, out]``."""
+    codes = unpack_int4(packed).transpose(0, 2, 1)
+    w = b.initializer(name + ".t", np.ascontiguousarray(codes).astype(ml_dtypes.int4))
+    s = b.initializer(name + ".t_scale", np.ascontiguousarray(np.asarray(scale, np.float32).transpose(0, 2, 1)))
+    return b.op("DequantizeLinear", [w, s], name=name + ".dq", axis=1, block_size=group)
 
 
 def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -56,6 +76,7 @@ def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
                 domain=NATIVE_DOMAIN,
                 top_k=int(node_attr(node, "top_k")),
                 renormalize=int(node_attr(node, "renormalize")),
+                **({} if _group_size(node) is None else {"group_size": _group_size(node)}),
             )
         ]
         for node in nodes
@@ -79,9 +100,14 @@ def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
         b = GraphBuilder(opset, prefix=ORT_LOWERED_NODE_PREFIX + node.name + "/")
         hidden, logits, gate_up, down = node.input[:4]
         expert_weights = {}
+        group = _group_size(node)
         for i, name in enumerate((gate_up, down)):  # [E, out, in] -> [E, in, out] for the batched MatMuls
-            if name not in inits:
+            if name not in inits or (len(node.input) == 6 and node.input[4 + i] not in inits):
                 raise BuildError(f"{node.name}: the lowered {OP_TYPE} needs its expert weights as initializers")
+            if group is not None:
+                scale = numpy_helper.to_array(inits[node.input[4 + i]])
+                expert_weights[name] = _int4_transposed(b, name, numpy_helper.to_array(inits[name]), scale, group)
+                continue
             w = b.initializer(name + ".t", np.ascontiguousarray(numpy_helper.to_array(inits[name]).transpose(0, 2, 1)))
             if len(node.input) == 6:  # int8 rows: widened, times their scales [E, 1, out]
                 scale = numpy_helper.to_array(inits[node.input[4 + i]])
