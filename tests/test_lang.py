@@ -14,7 +14,7 @@ import pytest
 from test_llm import VOCAB, add_tokenizer
 
 from trtbuild.errors import RequestError
-from trtbuild.lang import assistant, function, gen, select, system, user
+from trtbuild.lang import ChoicesMethod, assistant, function, gen, select, system, user
 from trtbuild.runtime.llm import LLM, SamplingParams
 
 
@@ -65,13 +65,13 @@ def test_chat_roles_are_rendered_by_the_chat_template(llm):
     assert state.text() == llm.tokenizer.apply_chat_template(state.messages(), add_generation_prompt=False)
 
 
-def test_select_picks_in_one_request_what_the_model_prefers(llm):
+def test_constrained_select_picks_in_one_request_what_the_model_prefers(llm):
     """Choices with different first tokens: the pick is the one whose first token the model rates highest."""
     choices = ["dog", "cat", "bird", "fish"]
 
     @function
     def pick(s):
-        s += "my pet is a " + select("pet", choices)
+        s += "my pet is a " + select("pet", choices, choices_method=ChoicesMethod.CONSTRAINED_DECODING)
 
     before = llm._num_requests
     state = pick.run(llm)
@@ -157,7 +157,7 @@ def test_select_escapes_regex_characters(llm):
 
     @function
     def pick(s):
-        s += "q " + select("c", choices, temperature=1.0)
+        s += "q " + select("c", choices, choices_method=ChoicesMethod.CONSTRAINED_DECODING, temperature=1.0)
 
     picks: set[str] = set()
     for _ in range(40):  # until two differ (a random tiny model may favour one choice: 6 draws were once all "ok?")

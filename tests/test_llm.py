@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from trtbuild.errors import ConfigError, EngineError, RequestError
-from trtbuild.runtime.llm import LLM, SamplingParams, split_step
+from trtbuild.runtime.llm import LLM, SamplingParams
 from trtbuild.runtime.outputs import CompletionState
 from trtbuild.runtime.sequence import FinishReason, Sequence
+from trtbuild.runtime.step_shaping import split_step
 from trtbuild.runtime.tokenizer import IncrementalDetokenizer
 
 CHARS = [" ", *map(chr, range(97, 123)), *".,!?\n", *map(str, range(10)), *map(chr, range(65, 91))]

@@ -151,7 +151,7 @@ def test_engines_compute_the_dequantized_weights(quantized, name, variant, form)
     [
         (QuantConfig(QFormat.INT4_WO), "int8_wo only (not int4_wo)"),
         (QuantConfig(QFormat.INT8_SQ), "int8_wo only (not int8_sq)"),
-        (QuantConfig(QFormat.INT8_WO, kv_cache_dtype=KVCacheDType.INT8), "--kv-cache-dtype is not supported"),
+        (QuantConfig(QFormat.FP8, kv_cache_dtype=KVCacheDType.FP8), "int8_wo only (not fp8)"),
     ],
 )
 def test_other_requests_are_refused_in_one_line(qcfg, needle):

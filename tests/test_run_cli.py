@@ -53,6 +53,9 @@ def test_run_prompt_prints_the_generated_text(monkeypatch, capsys, text_engine):
     assert out == expected + "\n" and "tokens" in err
     code, out, _ = cli(monkeypatch, capsys, *args, "--stream")
     assert code == 0 and out == expected + "\n"
+    code, out, _ = cli(monkeypatch, capsys, *args, "--prompt-logprobs", 1)
+    assert code == 0 and out.startswith(expected + "\n--- prompt logprobs ---\n")
+    assert len(out.splitlines()) == 2 + len("the cat") - 1  # every prompt token but the first
 
 
 def test_run_chat_and_n(monkeypatch, capsys, text_engine):
@@ -69,7 +72,7 @@ def test_run_chat_and_n(monkeypatch, capsys, text_engine):
 def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
     lines = [
         {"prompt": "the cat", "id": "a"},
-        {"prompt_token_ids": [5, 6, 7], "max_tokens": 3, "logprobs": 2},
+        {"prompt_token_ids": [5, 6, 7], "max_tokens": 3, "logprobs": 2, "prompt_logprobs": 1},
         {"messages": [{"role": "user", "content": "hi"}], "temperature": 1.0, "seed": 5, "n": 2},
         {"prompt": "stop here", "stop": ["e"], "temperature": 0.0},
     ]
@@ -84,6 +87,9 @@ def test_run_jsonl_in_and_out(monkeypatch, capsys, text_engine, tmp_path):
     llm = LLM(text_engine)
     assert results[0]["text"] == llm.generate(["the cat"], SamplingParams(temperature=0.0, max_tokens=8))[0].text
     assert len(results[1]["outputs"][0]["token_ids"]) == 3 and len(results[1]["outputs"][0]["logprobs"]) == 3
+    scored = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1))[0]
+    want = [None] + [{"logprob": lp.logprob, "top": [list(t) for t in lp.top]} for lp in scored.prompt_logprobs[1:]]
+    assert results[1]["prompt_logprobs"] == want and "prompt_logprobs" not in results[0]
     assert len(results[2]["outputs"]) == 2
     assert "e" not in results[3]["text"]
     assert results[0]["outputs"][0]["metrics"]["num_prompt_tokens"] == 7

@@ -187,6 +187,43 @@ def test_n_and_logprobs(client, offline):
     assert all(len(c.top_logprobs) == 3 and c.logprob <= 0 for c in content)
 
 
+def test_echo_and_logprobs_score_the_prompt_as_lm_eval_reads_them(client, offline, tiny_engines):
+    """lm-evaluation-harness's ``local-completions`` loglikelihood: token ids, ``echo``, ``logprobs: 1``,
+    ``max_tokens: 1``; it sums ``token_logprobs[ctxlen:-1]`` and checks them against ``top_logprobs``."""
+    from test_prompt_logprobs import reference
+
+    text = "the cat is a stop"
+    ids = offline.tokenizer.encode(text)
+    ref = reference(tiny_engines["llama_gqa"][0], ids)
+    resp = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, logprobs=1, echo=True, temperature=0)
+    choice = resp.choices[0]
+    generated = offline.generate([ids], SamplingParams(temperature=0.0, max_tokens=1))[0]
+    assert choice.text == text + generated.text
+    lp = choice.logprobs
+    assert lp.tokens == [*text, generated.text]  # one character per token
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1 : len(ids)] == pytest.approx([ref[p - 1, ids[p]] for p in range(1, len(ids))], abs=2e-4)
+    for p in range(1, len(ids)):
+        [(token, value)] = lp.top_logprobs[p].items()
+        best = offline.tokenizer.decode([int(ref[p - 1].argmax())], skip_special_tokens=False)
+        assert (token, value) == (best, pytest.approx(ref[p - 1].max(), abs=2e-4))
+    assert lp.text_offset == list(range(len(text) + 1))
+    assert len(lp.token_logprobs) == len(ids) + 1 and lp.token_logprobs[-1] <= 0  # the generated token's, last
+    # max_tokens 0: the prompt alone; a string prompt; several prompts
+    resp = client.completions.create(model=MODEL, prompt=[text, "a cat"], max_tokens=0, logprobs=0, echo=True)
+    assert [c.text for c in resp.choices] == [text, "a cat"]
+    assert resp.choices[0].logprobs.token_logprobs[1:] == pytest.approx(lp.token_logprobs[1 : len(ids)], abs=1e-5)
+    assert resp.choices[1].logprobs.tokens == list("a cat")
+    assert [c.finish_reason for c in resp.choices] == ["length", "length"]
+    assert resp.usage.completion_tokens == 0
+    # echo without logprobs prepends the prompt to the completion
+    resp = client.completions.create(model=MODEL, prompt=text, max_tokens=4, echo=True, temperature=0)
+    assert resp.choices[0].text == text + offline.generate(text, SamplingParams(temperature=0.0, max_tokens=4))[0].text
+    assert resp.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="'echo' with 'stream' is not supported"):
+        client.completions.create(model=MODEL, prompt=text, echo=True, stream=True)
+
+
 def test_models_health_metrics(client, url):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert request(url, "GET", "/health")[0] == 200

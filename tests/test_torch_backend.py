@@ -132,6 +132,14 @@ def test_runner_samples_on_the_engines_device(torch_engines, tiny_engines):
     assert llm.session.kv_cache_memory == DEFAULT_KV_CACHE_MEMORY
     ort = LLM(tiny_engines["llama_gqa"][2])
     assert [o.token_ids for o in llm.generate(prompts, params)] == [o.token_ids for o in ort.generate(prompts, params)]
+    # Prompt logprobs: the device's logits rows copied to the host, in steps of several engine calls.
+    scoring = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2, ignore_eos=True)
+    chunked = LLM(engine, max_num_batched_tokens=16)
+    for got, want in zip(chunked.generate(prompts, scoring), ort.generate(prompts, scoring), strict=True):
+        assert got.prompt_logprobs[0] is None and want.prompt_logprobs[0] is None
+        for a, b in zip(got.prompt_logprobs[1:], want.prompt_logprobs[1:], strict=True):
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
 def random_step(hq: int, hkv: int, d: int, block_size: int = 4, seed: int = 0, lens=(5, 3, 1)):

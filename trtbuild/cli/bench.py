@@ -5,7 +5,8 @@ Every request is ``--shared-prefix-len`` tokens common to all requests followed 
 arrive at once; ``--concurrency`` caps how many run together (the LLM's ``max_num_seqs``). The token ids come
 from a seeded generator, so runs are repeatable. One short warm-up request runs first and is not counted; it
 starts with the shared prefix, which is therefore in the prefix cache when the measured requests arrive (as a
-server's system prompt would be).
+server's system prompt would be). A request whose next block another is still computing waits a step to share it
+(docs/runner.md, "Engine loop").
 """
 
 from __future__ import annotations

@@ -131,7 +131,13 @@ def result_record(request_id: Any, out: Any) -> dict[str, Any]:
         if c.logprobs is not None:
             rec["logprobs"] = [{"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in c.logprobs]
         completions.append(rec)
-    return {"id": request_id, "text": out.text, "outputs": completions}
+    result = {"id": request_id, "text": out.text, "outputs": completions}
+    if out.prompt_logprobs is not None:  # one per prompt token: null, or its logprob and top alternatives
+        result["prompt_logprobs"] = [
+            None if lp is None else {"logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]}
+            for lp in out.prompt_logprobs
+        ]
+    return result
 
 
 def results_text(results: dict[int, dict[str, Any]]) -> str:

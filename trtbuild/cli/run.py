@@ -42,6 +42,8 @@ SAMPLING_HELP = {
     "stop_token_ids": "token id that ends the output (repeatable)",
     "n": "completions per prompt",
     "logprobs": "also return this many top logprobs per token [default: none]",
+    "prompt_logprobs": "also return each prompt token's logprob and this many top logprobs [default: none]",
+    "prompt_logprobs_from": "the first prompt position --prompt-logprobs scores (reuses the prefix cache before it)",
     "ignore_eos": "keep generating past EOS",
     "regex": "structured output: the text matches this regex (Rust syntax, whole output)",
     "json_schema": "structured output: a JSON schema file; the text is JSON valid under it",
@@ -297,19 +299,26 @@ def _prompt(llm: Any, line: InputLine, chat: bool, system: str | None) -> str | 
 
 
 def _print_logprobs(llm: Any, out: Any) -> None:
-    """``--logprobs K`` with ``--prompt``: each output token's logprob and its top K alternatives."""
+    """``--logprobs K`` / ``--prompt-logprobs K`` with ``--prompt``: each token's logprob and its top K alternatives
+    (prompt tokens from the first scored one)."""
     tok = llm.tokenizer
 
     def show(t: int) -> str:
         return repr(tok.decode([t], skip_special_tokens=False)) if tok is not None else str(t)
 
-    for c in out.outputs:
-        if c.logprobs is None:
+    sections = [("prompt logprobs", out.prompt_token_ids, out.prompt_logprobs)]
+    many = len(out.outputs) > 1
+    sections += [
+        (f"logprobs{f' of completion {c.index}' if many else ''}", c.token_ids, c.logprobs) for c in out.outputs
+    ]
+    for title, token_ids, logprobs in sections:
+        if logprobs is None:
             continue
-        click.echo(f"--- logprobs{f' of completion {c.index}' if len(out.outputs) > 1 else ''} ---")
-        for t, lp in zip(c.token_ids, c.logprobs, strict=False):
-            top = ", ".join(f"{show(a)} {v:.3f}" for a, v in lp.top)
-            click.echo(f"{show(t):>16} {lp.logprob:8.3f}" + (f"   top: {top}" if top else ""))
+        click.echo(f"--- {title} ---")
+        for t, lp in zip(token_ids, logprobs, strict=False):
+            if lp is not None:
+                top = ", ".join(f"{show(a)} {v:.3f}" for a, v in lp.top)
+                click.echo(f"{show(t):>16} {lp.logprob:8.3f}" + (f"   top: {top}" if top else ""))
 
 
 def _summary(out: Any) -> None:

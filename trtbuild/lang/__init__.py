@@ -18,14 +18,17 @@ Tools: ``call_tool(name, [python_function, ...])`` in an assistant block, then `
 (``tools.py``). The guide is docs/lang.md.
 """
 
+from .choices import ChoicesMethod, SelectScores
 from .interpreter import ForkGroup, Program, ProgramState, function
 from .ir import assistant, gen, select, system, tool, user
 from .tools import ToolCall, call_tool
 
 __all__ = [
+    "ChoicesMethod",
     "ForkGroup",
     "Program",
     "ProgramState",
+    "SelectScores",
     "ToolCall",
     "assistant",
     "call_tool",

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import RequestError
 from ..runtime.llm import LLM
 from ..runtime.sampling import SamplingParams
+from .choices import SelectScores
 from .ir import Concat, Expr, Gen, Role, RoleBlock, Select
 from .runtime import Runtime
 from .tools import CallTool
@@ -35,6 +36,7 @@ class ProgramState:
         self._messages: list[dict[str, str]] = []  # closed role blocks
         self._open: tuple[Role, str] | None = None  # the role block being appended to, and its content so far
         self._vars: dict[str, Any] = {}
+        self._meta: dict[str, SelectScores] = {}  # a ranking select's scores, by variable name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trtbuild-lang-state")
         self._last: Future[None] | None = None
         self._pending = 0  # appends queued or running; the worker counts as busy while there are any
@@ -78,6 +80,14 @@ class ProgramState:
     def get_var(self, name: str) -> Any:
         return self[name]
 
+    def get_meta_info(self, name: str) -> SelectScores:
+        """The scores of the ranking ``select`` that set variable ``name`` (SGLang's ``get_meta_info``; waits for
+        the appends so far). Its ``normalized_logprobs`` are SGLang's ``normalized_prompt_logprobs``."""
+        self.sync()
+        if name not in self._meta:
+            raise KeyError(f"no scores for {name!r}: set by a select ranking its choices; have {sorted(self._meta)}")
+        return self._meta[name]
+
     @property
     def variables(self) -> dict[str, Any]:
         self.sync()
@@ -119,7 +129,7 @@ class ProgramState:
         for _ in range(n):
             branch = ProgramState(self._runtime, self._run)
             branch._plain, branch._messages, branch._open = self._plain, list(self._messages), self._open
-            branch._vars = dict(self._vars)
+            branch._vars, branch._meta = dict(self._vars), dict(self._meta)
             branches.append(branch)
         return ForkGroup(branches)
 
@@ -148,15 +158,19 @@ class ProgramState:
             self._append_text(out.text)
         elif isinstance(expr, Gen | Select):
             self._check_generation()
-            prompt = self._encode(self._prompt_text())
-            out = self._runtime.generate(prompt, expr.params, busy=True)
-            if isinstance(expr, Select) and out.text not in expr.choices:
-                raise RequestError(
-                    f"select {expr.name!r}: the output {out.text!r} is none of the choices (cut short at the engine's "
-                    "max_seq_len, or a choice the tokenizer cannot spell)"
-                )
-            self._vars[expr.name] = out.text
-            self._append_text(out.text)
+            if isinstance(expr, Select) and expr.method.ranks:
+                text = self._rank(expr)
+            else:
+                prompt = self._encode(self._prompt_text())
+                params = expr.params if isinstance(expr, Gen) else expr.decoding_params()
+                text = self._runtime.generate(prompt, params, busy=True).text
+                if isinstance(expr, Select) and text not in expr.choices:
+                    raise RequestError(
+                        f"select {expr.name!r}: the output {text!r} is none of the choices (cut short at the engine's "
+                        "max_seq_len, or a choice the tokenizer cannot spell)"
+                    )
+            self._vars[expr.name] = text
+            self._append_text(text)
         else:
             raise TypeError(f"cannot append {type(expr).__name__}")
 
@@ -166,6 +180,25 @@ class ProgramState:
             raise RequestError(f"gen / select inside a {self._open[0].value} block: generate in assistant blocks")
         if self._messages and self._open is None:
             raise RequestError("gen / select outside a role block in a chat program: use assistant(gen(...))")
+
+    def _rank(self, expr: Select) -> str:
+        """Score every choice in one submission (``choices.py``); keep the scores as the variable's meta info."""
+        text = self._prompt_text()
+        state_ids = self._encode(text)
+        requests, starts = [], []
+        for choice in expr.choices:
+            ids = self._encode(text + choice)
+            start = next((i for i, (a, b) in enumerate(zip(ids, state_ids, strict=False)) if a != b), len(state_ids))
+            if start >= len(ids):
+                raise RequestError(f"select {expr.name!r}: choice {choice!r} adds no token to the state's text")
+            starts.append(max(start, 1))  # position 0 has no logprob: a state with no text scores from the second
+            score = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, prompt_logprobs_from=starts[-1])
+            requests.append((ids, score))
+        states = self._runtime.generate_all(requests, busy=True)
+        logprobs = [[lp.logprob for lp in st.prompt_logprobs[p:]] for st, p in zip(states, starts, strict=True)]
+        scores = SelectScores.rank(expr.method, expr.choices, logprobs)
+        self._meta[expr.name] = scores
+        return expr.choices[scores.chosen]
 
     def _append_text(self, text: str) -> None:
         if self._open is not None:

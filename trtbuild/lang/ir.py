@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import RequestError
 from ..runtime.sampling import SamplingParams
+from .choices import ChoicesMethod
 
 GEN_MAX_TOKENS = 128  # a gen's max_tokens unless given (SGLang's default)
 
@@ -52,11 +53,18 @@ class Gen(Expr):
 
 @dataclass(frozen=True)
 class Select(Expr):
-    """Append the one of ``choices`` the model picks and store it as variable ``name``."""
+    """Append the one of ``choices`` the model picks (by ``method``) and store it as variable ``name``."""
 
     name: str
-    choices: tuple[str, ...]
-    params: SamplingParams  # the constrained request that picks it (runtime/grammar.py)
+    choices: tuple[str, ...]  # distinct, non-empty
+    method: ChoicesMethod
+    temperature: float  # of CONSTRAINED_DECODING's request; 0 for the ranking methods
+
+    def decoding_params(self) -> SamplingParams:
+        """CONSTRAINED_DECODING's request: a grammar admitting exactly the choices (runtime/grammar.py)."""
+        regex = "|".join(_escape(c) for c in self.choices)
+        max_tokens = max(len(c.encode("utf-8")) for c in self.choices) + 1  # a token holds at least one byte; + EOS
+        return SamplingParams(temperature=self.temperature, max_tokens=max_tokens, regex=regex)
 
 
 class Role(enum.Enum):
@@ -100,16 +108,29 @@ def gen(
     return Gen(name, params)
 
 
-def select(name: str, choices: Sequence[str], *, temperature: float = 0.0) -> Select:
-    """Pick one of ``choices`` into variable ``name``: one request decoding under a grammar that admits exactly the
-    choices (greedy by default), so every choice is weighed in the same pass over the model, token by token."""
+def select(
+    name: str,
+    choices: Sequence[str],
+    *,
+    choices_method: ChoicesMethod = ChoicesMethod.TOKEN_LENGTH_NORMALIZED,
+    temperature: float = 0.0,
+) -> Select:
+    """Pick one of ``choices`` into variable ``name``. By default (SGLang's) every choice is scored by the mean
+    log-probability of its tokens given the state, all in one batched submission, and the best is taken
+    (``ProgramState.get_meta_info(name)`` holds the scores); ``choices_method`` picks another ``ChoicesMethod``.
+    ``temperature`` > 0 samples, for ``CONSTRAINED_DECODING`` only."""
     _check_name(name)
     if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
         raise RequestError("select needs a list of non-empty strings as choices")
-    choices = tuple(dict.fromkeys(choices))
-    regex = "|".join(_escape(c) for c in choices)
-    max_tokens = max(len(c.encode("utf-8")) for c in choices) + 1  # a token holds at least one byte; + EOS
-    return Select(name, choices, SamplingParams(temperature=temperature, max_tokens=max_tokens, regex=regex))
+    if not isinstance(choices_method, ChoicesMethod):
+        names = ", ".join(m.name for m in ChoicesMethod)
+        raise RequestError(f"choices_method must be a trtbuild.lang.ChoicesMethod ({names}), got {choices_method!r}")
+    if choices_method.ranks and temperature != 0:
+        raise RequestError("select's temperature applies to ChoicesMethod.CONSTRAINED_DECODING only")
+    expr = Select(name, tuple(dict.fromkeys(choices)), choices_method, temperature)
+    if not choices_method.ranks:
+        expr.decoding_params()  # checks the temperature now
+    return expr
 
 
 def _escape(text: str) -> str:

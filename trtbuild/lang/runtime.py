@@ -24,6 +24,8 @@ from ..runtime.llm import LLM
 from ..runtime.outputs import CompletionOutput, CompletionState
 from ..runtime.sampling import SamplingParams
 
+Request = tuple[list[int], SamplingParams]  # prompt token ids, and how to sample them
+
 GATHER_S = 0.05  # the longest an engine step waits for busy program threads to queue their requests
 
 
@@ -38,11 +40,13 @@ class Runtime:
         self.llm = llm
         self.tokenizer = llm.tokenizer
         self._cond = threading.Condition()
-        self._inbox: list[tuple[list[int], SamplingParams, Future[CompletionOutput], bool]] = []
-        self._active: list[tuple[CompletionState, Future[CompletionOutput], bool]] = []
+        # Submissions: (their requests, the future of their finished states, whether the caller counts as busy).
+        self._inbox: list[tuple[list[Request], Future[list[CompletionState]], bool]] = []
+        self._active: list[tuple[list[CompletionState], Future[list[CompletionState]], bool]] = []
         self._busy = 0  # program threads and state workers that may still queue a request before the next step
         self._closed = False
-        self.num_requests = 0  # requests submitted (a program's gens, selects and fork commits)
+        # Submissions made (a program's gens, selects and fork commits; a ranking select's choices are one).
+        self.num_requests = 0
         self._thread = threading.Thread(target=self._run, name="trtbuild-lang", daemon=True)
         self._thread.start()
 
@@ -55,12 +59,18 @@ class Runtime:
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, busy: bool) -> CompletionOutput:
         """Run one request in the shared batch; blocks the calling thread until it finishes. ``busy``: the caller
         is counted busy (it is not while it waits here)."""
-        future: Future[CompletionOutput] = Future()
+        [state] = self.generate_all([(prompt_ids, params)], busy=busy)
+        return state.output()
+
+    def generate_all(self, requests: list[Request], *, busy: bool) -> list[CompletionState]:
+        """Run ``requests`` (prompt ids, params) together, queued in the same step, and block until all have
+        finished; returns their finished states (``output()``, ``prompt_logprobs``). One fails: all fail."""
+        future: Future[list[CompletionState]] = Future()
         with self._cond:
             if self._closed:
                 raise RuntimeError("the program's runtime is closed")
             self.num_requests += 1
-            self._inbox.append((prompt_ids, params, future, busy))
+            self._inbox.append((requests, future, busy))
             self._busy -= busy
             self._cond.notify_all()
         return future.result()
@@ -97,36 +107,42 @@ class Runtime:
                 inbox, self._inbox = self._inbox, []
                 if self._closed and not inbox and not self._active:
                     return
-            for prompt_ids, params, future, busy in inbox:
+            for requests, future, busy in inbox:
+                states: list[CompletionState] = []
                 try:
-                    [(_, [state])] = self.llm.add_requests([prompt_ids], params)
-                except Exception as e:  # RequestError (too long a prompt, ...): that request fails, not the rest
+                    for prompt_ids, params in requests:
+                        [(_, [state])] = self.llm.add_requests([prompt_ids], params)
+                        states.append(state)
+                except Exception as e:  # RequestError (too long a prompt, ...): that submission fails, not the rest
+                    for state in states:
+                        state.cancelled = True
                     self._resolve(future, busy, error=e)
                     continue
-                self._active.append((state, future, busy))
+                self._active.append((states, future, busy))
             try:
                 if self._active:
                     self.llm.step()
             except BaseException as e:  # an engine failure: every running request fails with it
-                for state, future, busy in self._active:
-                    state.cancelled = True
+                for states, future, busy in self._active:
+                    for state in states:
+                        state.cancelled = True
                     self._resolve(future, busy, error=e)
                 self._active = []
                 continue
             running = []
-            for state, future, busy in self._active:
-                if state.finished:
-                    self._resolve(future, busy, result=state.output())
+            for states, future, busy in self._active:
+                if all(state.finished for state in states):
+                    self._resolve(future, busy, result=states)
                 else:
-                    running.append((state, future, busy))
+                    running.append((states, future, busy))
             self._active = running
 
     def _resolve(
         self,
-        future: Future[CompletionOutput],
+        future: Future[list[CompletionState]],
         busy: bool,
         *,
-        result: CompletionOutput | None = None,
+        result: list[CompletionState] | None = None,
         error: BaseException | None = None,
     ) -> None:
         """Hand a request's result to its caller, which is busy again from now (before it even wakes up)."""

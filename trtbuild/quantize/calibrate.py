@@ -32,7 +32,7 @@ import copy
 import io
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -72,8 +72,7 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig, *, int4_by_trtbuild: bo
         if block is not None:
             block[-1] = qcfg.group_size
     if qcfg.kv_cache_dtype in KV_NUM_BITS:
-        kv = {"num_bits": KV_NUM_BITS[qcfg.kv_cache_dtype], "axis": None}
-        config["quant_cfg"].append({"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv})
+        config["quant_cfg"].append(kv_quantizers(qcfg))
     excluded = excluded_linears(cfg, qcfg.exclude)
     if int4_by_trtbuild:  # the LM head's quantizer stays on (modelopt refuses a config quantizing no weight)
         excluded = [n for n in canonical_linears(cfg) if n != "lm_head"]
@@ -83,6 +82,43 @@ def modelopt_config(cfg: ModelConfig, qcfg: QuantConfig, *, int4_by_trtbuild: bo
         for module in hf_modules(cfg, name):
             config["quant_cfg"].append({"quantizer_name": f"{module}.*", "enable": False})
     return config
+
+
+def kv_quantizers(qcfg: QuantConfig) -> dict[str, Any]:
+    """modelopt's ``quant_cfg`` entry for the per-tensor K/V quantizers of ``qcfg.kv_cache_dtype``
+    (``*[kv]_bmm_quantizer``: keys after rotary, as the cache stores them)."""
+    kv = {"num_bits": KV_NUM_BITS[qcfg.kv_cache_dtype], "axis": None}
+    return {"quantizer_name": "*[kv]_bmm_quantizer", "cfg": kv}
+
+
+def sample_loop(qcfg: QuantConfig, samples: np.ndarray, progress: bool) -> Callable[[Any], None]:
+    """modelopt's ``forward_loop``: the model run on each row of ``samples`` (a progress bar on a terminal)."""
+    import torch
+
+    from ..progress import progress as progress_bar
+
+    passes = iter(range(1, 100))
+
+    def forward_loop(m: Any) -> None:
+        desc = f"calibrating {qcfg.qformat.value} (pass {next(passes)})"
+        with torch.no_grad():
+            shown = None if progress else False  # on a terminal only
+            for row in progress_bar(samples, len(samples), desc, "sample", enabled=shown):
+                m(torch.from_numpy(np.ascontiguousarray(row))[None])
+
+    return forward_loop
+
+
+def calibrate_kv_cache(model: Any, qcfg: QuantConfig, samples: np.ndarray, *, progress: bool = True) -> Any:
+    """Calibrate ``model``'s K/V quantizers alone on ``samples`` (every other quantizer modelopt inserts stays off:
+    the weights are already the quantized checkpoint's, ``moe_kv.py``); returns it."""
+    assert qcfg.kv_cache_dtype in KV_NUM_BITS and len(samples)
+    with third_party_quiet():
+        import modelopt.torch.quantization as mtq
+
+        config = {"quant_cfg": [{"quantizer_name": "*", "enable": False}, kv_quantizers(qcfg)], "algorithm": "max"}
+        mtq.quantize(model, config, sample_loop(qcfg, samples, progress))
+    return model
 
 
 def calibrate(
@@ -98,22 +134,10 @@ def calibrate(
 
     With no samples, modelopt calibrates the weights alone (weight-only round-to-nearest). int4 formats are
     calibrated by ``awq.py`` unless ``modelopt_int4``."""
-    import torch
-
-    from ..progress import progress as progress_bar
-
     with third_party_quiet():
         import modelopt.torch.quantization as mtq
 
-    passes = iter(range(1, 100))
-
-    def forward_loop(m: Any) -> None:
-        desc = f"calibrating {qcfg.qformat.value} (pass {next(passes)})"
-        with torch.no_grad():
-            shown = None if progress else False  # on a terminal only
-            for row in progress_bar(samples, len(samples), desc, "sample", enabled=shown):
-                m(torch.from_numpy(np.ascontiguousarray(row))[None])
-
+    forward_loop = sample_loop(qcfg, samples, progress)
     if FORMATS[qcfg.qformat].weights is Numeric.INT4 and not modelopt_int4:
         return _calibrate_int4(model, cfg, qcfg, samples, forward_loop, progress)
     if qcfg.zero_points:

@@ -2,7 +2,7 @@
 
 ``export_linear`` recovers each quantized linear's integers and scales from the calibrated modules; ``export_tensors``
 adds the float tensors, folds the pre-quant scales where ``checkpoint.layout`` says they fold, and adds the KV-cache
-scales.
+scales (``kv_scale_tensors``, which a mixture-of-experts checkpoint's ``moe_kv.py`` reads too).
 """
 
 from __future__ import annotations
@@ -58,16 +58,25 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
                 width = model.get_submodule(hf_modules(cfg, prefix)[0]).in_features
                 tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
     if q.kv_cache_dtype in KV_NUM_BITS:
-        for n in range(cfg.num_layers):
-            attn = model.get_submodule(f"model.layers.{n}.self_attn")
-            for kv in ("k", "v"):
-                amax = getattr(attn, f"{kv}_bmm_quantizer").amax
-                if amax is None:
-                    raise TrtbuildError(f"calibration produced no {kv} range for layer {n} (no calibration data?)")
-                scale = amax.detach().float().reshape(()) / KV_BOUND[q.kv_cache_dtype]
-                tensors[f"layers.{n}.attn.{kv}_scale"] = scale.clone()
+        tensors.update(kv_scale_tensors(model, cfg))
     tensors.update({name: t.to(dtype).contiguous() for name, t in floats.items()})
     return {name: t.contiguous() for name, t in tensors.items()}
+
+
+def kv_scale_tensors(model: Any, cfg: ModelConfig) -> dict[str, Any]:
+    """``layers.{n}.attn.k_scale`` / ``v_scale`` (float32 ``[]``: ``amax / bound`` of the KV dtype) of the calibrated
+    model's per-tensor K/V quantizers."""
+    assert cfg.quantization is not None
+    bound = KV_BOUND[cfg.quantization.kv_cache_dtype]
+    tensors: dict[str, Any] = {}
+    for n in range(cfg.num_layers):
+        attn = model.get_submodule(f"model.layers.{n}.self_attn")
+        for kv in ("k", "v"):
+            amax = getattr(attn, f"{kv}_bmm_quantizer").amax
+            if amax is None:
+                raise TrtbuildError(f"calibration produced no {kv} range for layer {n} (no calibration data?)")
+            tensors[f"layers.{n}.attn.{kv}_scale"] = (amax.detach().float().reshape(()) / bound).clone()
+    return tensors
 
 
 def export_linear(spec: FormatSpec, modules: list[Any], prefix: str, static_inputs: bool) -> dict[str, Any]:

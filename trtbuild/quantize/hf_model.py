@@ -1,5 +1,6 @@
 """A trtbuild checkpoint as a transformers model again, so modelopt can calibrate it (Llama family, Qwen3, Phi-3,
-Gemma 2 and 3).
+Gemma 2 and 3; the mixture-of-experts families, Mixtral and Qwen3-MoE, add their routers and experts in
+``hf_moe.py``).
 
 Canonical fused tensors are split back into the Hugging Face modules (``attn.qkv`` -> q/k/v_proj rows,
 ``mlp.gate_up`` -> gate/up_proj rows), except for Phi-3, whose modules are fused as the canonical tensors are
@@ -35,6 +36,8 @@ MODEL_TYPES = {
     "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3_text",
+    "MixtralForCausalLM": "mixtral",  # mixture of experts: hf_moe.py
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 
 # Canonical linear (below ``layers.{i}.``) -> the HF modules (below ``model.layers.{i}.``) fused into it, in row order.
@@ -53,7 +56,10 @@ FUSED_LINEARS: dict[str, tuple[str, ...]] = {
 }
 FUSED_ARCHITECTURES = frozenset({"Phi3ForCausalLM"})
 # Architectures whose transformers model takes ModelConfig's sliding windows (Gemma 3 reads its own layer_types).
-WINDOWED = frozenset({"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"})
+WINDOWED = frozenset(
+    {"MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Phi3ForCausalLM"}
+    | {"MixtralForCausalLM", "Qwen3MoeForCausalLM"}
+)
 assert tuple(LINEARS) == tuple(FUSED_LINEARS) == LAYER_LINEARS  # one per canonical linear, in layer order
 
 # Canonical float tensors (below ``layers.{i}.``) of optional per-layer norms -> their HF parameter (Qwen3, Gemma 3).
@@ -82,12 +88,7 @@ ONE_PLUS_W_NORMS = GEMMA
 
 def check_quantizable(cfg: ModelConfig) -> None:
     """Raise a one-line error when ``cfg``'s architecture cannot be quantized by trtbuild, or its checkpoint holds
-    what the rebuilt transformers model would not compute (``hf_config``)."""
-    if cfg.moe is not None:
-        raise TrtbuildError(
-            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes without a "
-            "transformers model (int8_wo by round to nearest: quantize/moe.py)"
-        )
+    what the rebuilt transformers model would not compute (``hf_config``, ``hf_moe.moe_hf_config``)."""
     if cfg.architecture not in MODEL_TYPES:
         raise TrtbuildError(
             f"quantize: architecture {cfg.architecture} is not supported (supported: {', '.join(sorted(MODEL_TYPES))})"
@@ -170,7 +171,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         return gemma_hf_config(cfg)
     rope = hf_rope(cfg.rope)
     out: dict[str, Any] = dict(
-        **_sizes(cfg),
+        **hf_sizes(cfg),
         rope_parameters=rope,
         rope_theta=cfg.rope.theta,
         tie_word_embeddings=cfg.tie_word_embeddings,
@@ -194,7 +195,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return out
 
 
-def _sizes(cfg: ModelConfig) -> dict[str, Any]:
+def hf_sizes(cfg: ModelConfig) -> dict[str, Any]:
     """The ``config.json`` keys every rebuilt model shares: architecture, model type, sizes, positions, norm eps."""
     return dict(
         architectures=[cfg.architecture],
@@ -226,7 +227,7 @@ def gemma_hf_config(cfg: ModelConfig) -> dict[str, Any]:
     if cfg.architecture == GEMMA3:
         rope = {"full_attention": rope, "sliding_attention": hf_rope(cfg.local_rope or cfg.rope)}
     return dict(
-        **_sizes(cfg),
+        **hf_sizes(cfg),
         hidden_activation="gelu_pytorch_tanh",
         layer_types=hf_layer_types(cfg),
         # a model with no sliding layer has no window; transformers wants a number all the same (then unused)
@@ -267,7 +268,9 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
         p, h = f"layers.{n}.", f"model.layers.{n}."
         for name, hf_name in layer_norms.items():
             sd[h + hf_name] = norm(p + name)
-        sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
+        dense = not cfg.is_sparse(n)  # a sparse layer's router and experts: hf_moe.moe_state_dict
+        if dense:
+            sd[h + "mlp.down_proj.weight"] = t(p + "mlp.down.weight")
         if fused:  # no biases (models.phi3)
             sd[h + "self_attn.qkv_proj.weight"] = t(p + "attn.qkv.weight")
             sd[h + "self_attn.o_proj.weight"] = t(p + "attn.out.weight")
@@ -282,22 +285,30 @@ def hf_state_dict(cfg: ModelConfig, weights: dict[str, np.ndarray]) -> dict[str,
         for name, hf_name in NORMS.items():
             if p + name in weights:
                 sd[h + hf_name] = norm(p + name)
-        gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
-        sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
+        if dense:
+            gate, up = torch.split(t(p + "mlp.gate_up.weight"), [i, i])
+            sd[h + "mlp.gate_proj.weight"], sd[h + "mlp.up_proj.weight"] = gate.clone(), up.clone()
     return sd
 
 
 def build_hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
-    """The float32 transformers model of a (float) checkpoint, in eval mode with eager attention."""
+    """The float32 transformers model of a (float) dense checkpoint, in eval mode with eager attention."""
+    assert cfg.moe is None, "hf_moe.build_moe_hf_model rebuilds a mixture-of-experts model"
+    check_quantizable(cfg)
+    return instantiate_hf_model(cfg, hf_config(cfg), hf_state_dict(cfg, weights))
+
+
+def instantiate_hf_model(cfg: ModelConfig, spec: dict[str, Any], state_dict: dict[str, Any]):
+    """The float32 transformers model of the ``config.json`` ``spec`` holding ``state_dict`` (every parameter of it
+    but a tied head), in eval mode with eager attention."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    check_quantizable(cfg)
-    spec = hf_config(cfg)
+    spec = dict(spec)
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     torch.manual_seed(0)  # every parameter is overwritten below; the seed only makes the throw-away init repeatable
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(hf_state_dict(cfg, weights), strict=False)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise TrtbuildError(

@@ -1,11 +1,13 @@
 """``trtbuild quantize`` of a mixture-of-experts checkpoint (Mixtral, Qwen3-MoE): int8 weight-only, round to
 nearest, by trtbuild itself.
 
-The other formats calibrate a transformers model with modelopt, which trtbuild does not rebuild for MoE models;
-int8 weight-only needs no calibration data. Every quantized linear (``layout.quantized_linears``: attention, the
-dense MLPs of Qwen3-MoE's dense layers, the LM head unless excluded) and every expert's rows get a float32 scale per
-output row, ``scale = amax / 127``, and ``q = round(w / scale)`` (half to even), the rule of modelopt's
-INT8_WEIGHT_ONLY_CFG; a row of zeros takes scale 1. The routers, norms and the embedding stay float
+int8 weight-only needs no model and no calibration data, so the weights are always made here, with or without a
+quantized KV cache (whose scales modelopt then calibrates on the transformers model rebuilt from these weights:
+``moe_kv.py``). Every quantized linear (``layout.quantized_linears``: attention, the dense MLPs of Qwen3-MoE's dense
+layers, the LM head unless excluded) and every expert's rows get a float32 scale per output row,
+``scale = amax / 127``, and ``q = round(w / scale)`` (half to even), the rule of modelopt's INT8_WEIGHT_ONLY_CFG
+(whose per-expert quantizers give the same codes and scales: tests/test_moe_kv_quantize.py); a row of zeros takes
+scale 1. The routers, norms and the embedding stay float
 (``checkpoint.layout``: the experts' tensors).
 """
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from ..checkpoint.dtypes import torch_dtype
 from ..checkpoint.layout import quantized_linears
-from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
+from ..config import ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
 
 INT8_BOUND = 127.0
@@ -30,8 +32,6 @@ def check_moe_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
             f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes to int8_wo only "
             f"(not {qcfg.qformat.value})"
         )
-    if qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32:
-        raise TrtbuildError(f"quantize: --kv-cache-dtype is not supported for {cfg.architecture} (mixture of experts)")
 
 
 def int8_rows(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -4,7 +4,8 @@
 2. check the request against the architecture (supported family, int4 group size a power of two >= 16);
 3. tokenize ``calib_size`` windows of ``calib_seq_len`` tokens of the calibration split;
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``); a mixture-of-experts model is
-   int8 weight-only by round to nearest instead (``moe.py``), with no model and no data;
+   int8 weight-only by round to nearest instead (``moe.py``), with no model and no data, unless its KV cache is
+   quantized: modelopt then calibrates the K/V ranges of the model rebuilt from those weights (``moe_kv.py``);
 5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
 6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
    (``checkpoint.files``).
@@ -25,12 +26,13 @@ from ..artifacts.atomic import atomic_output_dir, scratch_dir
 from ..checkpoint.files import WEIGHTS_FILE, copy_tokenizer_files, load_checkpoint, save_checkpoint
 from ..checkpoint.formats import FORMATS, activation_block, dynamic_activations
 from ..checkpoint.layout import canonical_linears, excluded_linears
-from ..config import DType, ModelConfig, QFormat, QuantConfig
+from ..config import DType, KVCacheDType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConfigError, TrtbuildError
 from .calibrate import calibrate, modelopt_reads_tokens
 from .export import export_tensors
 from .hf_model import build_hf_model, check_quantizable
 from .moe import check_moe_request, moe_weight_only_tensors
+from .moe_kv import moe_kv_scales
 
 
 @dataclass(frozen=True)
@@ -64,14 +66,20 @@ def quantize(
         if (ckpt_dir / "config.json").is_file():  # else load_checkpoint says what is missing
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
-        if cfg.moe is not None:  # int8 weight-only by round to nearest: no model to calibrate (moe.py)
+        samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
+        if cfg.moe is not None:  # int8 weight-only by round to nearest (moe.py), KV ranges by modelopt (moe_kv.py)
             new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
             tensors = moe_weight_only_tensors(new_cfg, weights)
+            t, model = time.perf_counter(), None
+            if qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32:
+                kv_scales, model = moe_kv_scales(new_cfg, tensors, samples, progress=progress)
+                tensors.update(kv_scales)
+            calib_seconds = time.perf_counter() - t
             with atomic_output_dir(out, overwrite=overwrite) as tmp:
                 save_checkpoint(tmp, new_cfg, tensors)
                 copy_tokenizer_files(ckpt_dir, tmp)
-            return QuantizeResult(new_cfg, 0, 0, 0.0, time.perf_counter() - start)
-        samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
+            n, size, seconds = int(samples.shape[0]), int(samples.size), time.perf_counter() - start
+            return QuantizeResult(new_cfg, n, size, calib_seconds, seconds, model if keep_model else None)
         model = build_hf_model(cfg, weights)
         t = time.perf_counter()
         calibrate(model, cfg, qcfg, samples, progress=progress, modelopt_int4=modelopt_int4)
@@ -135,7 +143,7 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
         )
     if cfg.moe is not None:
         check_moe_request(cfg, qcfg)
-    else:
+    if cfg.moe is None or needs_data(qcfg):  # a model is rebuilt (for an MoE one, to calibrate its KV ranges)
         check_quantizable(cfg)
     excluded = set(excluded_linears(cfg, qcfg.exclude))
     linears = [n for n in canonical_linears(cfg) if n not in excluded]

@@ -46,11 +46,13 @@ class StepBatch:
         *,
         all_logits: bool = False,
         sliding_block_tables: Sequence[Sequence[int]] | None = None,
+        logits_rows: Sequence[Sequence[int]] | None = None,
     ) -> StepBatch:
         """Assemble a step from per-sequence new tokens, the position of each one's first new token, and block ids
         (and the sliding layers' block ids, for a model of both attention kinds).
 
-        Returns logits for each sequence's last token, or for every token when ``all_logits``.
+        Returns logits for each sequence's last token, or for every token when ``all_logits``, or for the rows
+        ``logits_rows[b]`` of sequence b (ascending offsets into its new tokens), sequence by sequence.
         """
         lens = [len(t) for t in token_ids]
         if not lens or min(lens) == 0:
@@ -61,7 +63,14 @@ class StepBatch:
         pos = np.concatenate([np.arange(s, s + n, dtype=np.int64) for s, n in zip(start_positions, lens, strict=True)])
         tables = _padded(block_tables, len(lens))
         sliding = None if sliding_block_tables is None else _padded(sliding_block_tables, len(lens))
-        logits_idx = np.arange(qsl[-1], dtype=np.int64) if all_logits else qsl[1:] - 1
+        if logits_rows is not None:
+            if len(logits_rows) != len(lens) or any(
+                r and not 0 <= r[0] <= r[-1] < n for r, n in zip(logits_rows, lens, strict=True)
+            ):
+                raise ValueError("logits_rows needs one list of offsets within its new tokens per sequence")
+            logits_idx = np.fromiter((qsl[b] + r for b, rows in enumerate(logits_rows) for r in rows), dtype=np.int64)
+        else:
+            logits_idx = np.arange(qsl[-1], dtype=np.int64) if all_logits else qsl[1:] - 1
         return cls(ids, pos, qsl, tables, logits_idx, sliding)
 
 

@@ -41,6 +41,7 @@ import numpy as np
 from ..config import BuildConfig, ModelConfig
 from ..errors import EngineError
 from .batch import StepBatch
+from .block_pool import BlockHash
 from .kv_cache_manager import KVCacheBlocks, KVCacheGroup, KVCacheManager, max_blocks_held
 from .sequence import Sequence
 
@@ -132,14 +133,18 @@ def make_groups(
     return [full, KVCacheManager(num_sliding_blocks, block_size, enable_prefix_caching, sliding_window, group)]
 
 
-def get_computed_blocks(groups: Seqs[KVCacheManager], seq: Sequence) -> tuple[list[KVCacheBlocks], int]:
+def get_computed_blocks(
+    groups: Seqs[KVCacheManager], seq: Sequence, max_tokens: int | None = None
+) -> tuple[list[KVCacheBlocks], int]:
     """A prefix-cache hit found in every group: (each group's ``KVCacheBlocks``, the tokens they hold).
 
+    ``max_tokens``: a hit of at most that many tokens (whole blocks; a request scoring its prompt from there).
     The full group's hit is the longest cached prefix; the sliding group's, the longest prefix of at most as many
     blocks whose blocks from its window on are cached (``KVCacheManager.get_computed_blocks(max_blocks=...)``); the
     hit is the sliding group's, the full group's blocks cut to it (any shorter prefix of a full-group hit is one).
     No side effects but the hashes memoised on ``seq``."""
-    computed, num_tokens = groups[0].get_computed_blocks(seq)
+    cap = None if max_tokens is None else max_tokens // groups[0].block_size
+    computed, num_tokens = groups[0].get_computed_blocks(seq, max_blocks=cap)
     if len(groups) == 1:
         return [computed], num_tokens
     block_size = groups[0].block_size
@@ -167,3 +172,31 @@ def allocate_slots(
         if not kv.allocate_slots(seq, num_new_tokens, hit):
             raise AssertionError("a KV-cache group refused blocks it said it had")  # can_allocate is exact
     return True
+
+
+def in_flight(kv: KVCacheManager, seqs: Seqs[Sequence]) -> set[BlockHash]:
+    """Hashes of the full blocks of ``seqs``' tokens that they have not computed yet (they are being scheduled):
+    a waiting request whose next block is one of them finds it cached once they have (``waits_for``)."""
+    if not kv.enable_prefix_caching:
+        return set()
+    bs, out = kv.block_size, set()
+    for seq in seqs:
+        first, end = seq.num_computed_tokens // bs, min(seq.num_tokens, seq.prefix_cache_limit) // bs  # it registers
+        if first < end:
+            out.update(kv.block_hashes(seq, end)[first:])
+    return out
+
+
+def waits_for(
+    kv: KVCacheManager, seq: Sequence, num_hit_tokens: int, max_tokens: int | None, pending: set[BlockHash]
+) -> bool:
+    """Whether waiting request ``seq``, whose prefix-cache hit is ``num_hit_tokens``, should wait a step for a
+    request computing its next full block (``pending``, from ``in_flight``) instead of computing it too: so the
+    requests of one batch sharing a prefix compute it once (SGLang's in-batch prefix caching). Never when the hit
+    is at its ``max_tokens`` limit, or the block is the one holding its last token (always recomputed)."""
+    j = num_hit_tokens // kv.block_size
+    if not pending or j >= (seq.num_tokens - 1) // kv.block_size:
+        return False
+    if max_tokens is not None and (j + 1) * kv.block_size > max_tokens:
+        return False
+    return kv.block_hashes(seq, j + 1)[j] in pending

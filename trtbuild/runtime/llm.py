@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, EngineError, RequestError
+from . import prompt_logprobs
 from .grammar import Grammars, StepMasks
 from .kv_offload import KVOffloadConfig
 from .kv_offload.offloader import open_offloader
@@ -38,7 +39,7 @@ from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
 from .sequence import Sequence as Seq
 from .session import open_session
-from .step_shaping import split_step
+from .step_logits import run_step
 from .streams import FinishedRequests, TextStream
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -376,7 +377,8 @@ class LLM:
 
     def _request_output(self, request_id: str, prompt: str | None, states: list[CompletionState]) -> RequestOutput:
         seq = states[0].seq
-        return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), [s.output() for s in states])
+        scores = None if states[0].prompt_logprobs is None else list(states[0].prompt_logprobs)
+        return RequestOutput(request_id, prompt, list(seq.prompt_token_ids), [s.output() for s in states], scores)
 
     def _grammars(self) -> Grammars:
         if self.grammars is None:
@@ -444,27 +446,17 @@ class LLM:
         self._allocated += kv.num_used_blocks * kv.block_size
 
     def _run(self, out: SchedulerOutput) -> Any:
-        """Logits of the step's ``sample_rows`` (in that order; where the session keeps them), run as one or more
-        engine calls (``split_step``); None when no row is sampled."""
-        groups = split_step([n for _, n in out.scheduled])
-        self._calls += len(groups)
-        if len(groups) == 1:
-            logits = self.session.step_logits(out.to_step_batch())
-            if len(out.sample_rows) == len(out.scheduled):  # every row (sample_rows is ascending): no copy
-                return logits
-            return logits[out.sample_rows] if out.sample_rows else None
-        sampled, parts, order = set(out.sample_rows), [], []
-        for group in groups:
-            part = SchedulerOutput([out.scheduled[b] for b in group], [], [], out.sliding_group)
-            logits = self.session.step_logits(part.to_step_batch())
-            rows = [i for i, b in enumerate(group) if b in sampled]
-            if rows:
-                parts.append(logits[rows])
-                order += [group[i] for i in rows]
-        if not parts:
-            return None
-        where = {b: i for i, b in enumerate(order)}
-        return self.sampler.join(parts)[[where[b] for b in out.sample_rows]]
+        """Logits of the step's ``sample_rows`` (``step_logits.run_step``); its prompt-logprob rows are recorded."""
+
+        def record(b: int, rows: np.ndarray) -> None:
+            seq = out.scheduled[b][0]
+            scores = self._states[seq.request_id].prompt_logprobs
+            if scores is not None:
+                prompt_logprobs.record(scores, seq, out.prompt_rows[b], rows)
+
+        logits, calls = run_step(self.session, self.sampler, out, record)
+        self._calls += calls
+        return logits
 
 
 def _is_token(x: object) -> bool:

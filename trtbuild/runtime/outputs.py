@@ -62,6 +62,9 @@ class RequestOutput:
     prompt: str | None  # the prompt text, or None for a token-id prompt
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
+    # With SamplingParams.prompt_logprobs: one entry per prompt token, None for position 0 and those before
+    # prompt_logprobs_from (prompt_logprobs.py), else that token's logprob and top alternatives; None otherwise.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def text(self) -> str:
@@ -139,6 +142,10 @@ class CompletionState:
         self.text = ""  # detokenized so far, cut at a stop string once one is found
         self.streamed = 0  # characters of text handed out by take_delta
         self.logprobs: list[TokenLogprobs] | None = None if seq.sampling_params.logprobs is None else []
+        # One entry per prompt token, written as the steps computing their rows run (RequestOutput.prompt_logprobs).
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None
+        if seq.sampling_params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None] * seq.num_prompt_tokens
         self.cancelled = False  # set by an abandoned stream; the LLM aborts the request before its next step
         self.grammar: GrammarMatcher | None = None  # structured output: the sequence's grammar state (LLM sets it)
         self._detokenizer = detokenizer

@@ -38,6 +38,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # tokens that finish the request (kept in the output)
     n: int = 1  # completions per prompt (the LLM layer fans them out as separate sequences)
     logprobs: int | None = None  # also return the chosen token's logprob and this many top logprobs; None = no
+    # Prompt log-probabilities (vLLM's): for each prompt position p >= prompt_logprobs_from (position 0 has none),
+    # the logprob of prompt token p given the tokens before it, under the model's raw logits (no penalties or
+    # temperature), and this many top alternatives; None = none. Such a request reuses prefix-cache blocks only
+    # before position prompt_logprobs_from - 1, whose logits it needs (docs/runner.md, "Prompt logprobs").
+    prompt_logprobs: int | None = None
+    prompt_logprobs_from: int = 1  # the first prompt position scored (SGLang's logprob_start_len); >= 1
     ignore_eos: bool = False  # keep generating past the model's EOS tokens
     # Structured output (runtime/grammar.py), at most one: the output matches this regex (Rust regex syntax, whole
     # output), or is JSON valid under this JSON schema; it ends with EOS right after a complete match.
@@ -66,6 +72,8 @@ class SamplingParams:
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be >= 1"),
             (self.n >= 1, "n must be >= 1"),
             (self.logprobs is None or self.logprobs >= 0, "logprobs must be >= 0"),
+            (self.prompt_logprobs is None or self.prompt_logprobs >= 0, "prompt_logprobs must be >= 0"),
+            (self.prompt_logprobs_from >= 1, "prompt_logprobs_from must be >= 1 (position 0 has no logprob)"),
             (all(isinstance(s, str) and s for s in self.stop), "stop must be a list of non-empty strings"),
             (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be token ids >= 0"),
         ]
@@ -81,8 +89,8 @@ class SamplingParams:
 
 
 _NUMBERS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
-_INTEGERS = ("n",)
-_OPTIONAL_INTEGERS = ("top_k", "seed", "max_tokens", "logprobs")
+_INTEGERS = ("n", "prompt_logprobs_from")
+_OPTIONAL_INTEGERS = ("top_k", "seed", "max_tokens", "logprobs", "prompt_logprobs")
 
 
 def _check_types(params: SamplingParams) -> None:
@@ -263,7 +271,7 @@ class Sampler:
                 cdf = np.cumsum(np.exp(row - row.max()))
                 token = min(int(np.searchsorted(cdf, self.uniform(request) * cdf[-1], side="right")), row.shape[0] - 1)
             token_ids[b] = token
-            logprobs[b] = None if params.logprobs is None else _token_logprobs(row, token, params.logprobs)
+            logprobs[b] = None if params.logprobs is None else token_logprobs(log_softmax(row), token, params.logprobs)
         return SamplerOutput(token_ids, logprobs)
 
     def uniform(self, request: SamplingRequest) -> float:
@@ -287,8 +295,8 @@ def _plain_greedy(params: SamplingParams) -> bool:
     )
 
 
-def _token_logprobs(row: np.ndarray, token: int, k: int) -> TokenLogprobs:
-    lp = log_softmax(row)
+def token_logprobs(lp: np.ndarray, token: int, k: int) -> TokenLogprobs:
+    """``token``'s entry of the log-probabilities ``lp`` (one row) and the ``k`` largest finite ones."""
     live = np.flatnonzero(np.isfinite(lp))  # filtered tokens are not listed
     top = live[_top_sorted(lp[live], k)[:k]]
     return TokenLogprobs(float(lp[token]), [(int(t), float(lp[t])) for t in top])

@@ -1,9 +1,10 @@
 """Continuous batching (nano-vllm / vLLM v1 style): which requests run in the next step, and with how many tokens.
 
 Each ``schedule()`` fills one step under a token budget: running requests first (a decode token, or the next chunk
-of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup; the head waits
-while the block after its hit is one a running prefill has yet to compute, so requests that arrive together over
-a shared prefix compute it once, as SGLang's in-batch prefix sharing does). With a KV
+of a prompt: chunked prefill), then waiting requests in arrival order (after a prefix-cache lookup; one whose next
+uncached block a scheduled request is computing waits a step and then finds it cached: requests queued together
+share their prefix). A request asking for prompt logprobs reuses cached blocks only before its first scored row
+(``prompt_logprobs.py``), and the plan names its prompt rows (``SchedulerOutput.prompt_rows``). With a KV
 window (every layer sliding), each running request first releases its blocks wholly before the window of its next
 token (``KVCacheManager.free_outside_window``), so a long request holds a bounded number of blocks. A model of both
 sliding and full layers has two KV-cache groups (``kv_groups.py``): every request holds blocks in both, allocated
@@ -15,7 +16,7 @@ One step of the caller's loop::
 
     out = scheduler.schedule()
     logits = session.step(out.to_step_batch())
-    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)
+    sampled = sampler.sample(logits[out.sample_rows], out.sample_seqs)  # with prompt rows: see logits_ends
     finished = scheduler.update_from_output(out, sampled.token_ids)
 """
 
@@ -27,11 +28,11 @@ from dataclasses import dataclass
 
 from ..errors import RequestError
 from . import kv_groups
-from .batch import StepBatch
-from .block_pool import BlockHash
 from .engine_session import EngineSession
 from .kv_cache_manager import KVCacheGroup, KVCacheManager
+from .prompt_logprobs import max_cached_tokens, prompt_rows
 from .sampling import SamplingParams
+from .scheduler_output import SchedulerOutput
 from .sequence import FinishReason, KVReuse, RequestStatus, Sequence
 
 # Called once for every token appended to a running request; returns the stop string the request's text now
@@ -96,45 +97,6 @@ class SchedulerConfig:
             kv_window=model.kv_window,
             sliding_window=model.sliding_window if model.has_sliding_kv_group else None,
             num_sliding_blocks=session.num_sliding_blocks,
-        )
-
-
-@dataclass(frozen=True)
-class SchedulerOutput:
-    """One step's plan: ``scheduled[b]`` = (request b of the batch, its number of new tokens).
-
-    Invariants: at most ``max_num_seqs`` entries, ``num_batched_tokens <= max_num_batched_tokens``, every count
-    >= 1, and request b's block table covers positions up to ``num_computed_tokens + count``. Read it (and build
-    the step) before ``update_from_output``, which advances the requests.
-    """
-
-    scheduled: list[tuple[Sequence, int]]
-    # Rows of the step's logits to sample: requests whose new tokens reach their last token. A request in the middle
-    # of a chunked prefill is computed but not sampled.
-    sample_rows: list[int]
-    preempted: list[Sequence]  # requests preempted while planning this step
-    sliding_group: bool = False  # the model has a sliding KV-cache group: steps carry its block tables too
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-    @property
-    def sample_seqs(self) -> list[Sequence]:
-        """The requests of ``sample_rows``, in the same order."""
-        return [self.scheduled[b][0] for b in self.sample_rows]
-
-    def to_step_batch(self) -> StepBatch:
-        """The engine inputs: each request's new tokens from position ``num_computed_tokens``, and its block table."""
-        return StepBatch.build(
-            [seq.token_ids(seq.num_computed_tokens, seq.num_computed_tokens + n) for seq, n in self.scheduled],
-            [seq.num_computed_tokens for seq, _ in self.scheduled],
-            [seq.block_ids for seq, _ in self.scheduled],
-            sliding_block_tables=[seq.sliding_block_ids for seq, _ in self.scheduled] if self.sliding_group else None,
         )
 
 
@@ -229,15 +191,18 @@ class Scheduler:
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 i += 1
-        # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full).
-        in_flight = self._blocks_in_flight()
+        # Admit waiting requests in arrival order, unless this step already had to preempt (the pool is full). A
+        # request whose next uncached block a scheduled request is computing waits for it (kv_groups.in_flight),
+        # before any lookup in the KV offload tiers.
+        in_flight = kv_groups.in_flight(self.kv_cache, [seq for seq, _ in scheduled]) if self.waiting else set()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
-            if self._next_block(seq, num_hit_tokens) in in_flight:
-                break  # a running prefill computes it: wait a step and hit it rather than compute it twice
+            cap = max_cached_tokens(seq)
+            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
+            if kv_groups.waits_for(self.kv_cache, seq, num_hit_tokens, cap, in_flight):
+                break  # FCFS: its prefix is cached after this step, and it goes first then
             if self.prefix_loader is not None and self.prefix_loader(self.kv_groups, seq):
-                computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
+                computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
             num_new = min(self._computable(seq, num_hit_tokens), budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
@@ -248,10 +213,11 @@ class Scheduler:
             seq.num_computed_tokens = num_hit_tokens
             self.running.append(seq)
             scheduled.append((seq, num_new))
+            in_flight |= kv_groups.in_flight(self.kv_cache, [seq])
             budget -= num_new
-            in_flight |= self._blocks_in_flight([seq])
         sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
-        return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None)
+        rows = {b: r for b, (seq, n) in enumerate(scheduled) if (r := prompt_rows(seq, n))}
+        return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None, rows)
 
     def _reuse_at(self, seq: Sequence) -> tuple[int, Callable[[], None] | None]:
         """(tokens, writer) of ``seq``'s reused range starting at its next position, read now (``KVInjector``);
@@ -270,29 +236,6 @@ class Scheduler:
         """Tokens from position ``start`` on that a step may compute: up to the next reused range, or the end."""
         end = next((r.start for r in seq.kv_reuse if r.start >= start), seq.num_tokens)
         return end - start
-
-    def _blocks_in_flight(self, seqs: Iterable[Sequence] | None = None) -> set[BlockHash]:
-        """The hashes of the full prompt blocks that running prefills (``seqs``, default every running request)
-        have yet to compute: a waiting request whose next block is one of them waits for it (SGLang's in-batch
-        prefix sharing), so requests arriving together over a shared prefix compute it once, not once each."""
-        kv = self.kv_cache
-        if not kv.enable_prefix_caching:
-            return set()
-        pending: set[BlockHash] = set()
-        for seq in self.running if seqs is None else seqs:
-            first = seq.num_computed_tokens // kv.block_size
-            end = min(seq.num_tokens - 1, seq.prefix_cache_limit) // kv.block_size  # what it will register
-            if first < end:
-                pending.update(kv.block_hashes(seq, end)[first:])
-        return pending
-
-    def _next_block(self, seq: Sequence, num_hit_tokens: int) -> BlockHash | None:
-        """The hash of the full block after ``seq``'s prefix-cache hit; None when no full block follows it."""
-        kv = self.kv_cache
-        index = num_hit_tokens // kv.block_size
-        if not kv.enable_prefix_caching or index >= (seq.num_tokens - 1) // kv.block_size:
-            return None
-        return kv.block_hashes(seq, index + 1)[index]
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.

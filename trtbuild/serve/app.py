@@ -217,10 +217,12 @@ async def _generate(state: ServerState, request: Request, endpoint: Endpoint) ->
     request.state.usage = builder.usage  # the access log's tokens, read when the response is done
     if parsed.stream:
         return StreamingResponse(_stream(state, sub, builder, parsed), media_type="text/event-stream")
-    return await _whole(state, sub, builder, request)
+    return await _whole(state, sub, builder, request, parsed)
 
 
-async def _whole(state: ServerState, sub: Submission, builder: ResponseBuilder, request: Request) -> Response:
+async def _whole(
+    state: ServerState, sub: Submission, builder: ResponseBuilder, request: Request, parsed: ParsedRequest
+) -> Response:
     """Wait for every choice to finish; a client that disconnects meanwhile aborts the request."""
     gone = asyncio.ensure_future(_disconnected(request))
     try:
@@ -240,6 +242,10 @@ async def _whole(state: ServerState, sub: Submission, builder: ResponseBuilder, 
         raise
     finally:
         gone.cancel()
+    if parsed.echo:
+        for i, s in enumerate(sub.states):
+            p = i // sub.params.n
+            builder.echo(i, sub.prompts[p], sub.prompt_token_ids[p], s.prompt_logprobs, parsed.prompt_only)
     return JSONResponse(builder.final())
 
 

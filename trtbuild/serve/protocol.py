@@ -3,7 +3,7 @@
 Field types are checked here (``param`` names the field); value ranges are ``SamplingParams``' own checks, whose
 messages are passed on. A chat message's role must be one of OpenAI's (``CHAT_ROLES``; OpenAI's 400 otherwise,
 whatever the chat template would accept). Fields the runner cannot honour are refused when set to anything but their
-neutral value;
+neutral value (completions take ``echo``, chat only ``false``);
 ``user``, ``metadata``, ``store`` and ``service_tier`` are accepted and ignored; any other field is refused.
 ``response_format`` (text, json_object, json_schema) becomes ``SamplingParams.json_schema`` (structured output).
 """
@@ -44,6 +44,12 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     tools: ToolRequest | None = None  # chat: the functions the reply may (or must) call
+    # Completions' ``echo``: each choice's text (and logprobs) starts with its prompt's; with ``logprobs`` the
+    # prompt tokens' logprobs come from SamplingParams.prompt_logprobs (lm-evaluation-harness's loglikelihood).
+    echo: bool = False
+    # ``max_tokens: 0`` with ``echo`` (scoring the prompt only): one token is generated (the runner needs one) and
+    # left out of the response.
+    prompt_only: bool = False
 
 
 NUMBER = (int, float)
@@ -72,7 +78,7 @@ NEUTRAL = {  # accepted only at these values (what the runner does anyway)
     "modalities": (["text"],),
 }
 CHAT_ROLES = ("system", "assistant", "user", "function", "tool", "developer")  # OpenAI's; others get its 400
-COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of", "response_format"}
+COMPLETION_FIELDS = {"prompt", "max_tokens", "logprobs", "best_of", "response_format", "echo"}
 CHAT_FIELDS = {"messages", "max_tokens", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
 CHAT_TOOL_FIELDS = {"tools", "tool_choice"}  # chat takes them (serve/tools.py); completions only at neutral values
 
@@ -86,7 +92,7 @@ def parse_request(body: Any, endpoint: Endpoint, tool_format: ToolFormat = ToolF
         if key not in own and key not in SAMPLING_FIELDS and key not in IGNORED and key not in NEUTRAL:
             raise bad_request(f"unrecognized request argument: {key}", param=key)
     for key, allowed in NEUTRAL.items():
-        if endpoint is Endpoint.CHAT and key in CHAT_TOOL_FIELDS:
+        if (endpoint is Endpoint.CHAT and key in CHAT_TOOL_FIELDS) or (key in own and key in NEUTRAL):
             continue
         if body.get(key) is not None and body[key] not in allowed:
             raise bad_request(f"'{key}' is not supported by this server", param=key)
@@ -106,11 +112,20 @@ def parse_request(body: Any, endpoint: Endpoint, tool_format: ToolFormat = ToolF
     values["stop"] = _stop(body)
     values["stop_token_ids"] = _int_list(body, "stop_token_ids")
     values["json_schema"] = _response_format(body)
+    echo = prompt_only = False
     if endpoint is Endpoint.COMPLETIONS:
         prompts = _completion_prompts(body)
         tokens = _typed(body, "max_tokens", int)
         values["max_tokens"] = COMPLETION_DEFAULT_MAX_TOKENS if tokens is None else tokens
         values["logprobs"] = _logprobs(body, "logprobs")
+        echo = bool(_typed(body, "echo", bool))
+        if echo and stream:
+            raise bad_request("'echo' with 'stream' is not supported by this server", param="echo")
+        if echo and values["logprobs"] is not None:
+            values["prompt_logprobs"] = values["logprobs"]
+        prompt_only = echo and tokens == 0
+        if prompt_only:
+            values["max_tokens"] = 1
         best_of = _typed(body, "best_of", int)
         if best_of is not None and best_of != values.get("n", 1):
             raise bad_request("best_of other than n is not supported", param="best_of")
@@ -139,7 +154,7 @@ def parse_request(body: Any, endpoint: Endpoint, tool_format: ToolFormat = ToolF
             where = "tools" if tools is not None and tools.constrained else "response_format"
             message, field = f"{where}: {message}", where
         raise bad_request(message, param=field if field in body or field == "max_tokens" else None) from None
-    return ParsedRequest(endpoint, model, prompts, params, stream, include_usage, tools)
+    return ParsedRequest(endpoint, model, prompts, params, stream, include_usage, tools, echo, prompt_only)
 
 
 def _typed(body: Mapping[str, Any], key: str, types: Any, name: str | None = None) -> Any:

@@ -6,6 +6,7 @@ the per-choice text, token counts and logprob offsets, so a streamed response an
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -83,6 +84,35 @@ class ResponseBuilder:
                 whole[k].extend(v)
         return part
 
+    def echo(
+        self,
+        i: int,
+        prompt: str | Sequence[int],
+        prompt_ids: Sequence[int],
+        scores: Sequence[TokenLogprobs | None] | None,
+        prompt_only: bool,
+    ) -> None:
+        """Completions' ``echo``, once choice ``i`` has finished: its text and logprobs start with its prompt's
+        (``scores``: the prompt tokens' logprobs, the first None; None without ``logprobs``). ``prompt_only``
+        (``max_tokens: 0``) first drops what was generated."""
+        if prompt_only:
+            self.text[i], self.num_tokens[i], self.finish[i] = "", 0, "length"
+            self.logprobs[i] = None
+        text = prompt if isinstance(prompt, str) else self._decode(prompt)
+        self.text[i] = text + self.text[i]
+        if scores is None:
+            return
+        tokens = [self._token(t) for t in prompt_ids]
+        generated = self.logprobs[i] or {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        self.logprobs[i] = {
+            "tokens": tokens + generated["tokens"],
+            "token_logprobs": [None if s is None else s.logprob for s in scores] + generated["token_logprobs"],
+            "top_logprobs": [None if s is None else {self._token(t): v for t, v in s.top} for s in scores]
+            + generated["top_logprobs"],
+            "text_offset": [*itertools.accumulate((len(t) for t in tokens[:-1]), initial=0)]
+            + [offset + len(text) for offset in generated["text_offset"]],
+        }
+
     def chunk(self, update: Update, logprobs: dict[str, Any] | None, first: bool) -> dict[str, Any]:
         """The stream chunk of one update (``first``: the choice's first chunk, which carries the chat role)."""
         reason = finish_reason(update.finish_reason)
@@ -132,6 +162,9 @@ class ResponseBuilder:
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def _decode(self, token_ids: Sequence[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
 
     def _token(self, token_id: int) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode([token_id], skip_special_tokens=False)
