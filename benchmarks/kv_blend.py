@@ -1,7 +1,7 @@
 """Blending cached documents into RAG prompts (``trtbuild/runtime/blend.py``) against full recompute (issue 36, item 2).
 
     PYTHONPATH=. .venv/bin/python benchmarks/kv_blend.py [--engine artifacts/demo/smollm2-engine] [--threads 2]
-        [--doc-tokens 500] [--orders 8] [--recompute 1,16,32] [--new-tokens 32]
+        [--doc-tokens 500] [--orders 8] [--recompute 1,16,64] [--new-tokens 32]
 
 Text: the evaluation split of ``lee_news`` (gensim's test corpus of Australian news, LGPL-2.1; read from the
 installed package, not redistributed): four documents of ``--doc-tokens`` tokens (articles joined, cut at that
@@ -12,8 +12,9 @@ and the question. Two LLMs on the same engine run side by side, request by reque
 alike), both with prefix caching (the head is shared, the documents never are as a prefix):
 
 - recompute: the prompt as plain tokens;
-- blend k: ``generate_blended`` with ``recompute_tokens=k``, after ``cache_chunks`` computed each document alone once
-  (not timed: a RAG service computes its documents when it indexes them).
+- blend k, chunks alone / after head: ``generate_blended`` with ``recompute_tokens=k``, after ``cache_chunks``
+  computed each document once (not timed: a RAG service computes its documents when it indexes them), from position
+  0 ("alone") or after the prompts' head (``Chunk.context``).
 
 Reported per side, medians over the orders: TTFT (``RequestMetrics.ttft``) and its ratio to recompute; greedy
 agreement with recompute over ``--new-tokens`` tokens (positions equal, and outputs equal as a whole); the answer
@@ -70,7 +71,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--doc-tokens", type=int, default=500)
     parser.add_argument("--orders", type=int, default=8)
-    parser.add_argument("--recompute", default="1,16,32", help="recompute_tokens values, comma-separated")
+    parser.add_argument("--recompute", default="1,16,64", help="recompute_tokens values, comma-separated")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
     ks = [int(k) for k in args.recompute.split(",")]
@@ -78,28 +79,33 @@ def main() -> None:
     blended = LLM(args.engine, num_threads=args.threads)
     docs, question, answer = texts(recompute, args.doc_tokens)
     head = recompute.tokenizer.encode(HEAD)  # with BOS, as a plain prompt starts
-    cache_chunks(blended, [Chunk(tuple(d)) for d in docs])
+    contexts = {"alone": (), "after head": tuple(head)}
+    chunks = {name: [Chunk(tuple(d), ctx) for d in docs] for name, ctx in contexts.items()}
+    for cs in chunks.values():
+        cache_chunks(blended, cs)
     rng = np.random.default_rng(0)
     orders = [tuple(rng.permutation(4).tolist()) for _ in range(args.orders)]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
     warm = head + docs[0][:64]
     recompute.generate([warm], greedy)  # warm-up: the head in both prefix caches, the sessions' first calls
     blended.generate([warm], greedy)
-    rows: dict[str, dict[str, list[float]]] = {"recompute": {}, **{f"blend k={k}": {} for k in ks}}
+    rows: dict[str, dict[str, list[float]]] = {"recompute": {}}
     for order in orders:
-        parts = (head, *(Chunk(tuple(docs[i])) for i in order))
-        ask, score = BlendedPrompt((*parts, question)), BlendedPrompt((*parts, question + answer))
-        start = len(ask.token_ids())
+        plain = BlendedPrompt((head, *(Chunk(tuple(docs[i])) for i in order), question))
+        start = len(plain.token_ids())
         scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0, prompt_logprobs_from=start)
-        [ref] = recompute.generate([ask.token_ids()], greedy)
-        [ref_score] = recompute.generate([score.token_ids()], scored)
+        [ref] = recompute.generate([plain.token_ids()], greedy)
+        [ref_score] = recompute.generate([plain.token_ids() + answer], scored)
         _add(rows["recompute"], ref.outputs[0].metrics.ttft, 1.0, 1.0, perplexity(ref_score))
-        for k in ks:
-            [out] = generate_blended(blended, [ask], greedy, recompute_tokens=k)
-            [out_score] = generate_blended(blended, [score], scored, recompute_tokens=k)
-            a, b = np.array(out.outputs[0].token_ids), np.array(ref.outputs[0].token_ids)
-            _add(rows[f"blend k={k}"], out.outputs[0].metrics.ttft, float((a == b).mean()), float((a == b).all()),
-                 perplexity(out_score))  # fmt: skip
+        for name, cs in chunks.items():
+            parts = (head, *(cs[i] for i in order))
+            ask, score = BlendedPrompt((*parts, question)), BlendedPrompt((*parts, question + answer))
+            for k in ks:
+                [out] = generate_blended(blended, [ask], greedy, recompute_tokens=k)
+                [out_score] = generate_blended(blended, [score], scored, recompute_tokens=k)
+                a, b = np.array(out.outputs[0].token_ids), np.array(ref.outputs[0].token_ids)
+                _add(rows.setdefault(f"blend k={k}, chunks {name}", {}), out.outputs[0].metrics.ttft,
+                     float((a == b).mean()), float((a == b).all()), perplexity(out_score))  # fmt: skip
     base_ttft, base_ppl = statistics.median(rows["recompute"]["ttft"]), statistics.median(rows["recompute"]["ppl"])
     print(f"# Blending cached documents vs recompute, {args.engine.name}, {datetime.date.today()}\n")
     print(f"`{' '.join(['PYTHONPATH=. .venv/bin/python', *sys.argv])}`: 4 documents of {args.doc_tokens} tokens "

@@ -96,6 +96,24 @@ def test_blended_generation_computes_less_and_never_enters_the_prefix_cache(engi
     assert plain.outputs[0].token_ids == exact.outputs[0].token_ids
 
 
+def test_reused_sources_stay_in_the_pool_while_other_requests_churn_it(engine):
+    # Planning and reading a source block count as uses (the least recently used goes first): in a pool of 40
+    # blocks where another request takes 17 each round, the chunks that blended requests keep reading stay.
+    from trtbuild.runtime.kv_cache import bytes_per_block
+
+    config = LLM(engine).session.config
+    llm = LLM(engine, kv_cache_memory=41 * bytes_per_block(config.model, 4))
+    cache_chunks(llm, DOCS)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        llm.generate([rng.integers(3, 90, 60).tolist()], GREEDY)  # 16 blocks of other text, registered
+        llm.reset_stats()
+        generate_blended(llm, [prompt((0, 1, 2))], GREEDY, recompute_tokens=2)
+        reused = sum(r.end - r.start for r in plan_reuse(prompt((0, 1, 2)), 4, 2))
+        hit = llm.stats.prefix_cache_hits  # its first block (exact) from the round before
+        assert llm.stats.num_computed_tokens == len(prompt((0, 1, 2)).token_ids()) - reused - hit + 5
+
+
 def test_without_cached_chunks_the_ranges_are_computed_exactly(engine):
     llm = LLM(engine)  # no cache_chunks: no source block anywhere
     order = (1, 0, 2)

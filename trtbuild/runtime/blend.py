@@ -50,9 +50,16 @@ DEFAULT_RECOMPUTE_TOKENS = 16  # per chunk: one block of 16; EPIC finds a few do
 
 @dataclass(frozen=True)
 class Chunk:
-    """A part of a ``BlendedPrompt`` whose K/V is reused from its own computation (``cache_chunks``)."""
+    """A part of a ``BlendedPrompt`` whose K/V is reused from its own computation (``cache_chunks``): ``token_ids``
+    computed after ``context`` (e.g. the prompts' common head, so that the chunk's first tokens are not the start
+    of a sequence; empty: from position 0)."""
 
     token_ids: tuple[int, ...]
+    context: tuple[int, ...] = ()
+
+    def source(self) -> tuple[int, ...]:
+        """The tokens of its own computation: the context, then the chunk."""
+        return self.context + self.token_ids
 
 
 @dataclass(frozen=True)
@@ -66,26 +73,28 @@ class BlendedPrompt:
 
 
 def chunk_hashes(chunk: Chunk, block_size: int) -> tuple[BlockHash, ...]:
-    """The prefix-cache keys of ``chunk``'s full blocks computed alone (from position 0, no cache salt)."""
-    hashes: list[BlockHash] = []
-    for i in range(len(chunk.token_ids) // block_size):
-        tokens = chunk.token_ids[i * block_size : (i + 1) * block_size]
+    """The prefix-cache keys of the full blocks of ``chunk``'s own computation (its context and it, no cache salt)."""
+    source, hashes = chunk.source(), []
+    for i in range(len(source) // block_size):
+        tokens = source[i * block_size : (i + 1) * block_size]
         hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens, None))
     return tuple(hashes)
 
 
 def plan_reuse(prompt: BlendedPrompt, block_size: int, recompute_tokens: int) -> tuple[KVReuse, ...]:
-    """The ranges of ``prompt`` whose K/V comes from its chunks' own blocks: each chunk's full-block tokens from
-    ``recompute_tokens`` on, the last one ending before the prompt's last token (whose logits the step needs)."""
+    """The ranges of ``prompt`` whose K/V comes from its chunks' own blocks: each chunk's tokens from
+    ``recompute_tokens`` on that its computation left in full blocks, the last range ending before the prompt's last
+    token (whose logits the step needs)."""
     if recompute_tokens < 1:
         raise RequestError("recompute_tokens must be at least 1 (each chunk's first token is computed in place)")
     last, position, ranges = len(prompt.token_ids()) - 1, 0, []
     for part in prompt.parts:
         if isinstance(part, Chunk):
-            full = len(part.token_ids) // block_size * block_size
-            start, end = position + recompute_tokens, min(position + full, last)
+            context = len(part.context)
+            in_full_blocks = len(part.source()) // block_size * block_size - context  # the chunk's tokens in them
+            start, end = position + recompute_tokens, min(position + in_full_blocks, last)
             if start < end:
-                ranges.append(KVReuse(start, end, chunk_hashes(part, block_size), recompute_tokens))
+                ranges.append(KVReuse(start, end, chunk_hashes(part, block_size), context + recompute_tokens))
         position += len(part.token_ids) if isinstance(part, Chunk) else len(part)
     return tuple(ranges)
 
@@ -143,8 +152,11 @@ class BlendInjector:
     def _source_block(self, block_hash: BlockHash) -> tuple[np.ndarray, np.ndarray] | None:
         """(keys, values) ``[layers, block_size, H, D]`` of the block registered under ``block_hash``: a copy from
         the pool, else from the KV offload tiers; None when neither has it."""
-        block = self.llm.scheduler.kv_cache.pool.get_cached_block(block_hash)
+        pool = self.llm.scheduler.kv_cache.pool
+        block = pool.get_cached_block(block_hash)
         if block is not None:
+            pool.touch([block])  # used now: to the most recently used end of the free queue, as a prefix hit goes
+            pool.free_blocks([block])
             return self.cache.keys[:, block.block_id].copy(), self.cache.values[:, block.block_id].copy()
         offloader = self.llm.offloader
         data = None if offloader is None else offloader.lookup(block_hash, self.cache.block_nbytes)
@@ -156,8 +168,9 @@ class BlendInjector:
 
 
 def cache_chunks(llm: LLM, chunks: Sequence[Chunk]) -> None:
-    """Compute each chunk alone so its full blocks are in the prefix cache (and the KV offload tiers, when on)."""
-    llm.generate([list(c.token_ids) for c in chunks], SamplingParams(temperature=0.0, max_tokens=1))
+    """Compute each chunk after its context so the full blocks are in the prefix cache (and the KV offload tiers,
+    when on)."""
+    llm.generate([list(c.source()) for c in chunks], SamplingParams(temperature=0.0, max_tokens=1))
 
 
 def generate_blended(
@@ -174,6 +187,10 @@ def generate_blended(
     if scheduler.kv_injector is None:
         scheduler.kv_injector = BlendInjector(llm)
     plans = [plan_reuse(p, scheduler.config.block_size, recompute_tokens) for p in prompts]
+    pool = scheduler.kv_cache.pool
+    sources = [b for plan in plans for r in plan for h in r.source_hashes if (b := pool.get_cached_block(h))]
+    pool.touch(sources)  # used now: to the free queue's most recently used end, so the requests' own allocations
+    pool.free_blocks(sources)  # take older blocks before them (read again, and refreshed, when written)
     added = llm.add_requests([p.token_ids() for p in prompts], params)
     for (_, [state]), plan in zip(added, plans, strict=True):
         state.seq.kv_reuse = plan
