@@ -1,7 +1,7 @@
 """Blending cached documents into RAG prompts (``trtbuild/runtime/blend.py``) against full recompute (issue 36, item 2).
 
     PYTHONPATH=. .venv/bin/python benchmarks/kv_blend.py [--engine artifacts/demo/smollm2-engine] [--threads 2]
-        [--doc-tokens 500] [--orders 8] [--recompute 1,16,64] [--new-tokens 32]
+        [--doc-tokens 500] [--orders 8] [--variants 16:0,64:0,16:1,64:1] [--chunks-after-head] [--new-tokens 32]
 
 Text: the evaluation split of ``lee_news`` (gensim's test corpus of Australian news, LGPL-2.1; read from the
 installed package, not redistributed): four documents of ``--doc-tokens`` tokens (articles joined, cut at that
@@ -12,9 +12,9 @@ and the question. Two LLMs on the same engine run side by side, request by reque
 alike), both with prefix caching (the head is shared, the documents never are as a prefix):
 
 - recompute: the prompt as plain tokens;
-- blend k, chunks alone / after head: ``generate_blended`` with ``recompute_tokens=k``, after ``cache_chunks``
-  computed each document once (not timed: a RAG service computes its documents when it indexes them), from position
-  0 ("alone") or after the prompts' head (``Chunk.context``).
+- blend k, last m: ``generate_blended`` with ``recompute_tokens=k`` and ``recompute_last_chunks=m``, after
+  ``cache_chunks`` computed each document once (not timed: a RAG service computes its documents when it indexes
+  them), from position 0, or after the prompts' head with ``--chunks-after-head`` (``Chunk.context``).
 
 Reported per side, medians over the orders: TTFT (``RequestMetrics.ttft``) and its ratio to recompute; greedy
 agreement with recompute over ``--new-tokens`` tokens (positions equal, and outputs equal as a whole); the answer
@@ -71,18 +71,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--doc-tokens", type=int, default=500)
     parser.add_argument("--orders", type=int, default=8)
-    parser.add_argument("--recompute", default="1,16,64", help="recompute_tokens values, comma-separated")
+    parser.add_argument("--variants", default="16:0,64:0,16:1,64:1", help="recompute_tokens:recompute_last_chunks, ...")
+    parser.add_argument("--chunks-after-head", action="store_true", help="chunks computed after the prompts' head")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
-    ks = [int(k) for k in args.recompute.split(",")]
+    variants = [tuple(int(x) for x in v.split(":")) for v in args.variants.split(",")]
     recompute = LLM(args.engine, num_threads=args.threads)
     blended = LLM(args.engine, num_threads=args.threads)
     docs, question, answer = texts(recompute, args.doc_tokens)
     head = recompute.tokenizer.encode(HEAD)  # with BOS, as a plain prompt starts
-    contexts = {"alone": (), "after head": tuple(head)}
-    chunks = {name: [Chunk(tuple(d), ctx) for d in docs] for name, ctx in contexts.items()}
-    for cs in chunks.values():
-        cache_chunks(blended, cs)
+    chunks = [Chunk(tuple(d), tuple(head) if args.chunks_after_head else ()) for d in docs]
+    cache_chunks(blended, chunks)
     rng = np.random.default_rng(0)
     orders = [tuple(rng.permutation(4).tolist()) for _ in range(args.orders)]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
@@ -97,25 +96,27 @@ def main() -> None:
         [ref] = recompute.generate([plain.token_ids()], greedy)
         [ref_score] = recompute.generate([plain.token_ids() + answer], scored)
         _add(rows["recompute"], ref.outputs[0].metrics.ttft, 1.0, 1.0, perplexity(ref_score))
-        for name, cs in chunks.items():
-            parts = (head, *(cs[i] for i in order))
-            ask, score = BlendedPrompt((*parts, question)), BlendedPrompt((*parts, question + answer))
-            for k in ks:
-                [out] = generate_blended(blended, [ask], greedy, recompute_tokens=k)
-                [out_score] = generate_blended(blended, [score], scored, recompute_tokens=k)
-                a, b = np.array(out.outputs[0].token_ids), np.array(ref.outputs[0].token_ids)
-                _add(rows.setdefault(f"blend k={k}, chunks {name}", {}), out.outputs[0].metrics.ttft,
-                     float((a == b).mean()), float((a == b).all()), perplexity(out_score))  # fmt: skip
-    base_ttft, base_ppl = statistics.median(rows["recompute"]["ttft"]), statistics.median(rows["recompute"]["ppl"])
+        parts = (head, *(chunks[i] for i in order))
+        ask, score = BlendedPrompt((*parts, question)), BlendedPrompt((*parts, question + answer))
+        for k, m in variants:
+            [out] = generate_blended(blended, [ask], greedy, recompute_tokens=k, recompute_last_chunks=m)
+            [out_score] = generate_blended(blended, [score], scored, recompute_tokens=k, recompute_last_chunks=m)
+            a, b = np.array(out.outputs[0].token_ids), np.array(ref.outputs[0].token_ids)
+            _add(rows.setdefault(f"blend k={k}, last {m} computed", {}), out.outputs[0].metrics.ttft,
+                 float((a == b).mean()), float((a == b).all()), perplexity(out_score))  # fmt: skip
+    base = rows["recompute"]
     print(f"# Blending cached documents vs recompute, {args.engine.name}, {datetime.date.today()}\n")
     print(f"`{' '.join(['PYTHONPATH=. .venv/bin/python', *sys.argv])}`: 4 documents of {args.doc_tokens} tokens "
-          f"(lee_news), {len(orders)} orders, {args.new_tokens} greedy tokens; medians over the orders.\n")  # fmt: skip
+          f"(lee_news), {len(orders)} orders, {args.new_tokens} greedy tokens; medians over the orders (ratios: "
+          "the median of the per-order ratios).\n")  # fmt: skip
     print("| side | TTFT ms | TTFT / recompute | greedy tokens equal | outputs equal | answer PPL | PPL / recompute |")
     print("|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        ttft, ppl = statistics.median(r["ttft"]), statistics.median(r["ppl"])
-        print(f"| {name} | {1000 * ttft:.0f} | {ttft / base_ttft:.2f}x | {100 * statistics.mean(r['agree']):.0f}% | "
-              f"{int(sum(r['equal']))}/{len(r['equal'])} | {ppl:.3f} | {ppl / base_ppl:.3f}x |")  # fmt: skip
+        ttft_ratio = statistics.median(a / b for a, b in zip(r["ttft"], base["ttft"], strict=True))
+        ppl_ratio = statistics.median(a / b for a, b in zip(r["ppl"], base["ppl"], strict=True))
+        print(f"| {name} | {1000 * statistics.median(r['ttft']):.0f} | {ttft_ratio:.2f}x | "
+              f"{100 * statistics.mean(r['agree']):.0f}% | {int(sum(r['equal']))}/{len(r['equal'])} | "
+              f"{statistics.median(r['ppl']):.3f} | {ppl_ratio:.3f}x |")  # fmt: skip
     print(f"\nPer-order answer PPL: { {n: [round(p, 3) for p in r['ppl']] for n, r in rows.items()} }")
     print(f"Machine load: {', '.join(f'{x:.2f}' for x in os.getloadavg())} (the end of the run)")
 

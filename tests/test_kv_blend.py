@@ -51,6 +51,8 @@ def test_plan_reuses_each_chunks_full_blocks_past_its_first_tokens():
     ]
     tail = plan_reuse(BlendedPrompt(([1], DOCS[0])), 4, 2)  # a chunk last: its range stops before the last token
     assert [(r.start, r.end) for r in tail] == [(3, 13)]
+    assert plan_reuse(prompt((2, 0, 1)), 4, 2, recompute_last_chunks=1) == ranges[:2]  # doc 1 computed whole
+    assert plan_reuse(prompt((2, 0, 1)), 4, 2, recompute_last_chunks=3) == ()
     with pytest.raises(RequestError, match="at least 1"):
         plan_reuse(prompt((0,)), 4, 0)
 
@@ -82,7 +84,7 @@ def test_blended_generation_computes_less_and_never_enters_the_prefix_cache(engi
     cache_chunks(llm, DOCS)
     llm.reset_stats()
     orders = [(0, 1, 2), (2, 1, 0), (1, 2, 0)]
-    outs = generate_blended(llm, [prompt(o) for o in orders], GREEDY, recompute_tokens=2)
+    outs = generate_blended(llm, [prompt(o) for o in orders], GREEDY, recompute_tokens=2, recompute_last_chunks=0)
     assert all(len(o.outputs[0].token_ids) == 6 for o in outs)
     total = sum(len(prompt(o).token_ids()) for o in orders)
     reused = sum(r.end - r.start for o in orders for r in plan_reuse(prompt(o), 4, 2))
@@ -108,7 +110,7 @@ def test_reused_sources_stay_in_the_pool_while_other_requests_churn_it(engine):
     for _ in range(6):
         llm.generate([rng.integers(3, 90, 60).tolist()], GREEDY)  # 16 blocks of other text, registered
         llm.reset_stats()
-        generate_blended(llm, [prompt((0, 1, 2))], GREEDY, recompute_tokens=2)
+        generate_blended(llm, [prompt((0, 1, 2))], GREEDY, recompute_tokens=2, recompute_last_chunks=0)
         reused = sum(r.end - r.start for r in plan_reuse(prompt((0, 1, 2)), 4, 2))
         hit = llm.stats.prefix_cache_hits  # its first block (exact) from the round before
         assert llm.stats.num_computed_tokens == len(prompt((0, 1, 2)).token_ids()) - reused - hit + 5
@@ -136,7 +138,7 @@ def test_chunks_evicted_from_the_pool_come_back_from_the_offload_tier(engine):
         for h in plan_reuse(BlendedPrompt(([1], d, [2])), 4, 1)[0].source_hashes
     )
     llm.reset_stats()
-    generate_blended(llm, [prompt((0, 1, 2))], GREEDY, recompute_tokens=2)
+    generate_blended(llm, [prompt((0, 1, 2))], GREEDY, recompute_tokens=2, recompute_last_chunks=0)
     reused = sum(r.end - r.start for r in plan_reuse(prompt((0, 1, 2)), 4, 2))
     assert llm.stats.num_computed_tokens == len(prompt((0, 1, 2)).token_ids()) - reused + 5
 

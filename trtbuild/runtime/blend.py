@@ -11,8 +11,9 @@ concentrates; selecting tokens per layer as CacheBlend does would need the engin
   are registered in the prefix cache, and stored in the KV offload tiers when they are on, under the hashes of the
   chunk's own tokens.
 - ``generate_blended(llm, prompts, params, recompute_tokens=...)``: a ``BlendedPrompt`` is parts, token lists and
-  ``Chunk``s, concatenated. A chunk at position p takes the K/V of its full blocks from its own computation for its
-  tokens from ``recompute_tokens`` on (``Sequence.kv_reuse``; found in the pool or the offload tiers when the request
+  ``Chunk``s, concatenated. A chunk at position p (but the last ``recompute_last_chunks``, the nearest to the
+  question, computed whole) takes the K/V of its full blocks from its own computation for its tokens from
+  ``recompute_tokens`` on (``Sequence.kv_reuse``; found in the pool or the offload tiers when the request
   reaches them, else computed). Keys are stored after the rotary embedding, and RoPE composes, so a key moves from
   position j to p + j by rotating it by p (``rotate_keys``); values do not move. Every other token is computed:
   text parts, each chunk's first tokens and its tail past its last full block, in steps that read the reused K/V
@@ -45,7 +46,11 @@ from .sequence import Sequence as Seq
 if TYPE_CHECKING:
     from .llm import LLM
 
-DEFAULT_RECOMPUTE_TOKENS = 16  # per chunk: one block of 16; EPIC finds a few dozen enough (benchmarks/kv_blend.py)
+# Per chunk, its first tokens recomputed, and the last chunks (those nearest the question) recomputed whole: on
+# SmolLM2 with 4 documents of 500 tokens, 16 and 1 keep the answer's perplexity within 2% of a full recompute at
+# about 0.4x its TTFT (benchmarks/kv_blend.py, benchmarks/results/2026-12-05-cpu2-kv-blend.md).
+DEFAULT_RECOMPUTE_TOKENS = 16
+DEFAULT_RECOMPUTE_LAST_CHUNKS = 1
 
 
 @dataclass(frozen=True)
@@ -81,15 +86,21 @@ def chunk_hashes(chunk: Chunk, block_size: int) -> tuple[BlockHash, ...]:
     return tuple(hashes)
 
 
-def plan_reuse(prompt: BlendedPrompt, block_size: int, recompute_tokens: int) -> tuple[KVReuse, ...]:
+def plan_reuse(
+    prompt: BlendedPrompt, block_size: int, recompute_tokens: int, recompute_last_chunks: int = 0
+) -> tuple[KVReuse, ...]:
     """The ranges of ``prompt`` whose K/V comes from its chunks' own blocks: each chunk's tokens from
-    ``recompute_tokens`` on that its computation left in full blocks, the last range ending before the prompt's last
-    token (whose logits the step needs)."""
+    ``recompute_tokens`` on that its computation left in full blocks, except the last ``recompute_last_chunks``
+    chunks (computed whole), the last range ending before the prompt's last token (whose logits the step needs)."""
     if recompute_tokens < 1:
         raise RequestError("recompute_tokens must be at least 1 (each chunk's first token is computed in place)")
+    if recompute_last_chunks < 0:
+        raise RequestError("recompute_last_chunks must be >= 0")
+    chunks = [i for i, p in enumerate(prompt.parts) if isinstance(p, Chunk)]
+    reused = set(chunks[: len(chunks) - recompute_last_chunks])
     last, position, ranges = len(prompt.token_ids()) - 1, 0, []
-    for part in prompt.parts:
-        if isinstance(part, Chunk):
+    for index, part in enumerate(prompt.parts):
+        if isinstance(part, Chunk) and index in reused:
             context = len(part.context)
             in_full_blocks = len(part.source()) // block_size * block_size - context  # the chunk's tokens in them
             start, end = position + recompute_tokens, min(position + in_full_blocks, last)
@@ -179,14 +190,16 @@ def generate_blended(
     params: SamplingParams,
     *,
     recompute_tokens: int = DEFAULT_RECOMPUTE_TOKENS,
+    recompute_last_chunks: int = DEFAULT_RECOMPUTE_LAST_CHUNKS,
 ) -> list[RequestOutput]:
-    """Complete each blended prompt (``n`` must be 1), its chunks' K/V reused where their blocks are cached."""
+    """Complete each blended prompt (``n`` must be 1), its chunks' K/V reused where their blocks are cached: all
+    but each chunk's first ``recompute_tokens`` tokens, and but the last ``recompute_last_chunks`` chunks."""
     if params.n != 1:
         raise RequestError("generate_blended makes one completion per prompt: n must be 1")
     scheduler = llm.scheduler
     if scheduler.kv_injector is None:
         scheduler.kv_injector = BlendInjector(llm)
-    plans = [plan_reuse(p, scheduler.config.block_size, recompute_tokens) for p in prompts]
+    plans = [plan_reuse(p, scheduler.config.block_size, recompute_tokens, recompute_last_chunks) for p in prompts]
     pool = scheduler.kv_cache.pool
     sources = [b for plan in plans for r in plan for h in r.source_hashes if (b := pool.get_cached_block(h))]
     pool.touch(sources)  # used now: to the free queue's most recently used end, so the requests' own allocations
