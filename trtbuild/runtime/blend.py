@@ -34,7 +34,6 @@ import numpy as np
 
 from ..config import KVCacheDType, PositionKind, RopeConfig
 from ..errors import ConfigError, RequestError
-from ..plugins.paged_attention.reference import apply_rotary
 from .block_pool import BlockHash
 from .kv_cache import PagedKVCache
 from .kv_cache_manager import hash_block_tokens
@@ -111,11 +110,21 @@ def plan_reuse(
 
 
 def rotate_keys(keys: np.ndarray, rope: RopeConfig, delta: int) -> np.ndarray:
-    """``keys [T, H, D]`` embedded at positions j, moved to j + ``delta``: rotated by ``delta`` positions."""
+    """``keys [..., T, H, D]`` embedded at positions j, moved to j + ``delta``: rotated by ``delta`` positions (in
+    float32, as the engine applies its rotary table)."""
     inv_freq = 1.0 / (rope.theta ** (np.arange(0, rope.rotary_dim, 2, dtype=np.float64) / rope.rotary_dim))
     angles = (delta / rope.scaling) * inv_freq
-    cos, sin = np.cos(angles)[None, :], np.sin(angles)[None, :]
-    return apply_rotary(keys.astype(np.float64), cos, sin, rope.interleaved).astype(np.float32)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    half, out = rope.rotary_dim // 2, keys.astype(np.float32, copy=True)
+    if rope.interleaved:
+        x1, x2 = keys[..., 0 : rope.rotary_dim : 2], keys[..., 1 : rope.rotary_dim : 2]
+        out[..., 0 : rope.rotary_dim : 2] = x1 * cos - x2 * sin
+        out[..., 1 : rope.rotary_dim : 2] = x2 * cos + x1 * sin
+    else:
+        x1, x2 = keys[..., :half], keys[..., half : rope.rotary_dim]
+        out[..., :half] = x1 * cos - x2 * sin
+        out[..., half : rope.rotary_dim] = x2 * cos + x1 * sin
+    return out
 
 
 class BlendInjector:
@@ -134,7 +143,10 @@ class BlendInjector:
         if not llm.config.enable_prefix_caching:
             raise ConfigError("blending needs prefix caching (chunks are found by their blocks' hashes)")
         self.llm, self.cache, self.model = llm, cache, model
-        self.ropes = [model.layer_rope(n) for n in range(model.num_layers)]
+        self.layers_by_rope: dict[RopeConfig, list[int]] = {}  # layers without one (NoPE) keep their keys
+        for n in range(model.num_layers):
+            if (rope := model.layer_rope(n)) is not None:
+                self.layers_by_rope.setdefault(rope, []).append(n)
 
     def __call__(self, seq: Seq, reuse: KVReuse) -> Callable[[], None] | None:
         bs = self.cache.block_size
@@ -150,13 +162,13 @@ class BlendInjector:
         keys = np.concatenate([k for k, _ in blocks], axis=1)[:, offset : offset + count]
         values = np.concatenate([v for _, v in blocks], axis=1)[:, offset : offset + count]
         delta = reuse.start - reuse.source_start
-        keys = np.stack([k if r is None else rotate_keys(k, r, delta) for k, r in zip(keys, self.ropes, strict=True)])
+        for rope, layers in self.layers_by_rope.items():  # one rotation per rotary embedding (Llama: one for all)
+            keys[layers] = rotate_keys(keys[layers], rope, delta)
 
         def write() -> None:
             positions = np.arange(reuse.start, reuse.end)
             slots = np.asarray(seq.block_ids)[positions // bs] * bs + positions % bs
-            for layer in range(keys.shape[0]):
-                self.cache.write(layer, slots, keys[layer], values[layer])
+            self.cache.write_layers(slots, keys, values)
 
         return write
 
