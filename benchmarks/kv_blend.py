@@ -1,7 +1,7 @@
 """Blending cached documents into RAG prompts (``trtbuild/runtime/blend.py``) against full recompute (issue 36, item 2).
 
     PYTHONPATH=. .venv/bin/python benchmarks/kv_blend.py [--engine artifacts/demo/smollm2-engine] [--threads 2]
-        [--doc-tokens 500] [--orders 8] [--variants 16:0,64:0,16:1,64:1] [--chunks-after-head] [--new-tokens 32]
+        [--doc-tokens 500] [--orders 8] [--variants 16:0,64:0,16:1,32:1,64:1] [--chunks-after-head] [--new-tokens 32]
 
 Text: the evaluation split of ``lee_news`` (gensim's test corpus of Australian news, LGPL-2.1; read from the
 installed package, not redistributed): four documents of ``--doc-tokens`` tokens (articles joined, cut at that
@@ -71,7 +71,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--doc-tokens", type=int, default=500)
     parser.add_argument("--orders", type=int, default=8)
-    parser.add_argument("--variants", default="16:0,64:0,16:1,64:1", help="recompute_tokens:recompute_last_chunks, ...")
+    parser.add_argument("--variants", default="16:0,64:0,16:1,32:1,64:1", help="recompute_tokens:recompute_last_chunks, ...")
     parser.add_argument("--chunks-after-head", action="store_true", help="chunks computed after the prompts' head")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()

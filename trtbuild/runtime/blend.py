@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from .llm import LLM
 
 # Per chunk, its first tokens recomputed, and the last chunks (those nearest the question) recomputed whole: on
-# SmolLM2 with 4 documents of 500 tokens, 16 and 1 keep the answer's perplexity within 2% of a full recompute at
-# about 0.4x its TTFT (benchmarks/kv_blend.py, benchmarks/results/2026-12-05-cpu2-kv-blend.md).
-DEFAULT_RECOMPUTE_TOKENS = 16
+# SmolLM2 with 4 documents of 500 tokens, 32 and 1 keep the answer's perplexity within 1.5% of a full recompute at
+# 0.48x its TTFT (benchmarks/kv_blend.py, benchmarks/results/2026-12-05-cpu2-kv-blend.md).
+DEFAULT_RECOMPUTE_TOKENS = 32
 DEFAULT_RECOMPUTE_LAST_CHUNKS = 1
 
 
