@@ -111,6 +111,12 @@ class PagedKVCache:
         self._flat_k[layer][slots] = new_keys
         self._flat_v[layer][slots] = new_values
 
+    def write_layers(self, slots: np.ndarray, keys: np.ndarray, values: np.ndarray) -> None:
+        """Store ``keys`` / ``values`` ``[layers, T, Hkv, D]`` of every layer at ``slots`` in one pass."""
+        layers, _, heads, dim = keys.shape
+        self.keys.reshape(layers, -1, heads, dim)[:, slots] = keys
+        self.values.reshape(layers, -1, heads, dim)[:, slots] = values
+
     @property
     def block_nbytes(self) -> int:
         """Bytes of one block in every layer, keys and values (``bytes_per_block``)."""

@@ -176,7 +176,7 @@ class KVCacheManager:
             return KVCacheBlocks(), 0
         found: list[KVCacheBlock | None] = []
         num_hit, run_start = 0, 0  # run_start: the first block of the run of cached blocks ending at the current one
-        num_blocks = (seq.num_tokens - 1) // self.block_size
+        num_blocks = min(seq.num_tokens - 1, seq.prefix_cache_limit) // self.block_size
         if max_blocks is not None:
             num_blocks = min(num_blocks, max_blocks)
         for i, block_hash in enumerate(self.block_hashes(seq, num_blocks)):
@@ -243,7 +243,7 @@ class KVCacheManager:
         """Register ``seq``'s full blocks whose K/V is now computed (call after each step that advanced it)."""
         if not self.enable_prefix_caching:
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        num_full = min(seq.num_computed_tokens, seq.prefix_cache_limit) // self.block_size
         held = self._held[seq]
         if num_full <= held.num_cached:
             return

@@ -181,7 +181,7 @@ def in_flight(kv: KVCacheManager, seqs: Seqs[Sequence]) -> set[BlockHash]:
         return set()
     bs, out = kv.block_size, set()
     for seq in seqs:
-        first, end = seq.num_computed_tokens // bs, seq.num_tokens // bs
+        first, end = seq.num_computed_tokens // bs, min(seq.num_tokens, seq.prefix_cache_limit) // bs  # it registers
         if first < end:
             out.update(kv.block_hashes(seq, end)[first:])
     return out

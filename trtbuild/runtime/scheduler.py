@@ -33,7 +33,7 @@ from .kv_cache_manager import KVCacheGroup, KVCacheManager
 from .prompt_logprobs import max_cached_tokens, prompt_rows
 from .sampling import SamplingParams
 from .scheduler_output import SchedulerOutput
-from .sequence import FinishReason, RequestStatus, Sequence
+from .sequence import FinishReason, KVReuse, RequestStatus, Sequence
 
 # Called once for every token appended to a running request; returns the stop string the request's text now
 # contains (which finishes it with FinishReason.STOP), or None. The detokenizing layer plugs stop strings in here.
@@ -41,6 +41,10 @@ StopHook = Callable[[Sequence], str | None]
 # Called before a waiting request's prefix-cache lookup to bring its prefix into the pools (the KV-cache groups'
 # managers) from elsewhere (the KV offload tier's ``KVOffloader.load_prefix``); returns the number of blocks it loaded.
 PrefixLoader = Callable[[list[KVCacheManager], Sequence], int]
+# Reads the K/V of a request's reused range (``Sequence.kv_reuse``, runtime/blend.py) before the request's slots are
+# allocated (which may evict where it reads from); returns what writes it into them once they are, or None when the
+# source is gone (the range is then computed like the rest of the prompt).
+KVInjector = Callable[[Sequence, KVReuse], Callable[[], None] | None]
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class Scheduler:
         self.config = config
         self.stop_hook = stop_hook
         self.prefix_loader = prefix_loader
+        self.kv_injector: KVInjector | None = None  # set by runtime/blend.py for requests with reused ranges
         self.kv_groups = kv_groups.make_groups(
             config.num_blocks, config.block_size, config.enable_prefix_caching, config.kv_window,
             config.sliding_window, config.num_sliding_blocks,
@@ -171,14 +176,18 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not kv_groups.allocate_slots(self.kv_groups, seq, num_new):
+            reused, write = self._reuse_at(seq)  # a range whose K/V is written, not computed, then the tokens after
+            num_new = min(self._computable(seq, seq.num_computed_tokens + reused), budget)
+            while not kv_groups.allocate_slots(self.kv_groups, seq, reused + num_new):
                 victim = self.running.pop()  # the most recently admitted; never one already planned (index < i)
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is seq:
                     break
             else:
+                if write is not None:
+                    write()
+                    seq.num_computed_tokens += reused
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 i += 1
@@ -194,7 +203,7 @@ class Scheduler:
                 break  # FCFS: its prefix is cached after this step, and it goes first then
             if self.prefix_loader is not None and self.prefix_loader(self.kv_groups, seq):
                 computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
-            num_new = min(seq.num_tokens - num_hit_tokens, budget)
+            num_new = min(self._computable(seq, num_hit_tokens), budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
@@ -209,6 +218,24 @@ class Scheduler:
         sample_rows = [b for b, (seq, n) in enumerate(scheduled) if seq.num_computed_tokens + n == seq.num_tokens]
         rows = {b: r for b, (seq, n) in enumerate(scheduled) if (r := prompt_rows(seq, n))}
         return SchedulerOutput(scheduled, sample_rows, preempted, self.sliding_kv_cache is not None, rows)
+
+    def _reuse_at(self, seq: Sequence) -> tuple[int, Callable[[], None] | None]:
+        """(tokens, writer) of ``seq``'s reused range starting at its next position, read now (``KVInjector``);
+        (0, None) when there is none. A range whose K/V cannot be read is dropped: it is computed instead."""
+        reuse = next((r for r in seq.kv_reuse if r.start == seq.num_computed_tokens), None)
+        if reuse is None:
+            return 0, None
+        write = None if self.kv_injector is None else self.kv_injector(seq, reuse)
+        if write is None:
+            seq.kv_reuse = tuple(r for r in seq.kv_reuse if r is not reuse)
+            return 0, None
+        return reuse.end - reuse.start, write
+
+    @staticmethod
+    def _computable(seq: Sequence, start: int) -> int:
+        """Tokens from position ``start`` on that a step may compute: up to the next reused range, or the end."""
+        end = next((r.start for r in seq.kv_reuse if r.start >= start), seq.num_tokens)
+        return end - start
 
     def update_from_output(self, out: SchedulerOutput, sampled_token_ids: Iterable[int]) -> list[Sequence]:
         """Advance the planned requests after the step; ``sampled_token_ids`` pairs with ``out.sample_seqs``.

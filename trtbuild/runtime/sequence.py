@@ -51,6 +51,17 @@ _FINISH_REASONS = {
 }
 
 
+@dataclass(frozen=True)
+class KVReuse:
+    """Prompt positions ``[start, end)`` whose K/V is written from elsewhere instead of computed (``runtime/blend.py``):
+    the K/V a chunk's own computation left at its positions ``[source_start, source_start + end - start)``, moved."""
+
+    start: int
+    end: int
+    source_hashes: tuple[BlockHash, ...]  # the chunk's own full blocks' chained hashes (their prefix-cache keys)
+    source_start: int
+
+
 @dataclass(slots=True, eq=False)
 class Sequence:
     """One request's tokens and scheduling state. Created by ``Scheduler.add_request``; identity is the request.
@@ -86,6 +97,10 @@ class Sequence:
     # Chained hashes of the full blocks of the tokens, extended by KVCacheManager; tokens are append-only, so a
     # hash never changes and survives preemption.
     block_hashes: list[BlockHash] = field(default_factory=list)
+    # Prompt ranges whose K/V is written from elsewhere instead of computed (runtime/blend.py): sorted, disjoint,
+    # each after at least one computed token and ending before the last prompt token. That K/V is approximate, so
+    # prefix-cache hits and registrations stay below ``prefix_cache_limit``.
+    kv_reuse: tuple[KVReuse, ...] = ()
     # The request's own generator when sampling_params.seed is set: one draw per sampled token, so the same seed
     # gives the same tokens whatever the batch and however often the request is preempted.
     generator: np.random.Generator | None = field(init=False)
@@ -106,6 +121,12 @@ class Sequence:
     def num_tokens(self) -> int:
         """Prompt plus generated tokens."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def prefix_cache_limit(self) -> int:
+        """Tokens the prefix cache may cover: all, or those before the one before the first reused range (so a hit
+        always leaves a token to compute before it)."""
+        return self.kv_reuse[0].start - 1 if self.kv_reuse else self.num_tokens
 
     @property
     def is_finished(self) -> bool:
