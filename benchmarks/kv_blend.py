@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--doc-tokens", type=int, default=500)
     parser.add_argument("--orders", type=int, default=8)
-    parser.add_argument("--variants", default="16:0,64:0,16:1,32:1,64:1", help="recompute_tokens:recompute_last_chunks, ...")
+    parser.add_argument(
+        "--variants", default="16:0,64:0,16:1,32:1,64:1", help="recompute_tokens:recompute_last_chunks, comma-separated"
+    )
     parser.add_argument("--chunks-after-head", action="store_true", help="chunks computed after the prompts' head")
     parser.add_argument("--new-tokens", type=int, default=32)
     args = parser.parse_args()
