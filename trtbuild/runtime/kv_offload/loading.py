@@ -13,19 +13,36 @@ keeps room in the pool for the blocks the rest of the request needs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import hashlib
+from typing import Protocol
 
 import numpy as np
 
-from ..block_pool import KVCacheBlock
+from ..block_pool import BlockHash, KVCacheBlock
+from ..kv_cache import PagedKVCache
 from ..kv_cache_manager import KVCacheManager
 from ..sequence import Sequence
 
-if TYPE_CHECKING:
-    from .offloader import KVOffloader
+
+class StoredBlocks(Protocol):
+    """What loading reads (``KVOffloader``): the pools' caches and the tiers' lookup."""
+
+    cache: PagedKVCache  # every layer's, or the full layers' of a model of two KV-cache groups
+    sliding_cache: PagedKVCache | None  # the sliding layers' of a model of two groups
+
+    def lookup(self, key: BlockHash, nbytes: int) -> np.ndarray | None: ...
 
 
-def load_run(offloader: KVOffloader, kv: KVCacheManager, seq: Sequence) -> int:
+SLIDING_KEY_TAG = b"sliding"
+
+
+def sliding_key(block_hash: BlockHash) -> BlockHash:
+    """The tiers' key of the sliding group's block of ``block_hash`` (apart from the full group's, which is the
+    hash itself; a chained digest, so no other block's key equals it)."""
+    return hashlib.sha256(SLIDING_KEY_TAG + block_hash).digest()
+
+
+def load_run(offloader: StoredBlocks, kv: KVCacheManager, seq: Sequence) -> int:
     """Load ``seq``'s full blocks missing from ``kv``'s pool (after its hits, up to the first tier miss); returns
     how many were loaded.
 
@@ -77,11 +94,9 @@ def load_run(offloader: KVOffloader, kv: KVCacheManager, seq: Sequence) -> int:
     return num_loaded
 
 
-def load_window(offloader: KVOffloader, full: KVCacheManager, sliding: KVCacheManager, seq: Sequence) -> int:
+def load_window(offloader: StoredBlocks, full: KVCacheManager, sliding: KVCacheManager, seq: Sequence) -> int:
     """Load the sliding group's blocks of the window at the end of the full pool's hit that the sliding pool lacks
     (all of them from the tiers, or none); returns how many were loaded."""
-    from .offloader import sliding_key
-
     if not sliding.enable_prefix_caching or seq.block_ids or offloader.sliding_cache is None:
         return 0
     _, num_hit_tokens = full.get_computed_blocks(seq)

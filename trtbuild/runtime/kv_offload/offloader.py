@@ -34,20 +34,13 @@ from ..kv_cache import PagedKVCache
 from ..kv_cache_manager import KVCacheManager
 from ..sequence import Sequence
 from .config import KVOffloadConfig
-from .loading import load_run, load_window
+from .loading import load_run, load_window, sliding_key
 from .tiers import DiskTier, MemoryTier, TierStats
 
 if TYPE_CHECKING:
     from .redis_tier import RedisTier
 
 FLUSH_AT_EXIT_S = 30.0  # how long the interpreter's exit waits for queued blocks to reach the tiers
-SLIDING_KEY_TAG = b"sliding"
-
-
-def sliding_key(block_hash: BlockHash) -> BlockHash:
-    """The tiers' key of the sliding group's block of ``block_hash`` (apart from the full group's, which is the
-    hash itself; a chained digest, so no other block's key equals it)."""
-    return hashlib.sha256(SLIDING_KEY_TAG + block_hash).digest()
 
 
 def engine_fingerprint(engine_dir: Path) -> str:
