@@ -176,7 +176,7 @@ class KVCacheManager:
             return KVCacheBlocks(), 0
         found: list[KVCacheBlock | None] = []
         num_hit, run_start = 0, 0  # run_start: the first block of the run of cached blocks ending at the current one
-        num_blocks = min(seq.num_tokens - 1, seq.prefix_cache_limit) // self.block_size
+        num_blocks = min(seq.num_tokens - 1, seq.prefix_hit_limit) // self.block_size
         if max_blocks is not None:
             num_blocks = min(num_blocks, max_blocks)
         for i, block_hash in enumerate(self.block_hashes(seq, num_blocks)):

@@ -133,18 +133,15 @@ def make_groups(
     return [full, KVCacheManager(num_sliding_blocks, block_size, enable_prefix_caching, sliding_window, group)]
 
 
-def get_computed_blocks(
-    groups: Seqs[KVCacheManager], seq: Sequence, max_tokens: int | None = None
-) -> tuple[list[KVCacheBlocks], int]:
-    """A prefix-cache hit found in every group: (each group's ``KVCacheBlocks``, the tokens they hold).
+def get_computed_blocks(groups: Seqs[KVCacheManager], seq: Sequence) -> tuple[list[KVCacheBlocks], int]:
+    """A prefix-cache hit found in every group: (each group's ``KVCacheBlocks``, the tokens they hold), within
+    ``seq.prefix_hit_limit``.
 
-    ``max_tokens``: a hit of at most that many tokens (whole blocks; a request scoring its prompt from there).
     The full group's hit is the longest cached prefix; the sliding group's, the longest prefix of at most as many
     blocks whose blocks from its window on are cached (``KVCacheManager.get_computed_blocks(max_blocks=...)``); the
     hit is the sliding group's, the full group's blocks cut to it (any shorter prefix of a full-group hit is one).
     No side effects but the hashes memoised on ``seq``."""
-    cap = None if max_tokens is None else max_tokens // groups[0].block_size
-    computed, num_tokens = groups[0].get_computed_blocks(seq, max_blocks=cap)
+    computed, num_tokens = groups[0].get_computed_blocks(seq)
     if len(groups) == 1:
         return [computed], num_tokens
     block_size = groups[0].block_size
@@ -187,16 +184,12 @@ def in_flight(kv: KVCacheManager, seqs: Seqs[Sequence]) -> set[BlockHash]:
     return out
 
 
-def waits_for(
-    kv: KVCacheManager, seq: Sequence, num_hit_tokens: int, max_tokens: int | None, pending: set[BlockHash]
-) -> bool:
+def waits_for(kv: KVCacheManager, seq: Sequence, num_hit_tokens: int, pending: set[BlockHash]) -> bool:
     """Whether waiting request ``seq``, whose prefix-cache hit is ``num_hit_tokens``, should wait a step for a
     request computing its next full block (``pending``, from ``in_flight``) instead of computing it too: so the
     requests of one batch sharing a prefix compute it once (SGLang's in-batch prefix caching). Never when the hit
-    is at its ``max_tokens`` limit, or the block is the one holding its last token (always recomputed)."""
+    is at its limit (``seq.prefix_hit_limit``), or the block is the one holding its last token (always recomputed)."""
     j = num_hit_tokens // kv.block_size
-    if not pending or j >= (seq.num_tokens - 1) // kv.block_size:
-        return False
-    if max_tokens is not None and (j + 1) * kv.block_size > max_tokens:
+    if not pending or j >= min(seq.num_tokens - 1, seq.prefix_hit_limit) // kv.block_size:
         return False
     return kv.block_hashes(seq, j + 1)[j] in pending

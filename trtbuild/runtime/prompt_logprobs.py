@@ -5,7 +5,7 @@ The logits at position p predict the token at p + 1, so prompt token p (p >= ``p
 scored by the row of position p - 1: a request asks for the rows of positions ``prompt_logprobs_from - 1`` to
 ``num_prompt_tokens - 2``, in whichever steps compute them (a chunked prefill spreads them over its chunks). The
 last prompt position's row is the sample row, as for any request. Since a prefix-cache hit computes no logits,
-such a request reuses cached blocks only before position ``prompt_logprobs_from - 1`` (``max_cached_tokens``);
+such a request reuses cached blocks only before position ``prompt_logprobs_from - 1`` (``Sequence.prefix_hit_limit``);
 its own blocks are cached for others as usual. A request preempted and recomputed scores its rows again, writing
 the same entries.
 """
@@ -40,12 +40,6 @@ def logits_rows(rows: range, num_new: int) -> list[int]:
     Invariant: the last row is always the chunk's last token, as in a step without prompt logprobs."""
     last = num_new - 1
     return [*rows, last] if not rows or rows[-1] != last else list(rows)
-
-
-def max_cached_tokens(seq: Sequence) -> int | None:
-    """The most leading tokens a prefix-cache hit may cover for ``seq`` (the module docstring); None: no limit."""
-    params = seq.sampling_params
-    return None if params.prompt_logprobs is None else params.prompt_logprobs_from - 1
 
 
 def record(scores: list[TokenLogprobs | None], seq: Sequence, rows: range, logits: np.ndarray) -> None:

@@ -30,7 +30,7 @@ from ..errors import RequestError
 from . import kv_groups
 from .engine_session import EngineSession
 from .kv_cache_manager import KVCacheGroup, KVCacheManager
-from .prompt_logprobs import max_cached_tokens, prompt_rows
+from .prompt_logprobs import prompt_rows
 from .sampling import SamplingParams
 from .scheduler_output import SchedulerOutput
 from .sequence import FinishReason, KVReuse, RequestStatus, Sequence
@@ -197,12 +197,11 @@ class Scheduler:
         in_flight = kv_groups.in_flight(self.kv_cache, [seq for seq, _ in scheduled]) if self.waiting else set()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs and not preempted:
             seq = self.waiting[0]
-            cap = max_cached_tokens(seq)
-            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
-            if kv_groups.waits_for(self.kv_cache, seq, num_hit_tokens, cap, in_flight):
+            computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
+            if kv_groups.waits_for(self.kv_cache, seq, num_hit_tokens, in_flight):
                 break  # FCFS: its prefix is cached after this step, and it goes first then
             if self.prefix_loader is not None and self.prefix_loader(self.kv_groups, seq):
-                computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq, max_tokens=cap)
+                computed, num_hit_tokens = kv_groups.get_computed_blocks(self.kv_groups, seq)
             num_new = min(self._computable(seq, num_hit_tokens), budget)
             if not kv_groups.allocate_slots(self.kv_groups, seq, num_new, computed):
                 break  # FCFS: nobody overtakes the head of the queue

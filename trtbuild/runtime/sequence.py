@@ -99,7 +99,7 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)
     # Prompt ranges whose K/V is written from elsewhere instead of computed (runtime/blend.py): sorted, disjoint,
     # each after at least one computed token and ending before the last prompt token. That K/V is approximate, so
-    # prefix-cache hits and registrations stay below ``prefix_cache_limit``.
+    # prefix-cache hits and registrations stay below ``prefix_cache_limit`` (hits also below ``prefix_hit_limit``).
     kv_reuse: tuple[KVReuse, ...] = ()
     # The request's own generator when sampling_params.seed is set: one draw per sampled token, so the same seed
     # gives the same tokens whatever the batch and however often the request is preempted.
@@ -127,6 +127,14 @@ class Sequence:
         """Tokens the prefix cache may cover: all, or those before the one before the first reused range (so a hit
         always leaves a token to compute before it)."""
         return self.kv_reuse[0].start - 1 if self.kv_reuse else self.num_tokens
+
+    @property
+    def prefix_hit_limit(self) -> int:
+        """Tokens a prefix-cache hit may cover: those below ``prefix_cache_limit`` and, with prompt logprobs, before
+        the position of the first scored row (a hit computes no logits: runtime/prompt_logprobs.py)."""
+        params = self.sampling_params
+        scored = self.num_tokens if params.prompt_logprobs is None else params.prompt_logprobs_from - 1
+        return min(self.prefix_cache_limit, scored)
 
     @property
     def is_finished(self) -> bool:

@@ -53,7 +53,7 @@ def load_run(offloader: StoredBlocks, kv: KVCacheManager, seq: Sequence) -> int:
     """
     if not kv.enable_prefix_caching or seq.block_ids:
         return 0
-    pool, num_full = kv.pool, min(seq.num_tokens - 1, seq.prefix_cache_limit) // kv.block_size
+    pool, num_full = kv.pool, min(seq.num_tokens - 1, seq.prefix_hit_limit) // kv.block_size
     computed, num_hit_tokens = kv.get_computed_blocks(seq)
     if num_hit_tokens == num_full * kv.block_size:
         return 0
