@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import RequestError
+from ..runtime.grammar import call_schema
 from ..runtime.sampling import SamplingParams
 from .ir import Expr, _check_name
 
@@ -143,16 +144,7 @@ def call_tool(
     described = tuple(Function.of(f) for f in functions)
     if len({f.name for f in described}) != len(described):
         raise RequestError("call_tool: the functions' names must be unique")
-    calls = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in described
-    ]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    schema = call_schema({f.name: f.parameters for f in described})
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, json_schema=schema, **sampling)
     if params.n != 1:
         raise RequestError("call_tool makes one call: use fork(n) for several")

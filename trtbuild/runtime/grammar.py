@@ -36,6 +36,22 @@ if TYPE_CHECKING:
     from .tokenizer import Tokenizer
 
 
+def call_schema(functions: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The JSON schema of a function call ``{"name": <one of functions>, "arguments": <its parameters' schema>}``
+    (``functions``: name -> parameters schema), as tool calls are generated (serve's ``tools``, lang's
+    ``call_tool``): the name fixed per branch, so the arguments always validate for the function named."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, parameters in functions.items()
+    ]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
 class Constrained(Protocol):
     """What the grammar reads from a request's params (``SamplingParams`` is one)."""
 

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..runtime.grammar import call_schema
 from ..runtime.tokenizer import Tokenizer
 from .errors import bad_request
 
@@ -99,8 +100,7 @@ class ToolRequest:
 
     def call_schema(self) -> dict[str, Any]:
         """The JSON schema of a call of the named function, or of any declared one."""
-        calls = [_call_schema(t) for t in self.tools if self.named is None or t.name == self.named]
-        return calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return call_schema({t.name: t.parameters for t in self.tools if self.named is None or t.name == self.named})
 
     def chat_input(self, messages: list[dict[str, Any]]) -> ChatInput:
         """The prompt of ``messages`` with the offered functions, in ``format``."""
@@ -155,15 +155,6 @@ def _decoded_calls(message: dict[str, Any]) -> dict[str, Any]:
                 call = {**call, "function": {**fn, "arguments": json.loads(fn["arguments"])}}
         decoded.append(call)
     return {**message, "tool_calls": decoded}
-
-
-def _call_schema(tool: Tool) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
 
 
 def parse_tools(body: Mapping[str, Any], format: ToolFormat = ToolFormat.SYSTEM_MESSAGE) -> ToolRequest | None:
