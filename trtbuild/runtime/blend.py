@@ -185,9 +185,8 @@ class BlendInjector:
         data = None if offloader is None else offloader.lookup(block_hash, self.cache.block_nbytes)
         if data is None:
             return None
-        shape = self.cache.keys[:, 0].shape
-        raw = data.view(self.cache.keys.dtype).reshape(2, *shape)
-        return raw[0].copy(), raw[1].copy()
+        keys, values = self.cache.split_block(data)
+        return keys.copy(), values.copy()
 
 
 def cache_chunks(llm: LLM, chunks: Sequence[Chunk]) -> None:

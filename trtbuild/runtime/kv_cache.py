@@ -133,9 +133,12 @@ class PagedKVCache:
 
     def write_block(self, block_id: int, data: np.ndarray) -> None:
         """Store ``read_block``'s bytes into block ``block_id``."""
+        self.keys[:, block_id], self.values[:, block_id] = self.split_block(data)
+
+    def split_block(self, data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``read_block``'s bytes as views of (keys, values) ``[layers, BS, Hkv, D]``."""
         if data.nbytes != self.block_nbytes:
             raise ValueError(f"a block is {self.block_nbytes} bytes, got {data.nbytes}")
-        half = self.block_nbytes // 2
+        half, shape = self.block_nbytes // 2, self.keys[:, 0].shape
         raw = data.view(np.uint8).reshape(-1)
-        for i, arr in enumerate((self.keys, self.values)):
-            arr[:, block_id] = raw[i * half : (i + 1) * half].view(arr.dtype).reshape(arr[:, block_id].shape)
+        return raw[:half].view(self.keys.dtype).reshape(shape), raw[half:].view(self.values.dtype).reshape(shape)
