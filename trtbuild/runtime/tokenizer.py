@@ -6,6 +6,7 @@ An engine directory carries ``tokenizer.json``, ``tokenizer_config.json`` and us
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -129,9 +130,10 @@ class Tokenizer:
         except TemplateError as e:
             raise RequestError(f"chat template: {e}") from None
 
-    @property
+    @functools.cached_property
     def template_takes_tools(self) -> bool:
-        """Whether the chat template (or the ``tool_use`` one) reads a ``tools`` variable: describes functions."""
+        """Whether the chat template (or the ``tool_use`` one) reads a ``tools`` variable: describes functions
+        (the templates are fixed, so it is parsed once)."""
         if self.tool_template is not None:
             return True
         if self.chat_template is None:
