@@ -8,6 +8,7 @@ from .reference import (
     MoeAttrs,
     dequantize_int4,
     moe,
+    quantize_activation_blocks,
     route,
     unpack_int4,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "MoeAttrs",
     "dequantize_int4",
     "moe",
+    "quantize_activation_blocks",
     "route",
     "unpack_int4",
 ]
