@@ -59,23 +59,23 @@ class KvQuantized:
         self.root = root
         self.made: dict = {}
 
-    def checkpoint(self, name: str, kv: KVCacheDType):
+    def checkpoint(self, name: str, kv: KVCacheDType, qformat: QFormat = QFormat.INT8_WO):
         from trtbuild.convert.convert import convert
         from trtbuild.quantize.quantize import quantize
 
-        if (name, kv) not in self.made:
+        if (name, kv, qformat) not in self.made:
             ckpt = self.root / f"{name}-ckpt"
             if not ckpt.is_dir():
                 model = make_hf_model(name, self.root / f"{name}-hf", seed=5, **OVERRIDES[name])
                 convert(self.root / f"{name}-hf", ckpt, DType.FLOAT32)
                 write_char_tokenizer(ckpt, model.config.vocab_size)
             text = calib_file(self.root)
-            qcfg = QuantConfig(QFormat.INT8_WO, kv, calib_dataset=str(text), calib_size=2, calib_seq_len=24)
-            q = self.root / f"{name}-{kv.value}"
+            qcfg = QuantConfig(qformat, kv, calib_dataset=str(text), calib_size=2, calib_seq_len=24, group_size=32)
+            q = self.root / f"{name}-{kv.value}-{qformat.value}"
             result = quantize(ckpt, q, qcfg, progress=False, keep_model=True)
             assert result.calib_samples == 2 and result.calib_tokens == 48
-            self.made[name, kv] = (result.fake_quant_model, q)
-        return self.made[name, kv]
+            self.made[name, kv, qformat] = (result.fake_quant_model, q)
+        return self.made[name, kv, qformat]
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +119,24 @@ def test_onnxruntime_engine_matches_modelopt_fake_quant(quantized, name, kv, tmp
     )
     session = OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20, session_config=EXACT)
     check_prefill_and_decode(session, model, f"{name} {kv.value}", atol=ATOL[kv])
+
+
+@pytest.mark.parametrize(
+    ("name", "kv"), [("qwen3_moe", KVCacheDType.INT8), pytest.param("mixtral", KVCacheDType.FP8, marks=SLOW)]
+)
+def test_int4_experts_with_a_quantized_cache(quantized, name, kv, tmp_path):
+    """int4_wo (groups of 32: partial last blocks) with an int8 / fp8 cache: modelopt calibrates the K/V ranges of
+    the model rebuilt from the int4 weights dequantized (``moe_kv.dequantized_weights``), and the onnxruntime engine
+    computes what that model computes."""
+    from trtbuild.backends.onnxruntime.session import OrtSession
+    from trtbuild.build import build_engine
+
+    model, q = quantized.checkpoint(name, kv, QFormat.INT4_WO)
+    build_engine(
+        q, tmp_path / "engine", BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=CpuLinear.ONNXRUNTIME)
+    )
+    session = OrtSession(tmp_path / "engine", kv_cache_memory=1 << 20, session_config=EXACT)
+    check_prefill_and_decode(session, model, f"{name} int4 {kv.value}", atol=ATOL[kv])
 
 
 @pytest.mark.parametrize(("name", "kv"), CASES["torch"])

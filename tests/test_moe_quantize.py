@@ -195,12 +195,11 @@ def check_against_reference(quantized: Quantized, name: str, variant: str, form:
 @pytest.mark.parametrize(
     ("qcfg", "needle"),
     [
-        (QuantConfig(QFormat.INT4_AWQ), "int4_wo only, by round to nearest (int4_awq needs calibration)"),
-        (QuantConfig(QFormat.INT8_SQ), "(int8_sq needs calibration)"),
-        (QuantConfig(QFormat.FP8, kv_cache_dtype=KVCacheDType.FP8), "(fp8 needs calibration)"),
+        (QuantConfig(QFormat.INT4_AWQ), "int4_wo or int8_sq (int4_awq is not supported for its experts)"),
+        (QuantConfig(QFormat.INT8_SQ), "per 16 in-features, which 40 is not a multiple of; use int8_wo"),
+        (QuantConfig(QFormat.FP8, kv_cache_dtype=KVCacheDType.FP8), "(fp8 is not supported for its experts)"),
         (QuantConfig(QFormat.INT4_WO, zero_points=True), "--zero-points is not supported"),
         (QuantConfig(QFormat.INT4_WO, group_size=48), "--group-size 48 is not a power of two"),
-        (QuantConfig(QFormat.INT4_WO, kv_cache_dtype=KVCacheDType.INT8), "--kv-cache-dtype is not supported with int4"),
     ],
 )
 def test_other_requests_are_refused_in_one_line(qcfg, needle):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from ..checkpoint.formats import activation_block, dynamic_activations
 from ..checkpoint.graph import emit_quantized_linear
 from ..checkpoint.layout import GATED_MLPS
 from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
@@ -199,7 +200,8 @@ def _mlp(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
 def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: str) -> str:
     """A sparse layer's mixture of experts: the router as a float MatMul (never quantized) feeding one
     ``trtbuild::MoE`` node that holds the stacked experts, float, int8 with their row scales, or packed int4 (uint8)
-    with their block scales and ``group_size`` (plugins/moe/README.md)."""
+    with their block scales and ``group_size``; int8_sq's experts quantize their activations per block
+    (``activation_block``, plugins/moe/README.md)."""
     assert cfg.moe is not None
     router = g.initializer(prefix + ".router.weight", np.ascontiguousarray(weights[prefix + ".router.weight"].T))
     logits = g.op("MatMul", [x, router], name=prefix + ".router")
@@ -209,10 +211,14 @@ def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
             g.initializer(prefix + f".{w}.weight_scale", weights[prefix + f".{w}.weight_scale"])
             for w in ("gate_up", "down")
         ]
-    int4 = {}
+    quantized = {}
     if weights[prefix + ".gate_up.weight"].dtype == np.uint8:  # packed int4 experts (checkpoint.layout)
         assert cfg.quantization is not None
-        int4 = {"group_size": cfg.quantization.group_size}
+        quantized["group_size"] = cfg.quantization.group_size
+    if cfg.quantization is not None and dynamic_activations(cfg.quantization):  # int8_sq: int8 activations too
+        block = activation_block(cfg.quantization)
+        assert block is not None, "quantize.check_moe_request takes int8_sq's dynamic activations only"
+        quantized["activation_block"] = block
     return g.op(
         moe_op.OP_TYPE,
         [x, logits, *experts],
@@ -221,5 +227,5 @@ def _moe(g: GraphBuilder, cfg: ModelConfig, weights: Weights, x: str, prefix: st
         top_k=cfg.moe.top_k,
         renormalize=int(cfg.moe.renormalize),
         activation=moe_op.ACTIVATION_SILU,
-        **int4,
+        **quantized,
     )

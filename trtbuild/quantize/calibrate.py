@@ -178,16 +178,22 @@ def _calibrate_int4(
     return model
 
 
+# A module's input quantizers: a linear's, and the two that modelopt's fused-experts wrapper (``_QuantFusedExperts``)
+# shares between a mixture-of-experts layer's experts.
+INPUT_QUANTIZERS = ("input_quantizer", "gate_up_proj_input_quantizer", "down_proj_input_quantizer")
+
+
 def make_inputs_dynamic(model: Any, block: int | None) -> None:
     """Switch every enabled input quantizer to run-time scales, ``amax / bound`` per block of ``block`` in-features
     of each token (None: per token), keeping its pre-quant (smoothing) scale; its calibrated range is dropped."""
     for module in model.modules():
-        quantizer = getattr(module, "input_quantizer", None)
-        if quantizer is not None and quantizer.is_enabled:
-            quantizer.set_from_attribute_config({"type": "dynamic", "block_sizes": {-1: block}, "axis": None})
-            quantizer.reset_amax()
-            if block is not None:
-                quantizer.register_forward_pre_hook(_forget_block_shape)
+        for attr in INPUT_QUANTIZERS:
+            quantizer = getattr(module, attr, None)
+            if quantizer is not None and quantizer.is_enabled:
+                quantizer.set_from_attribute_config({"type": "dynamic", "block_sizes": {-1: block}, "axis": None})
+                quantizer.reset_amax()
+                if block is not None:
+                    quantizer.register_forward_pre_hook(_forget_block_shape)
 
 
 def _forget_block_shape(quantizer: Any, args: Any) -> None:

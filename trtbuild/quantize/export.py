@@ -18,6 +18,7 @@ from ..config import KVCacheDType, ModelConfig
 from ..errors import TrtbuildError
 from .calibrate import KV_NUM_BITS
 from .hf_model import hf_modules
+from .moe import export_experts
 
 KV_BOUND = {KVCacheDType.INT8: Numeric.INT8.bound, KVCacheDType.FP8: Numeric.FP8.bound}
 
@@ -57,6 +58,11 @@ def export_tensors(model: Any, cfg: ModelConfig, weights: dict[str, np.ndarray])
             if prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
                 width = model.get_submodule(hf_modules(cfg, prefix)[0]).in_features
                 tensors.setdefault(prefix + ".pre_quant_scale", torch.ones(width))
+    if cfg.moe is not None:  # int8_sq's experts: int8 per row (moe.export_experts); the routers stay float
+        experts = export_experts(model, cfg)
+        tensors.update(experts)
+        for name in experts:
+            floats.pop(name, None)
     if q.kv_cache_dtype in KV_NUM_BITS:
         tensors.update(kv_scale_tensors(model, cfg))
     tensors.update({name: t.to(dtype).contiguous() for name, t in floats.items()})

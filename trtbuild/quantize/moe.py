@@ -1,9 +1,9 @@
 """``trtbuild quantize`` of a mixture-of-experts checkpoint (Mixtral, Qwen3-MoE): int8 or int4 weight-only, round
-to nearest, by trtbuild itself.
+to nearest, by trtbuild itself; or int8 SmoothQuant, calibrated by modelopt (``export_experts``).
 
 Weight-only round to nearest needs no model and no calibration data, so the weights are always made here, with or
 without a quantized KV cache (whose scales modelopt then calibrates on the transformers model rebuilt from these
-weights: ``moe_kv.py``; int8 experts only). Every quantized linear (``layout.quantized_linears``: attention, the
+weights: ``moe_kv.py``). Every quantized linear (``layout.quantized_linears``: attention, the
 dense MLPs of Qwen3-MoE's dense layers, the LM head unless excluded) and every expert's rows are quantized:
 - int8_wo: a float32 scale per output row, ``scale = amax / 127``, and ``q = round(w / scale)`` (half to even), the
   rule of modelopt's INT8_WEIGHT_ONLY_CFG (whose per-expert quantizers give the same codes and scales:
@@ -14,6 +14,15 @@ dense MLPs of Qwen3-MoE's dense layers, the LM head unless excluded) and every e
   expert's rows alike (``[E, rows, in/2]`` codes, ``[E, rows, blocks]`` scales); the LM head is int8 per row as in
   every format (``formats.HEAD_FORMAT``).
 The routers, norms and the embedding stay float (``checkpoint.layout``: the experts' tensors).
+
+``int8_sq`` (dynamic activation scales only) goes modelopt's way, as a dense model does (``calibrate.py``), on the
+transformers model rebuilt by ``hf_moe.py``: SmoothQuant smooths and quantizes the attention and dense linears;
+modelopt's fused-experts wrapper (``_QuantFusedExperts``) gives each expert int8 weights per row and the experts one
+shared input quantizer per projection, which modelopt does not smooth, and which ``calibrate.make_inputs_dynamic``
+switches to run-time int8 per block of 16 in-features as every input quantizer. The checkpoint's experts are int8
+per row as int8_wo's (``export_experts``: modelopt's own codes), and the graph's ``trtbuild::MoE`` node quantizes the
+experts' activations per block of 16 (its ``activation_block``: plugins/moe/README.md), what the calibrated model
+computes.
 """
 
 from __future__ import annotations
@@ -25,28 +34,35 @@ import numpy as np
 from ..checkpoint.dtypes import torch_dtype
 from ..checkpoint.formats import Numeric, linear_format, pack_int4
 from ..checkpoint.layout import quantized_linears
-from ..config import KVCacheDType, ModelConfig, QFormat, QuantConfig
+from ..config import ActivationScales, ModelConfig, QFormat, QuantConfig
 from ..errors import TrtbuildError
 from .int4 import quantize_weight
 
 INT8_BOUND = 127.0
-MOE_QFORMATS = (QFormat.INT8_WO, QFormat.INT4_WO)  # what round to nearest makes of an MoE checkpoint
+MOE_WEIGHT_ONLY = (QFormat.INT8_WO, QFormat.INT4_WO)  # what round to nearest makes of an MoE checkpoint
+MOE_QFORMATS = (*MOE_WEIGHT_ONLY, QFormat.INT8_SQ)
+# The experts' tensors of modelopt's fused-experts wrapper: canonical name -> its 3-D parameter and its per-expert
+# weight quantizers (``_QuantFusedExperts``).
+EXPERT_QUANTIZERS = {
+    "gate_up": ("gate_up_proj", "gate_up_proj_weight_quantizers"),
+    "down": ("down_proj", "down_proj_weight_quantizers"),
+}
 
 
 def check_moe_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     """One-line errors for what ``trtbuild quantize`` does not make of an MoE checkpoint."""
     if qcfg.qformat not in MOE_QFORMATS:
         raise TrtbuildError(
-            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes to int8_wo or "
-            f"int4_wo only, by round to nearest ({qcfg.qformat.value} needs calibration)"
+            f"quantize: {cfg.architecture} is a mixture-of-experts model, which trtbuild quantizes to int8_wo, "
+            f"int4_wo or int8_sq ({qcfg.qformat.value} is not supported for its experts)"
         )
     if qcfg.qformat is QFormat.INT4_WO:
         check_int4_experts(cfg, qcfg)
-        if qcfg.kv_cache_dtype is not KVCacheDType.FLOAT32:  # moe_kv.py rebuilds the model from int8 experts only
-            raise TrtbuildError(
-                f"quantize: --kv-cache-dtype is not supported with int4_wo for {cfg.architecture} (mixture of "
-                "experts); int8_wo takes it"
-            )
+    if qcfg.qformat is QFormat.INT8_SQ and qcfg.activation_scales is not ActivationScales.DYNAMIC:
+        raise TrtbuildError(
+            f"quantize: int8_sq of {cfg.architecture} (mixture of experts) takes --activation-scales dynamic only "
+            "(the experts' activations are quantized per block of 16 at run time)"
+        )
 
 
 def check_int4_experts(cfg: ModelConfig, qcfg: QuantConfig) -> None:
@@ -109,3 +125,29 @@ def moe_weight_only_tensors(cfg: ModelConfig, weights: dict[str, np.ndarray]) ->
         if name not in tensors:
             tensors[name] = torch.from_numpy(np.array(value, np.float32)).to(dtype)
     return {name: t.contiguous() for name, t in tensors.items()}
+
+
+def export_experts(model: Any, cfg: ModelConfig) -> dict[str, Any]:
+    """``layers.{n}.moe.{gate_up,down}.weight`` (int8 ``[E, rows, in]``) and ``.weight_scale`` (float32 ``[E, rows]``)
+    of the calibrated transformers model's fused experts (``_QuantFusedExperts``): each expert's codes recovered
+    from its own weight quantizer's fake-quantized weight (``q = fq(w) / scale``, ``scale = amax / 127``), as
+    ``export.export_linear`` recovers a linear's."""
+    import torch
+
+    assert cfg.moe is not None
+    tensors: dict[str, Any] = {}
+    for n in cfg.moe.sparse_layers:
+        experts = model.get_submodule(f"model.layers.{n}.mlp.experts")
+        for w, (param, quantizers) in EXPERT_QUANTIZERS.items():
+            codes, scales = [], []
+            for e, quantizer in enumerate(getattr(experts, quantizers)):
+                weight = getattr(experts, param)[e].detach().float()
+                with torch.no_grad():
+                    fake = quantizer(weight).float()
+                scale = quantizer.amax.detach().float().reshape(-1) / INT8_BOUND
+                scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # a row of zeros: int8_rows' scale 1
+                codes.append(torch.round(fake / scale[:, None]).clamp(-INT8_BOUND, INT8_BOUND).to(torch.int8))
+                scales.append(scale)
+            tensors[f"layers.{n}.moe.{w}.weight"] = torch.stack(codes).contiguous()
+            tensors[f"layers.{n}.moe.{w}.weight_scale"] = torch.stack(scales).contiguous()
+    return tensors

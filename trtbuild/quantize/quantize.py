@@ -6,6 +6,7 @@
 4. rebuild the transformers model and calibrate it with modelopt (``calibrate.py``); a mixture-of-experts model is
    int8 or int4 weight-only by round to nearest instead (``moe.py``), with no model and no data, unless its KV
    cache is quantized: modelopt then calibrates the K/V ranges of the model rebuilt from those weights (``moe_kv.py``);
+   its int8_sq goes modelopt's way as a dense model's (``hf_moe.py`` rebuilds it; ``moe.export_experts``);
 5. export every quantized linear, fold pre-quant scales, add KV scales (``export.py``);
 6. write ``rank0.safetensors`` + ``config.json`` (with its ``quantization`` block) + tokenizer files
    (``checkpoint.files``).
@@ -31,7 +32,8 @@ from ..errors import ConfigError, TrtbuildError
 from .calibrate import calibrate, modelopt_reads_tokens
 from .export import export_tensors
 from .hf_model import build_hf_model, check_quantizable
-from .moe import check_moe_request, moe_weight_only_tensors
+from .hf_moe import build_moe_hf_model
+from .moe import MOE_WEIGHT_ONLY, check_moe_request, moe_weight_only_tensors
 from .moe_kv import moe_kv_scales
 
 
@@ -67,7 +69,7 @@ def quantize(
             check_request(_load_config(ckpt_dir), qcfg)  # before reading the weights
         cfg, weights = load_checkpoint(ckpt_dir)
         samples = calibration_samples(ckpt_dir, qcfg, cache_dir) if needs_data(qcfg) else np.zeros((0, 0), np.int64)
-        if cfg.moe is not None:  # weights by round to nearest (moe.py), KV ranges by modelopt (moe_kv.py)
+        if cfg.moe is not None and qcfg.qformat in MOE_WEIGHT_ONLY:  # round to nearest (moe.py), KV by moe_kv.py
             new_cfg = replace(cfg, quantization=replace(qcfg, exclude=list(qcfg.exclude)))
             tensors = moe_weight_only_tensors(new_cfg, weights)
             t, model = time.perf_counter(), None
@@ -80,7 +82,7 @@ def quantize(
                 copy_tokenizer_files(ckpt_dir, tmp)
             n, size, seconds = int(samples.shape[0]), int(samples.size), time.perf_counter() - start
             return QuantizeResult(new_cfg, n, size, calib_seconds, seconds, model if keep_model else None)
-        model = build_hf_model(cfg, weights)
+        model = build_hf_model(cfg, weights) if cfg.moe is None else build_moe_hf_model(cfg, weights)
         t = time.perf_counter()
         calibrate(model, cfg, qcfg, samples, progress=progress, modelopt_int4=modelopt_int4)
         calib_seconds = time.perf_counter() - t
@@ -152,11 +154,14 @@ def check_request(cfg: ModelConfig, qcfg: QuantConfig) -> None:
     block = activation_block(qcfg)
     if dynamic_activations(qcfg) and block is not None:
         in_features = {cfg.hidden_size, cfg.num_heads * cfg.head_size, cfg.intermediate_size}
+        if cfg.moe is not None:  # the experts' activations too (trtbuild::MoE's activation_block)
+            in_features.add(cfg.moe.intermediate_size)
         widths = sorted(w for w in in_features if w % block)
         if widths:
+            other = "int8_wo" if cfg.moe is not None else "--activation-scales static"  # MoE: dynamic only
             raise TrtbuildError(
                 f"{qcfg.qformat.value} with dynamic activation scales quantizes activations per {block} in-features, "
-                f"which {widths[0]} is not a multiple of; use --activation-scales static"
+                f"which {widths[0]} is not a multiple of; use {other}"
             )
     group = qcfg.group_size
     if FORMATS[qcfg.qformat].blocked and (group < 16 or group & (group - 1)):
