@@ -5,8 +5,8 @@ Linear weights are ``[out_features, in_features]``; fused tensors concatenate th
 (``attn.qkv`` = q | k | v rows, ``mlp.gate_up`` = gate | up rows). A sparse (mixture-of-experts) layer has no
 ``mlp.*`` tensors but ``moe.router.weight [E, H]`` (float), ``moe.gate_up.weight [E, 2 I, H]`` (each expert's gate |
 up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``. A quantized one
-(``trtbuild quantize`` of an MoE model, weight-only) holds both int8 with a float32 ``weight_scale`` per expert row
-(int8_wo: ``[E, 2I]``, ``[E, H]``: ``w = q * scale``), or packed int4 as the dense int4 format per expert (int4_wo:
+(``trtbuild quantize`` of an MoE model) holds both int8 with a float32 ``weight_scale`` per expert row
+(int8_wo and int8_sq: ``[E, 2I]``, ``[E, H]``: ``w = q * scale``), or packed int4 as the dense int4 format per expert (int4_wo:
 uint8 ``[E, 2I, H/2]`` and ``[E, H, I/2]``, float32 ``weight_scale [E, 2I, ceil(H/group)]`` and
 ``[E, H, ceil(I/group)]``); the router stays float.
 
@@ -157,7 +157,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
             out[prefix + ".input_scale"] = ((), "F32")
         if spec.smoothing and prefix.endswith(UNFOLDED_PRE_QUANT_SCALE):
             out[prefix + ".pre_quant_scale"] = ((cols,), "F32")
-    for name in expert_weight_names(cfg):  # weight-only experts (quantize/moe.py)
+    for name in expert_weight_names(cfg):  # quantized experts (quantize/moe.py)
         shape = out[name][0]
         if q.qformat is QFormat.INT4_WO:  # packed int4, a scale per block of each expert row
             out[name] = ((*shape[:2], shape[2] // 2), "U8")
