@@ -21,7 +21,8 @@ from trtbuild.convert.convert import convert
 from trtbuild.errors import TrtbuildError
 from trtbuild.models import model_config_from_hf
 from trtbuild.quantize.awq import _layer_inputs
-from trtbuild.quantize.hf_model import build_hf_model, check_quantizable, hf_config
+from trtbuild.quantize.hf_config import hf_config
+from trtbuild.quantize.hf_model import build_hf_model, check_quantizable
 
 FULL, SLIDING = AttentionKind.FULL, AttentionKind.SLIDING
 

@@ -106,7 +106,8 @@ def test_quantize_rebuilds_windowed_models(tmp_path, name, overrides):
     from trtbuild.config import DType
     from trtbuild.convert.convert import convert
     from trtbuild.models import model_config_from_hf
-    from trtbuild.quantize.hf_model import build_hf_model, hf_config
+    from trtbuild.quantize.hf_config import hf_config
+    from trtbuild.quantize.hf_model import build_hf_model
 
     model = make_hf_model(name, tmp_path / "hf", **overrides)
     convert(tmp_path / "hf", tmp_path / "ckpt", DType.FLOAT32)

@@ -6,8 +6,8 @@ Linear weights are ``[out_features, in_features]``; fused tensors concatenate th
 ``mlp.*`` tensors but ``moe.router.weight [E, H]`` (float), ``moe.gate_up.weight [E, 2 I, H]`` (each expert's gate |
 up rows) and ``moe.down.weight [E, H, I]``, I the experts' ``MoeConfig.intermediate_size``. A quantized one
 (``trtbuild quantize`` of an MoE model) holds both int8 with a float32 ``weight_scale`` per expert row
-(int8_wo and int8_sq: ``[E, 2I]``, ``[E, H]``: ``w = q * scale``), or packed int4 as the dense int4 format per expert (int4_wo:
-uint8 ``[E, 2I, H/2]`` and ``[E, H, I/2]``, float32 ``weight_scale [E, 2I, ceil(H/group)]`` and
+(int8_wo and int8_sq: ``[E, 2I]``, ``[E, H]``: ``w = q * scale``), or packed int4 as the dense int4 format per
+expert (int4_wo: uint8 ``[E, 2I, H/2]`` and ``[E, H, I/2]``, float32 ``weight_scale [E, 2I, ceil(H/group)]`` and
 ``[E, H, ceil(I/group)]``); the router stays float.
 
 A quantized checkpoint is a float checkpoint whose quantized linears carry the tensors of ``formats.py`` instead of

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ..config import ModelConfig
-from .hf_model import check_quantizable, hf_config, hf_state_dict, instantiate_hf_model
+from .hf_config import hf_config
+from .hf_model import check_quantizable, hf_state_dict, instantiate_hf_model
 
 # Canonical tensor of a sparse layer (below ``layers.{i}.``) -> its HF parameter (below ``model.layers.{i}.``).
 EXPERT_TENSORS: dict[str, str] = {
