@@ -163,6 +163,14 @@ def test_malformed_nodes_are_refused_in_one_line(override, group, needle):
     assert "\n" not in str(caught.value)
 
 
+def test_torch_import_refuses_activation_block_on_float_experts_in_one_line():
+    node = Node(f"{DOMAIN}::{OP_TYPE}", (), ("out",), {"top_k": 1, "renormalize": 0, "activation_block": 16})
+    tensors = [torch.zeros(2, 8), torch.zeros(2, 2), torch.zeros(2, 8, 8), torch.zeros(2, 8, 4)]
+    with pytest.raises(BuildError, match="needs quantized experts") as caught:
+        OPS[node.op](None, node, tensors)
+    assert "\n" not in str(caught.value)
+
+
 def test_activation_block_without_quantized_experts_is_refused():
     _, _, experts, attrs = _case(1, 32, 16, 2, 1, False, 16, None)
     model = _portable(experts, attrs)
