@@ -3,7 +3,8 @@
 Each backend package (``onnxruntime/``, ``tensorrt/``, ``torch/``) has
 - ``build/``: its build, ``build_engine_dir(BuildRequest) -> BuildResult`` in ``build/__init__.py``, listed in
   ``BUILD_MODULES`` below; what every build shares is ``build_request.py`` (the request, the portable graph, op
-  counts, checkpoint digests);
+  counts, checkpoint digests), and ``moe_dense.py`` is the dense standard-op form of ``trtbuild::MoE`` that the
+  onnxruntime and TensorRT builds both lower to;
 - ``session.py``: its ``EngineSession`` (``trtbuild.runtime.engine_session``), opened by
   ``open_session(engine_dir, *, kv_cache_memory, num_threads, profile_kernels)``, listed in
   ``trtbuild.runtime.session.SESSION_MODULES``; it and the modules it imports import nothing from ``build/``.

@@ -268,7 +268,10 @@ def _moe(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
         raise BuildError(f"{node.outputs[0]}: the torch backend's MoE runs silu experts only")
     scales = (x[4], x[5]) if len(x) > 5 else (None, None)  # int8 or int4 experts
     group = int(node.attrs["group_size"]) if "group_size" in node.attrs else None  # int4 experts (uint8)
-    return (moe.moe(*x[:4], *scales, int(node.attrs["top_k"]), bool(node.attrs["renormalize"]), group),)
+    block = int(node.attrs["activation_block"]) if "activation_block" in node.attrs else None  # int8 activations
+    if block is not None and (block < 1 or scales[0] is None):
+        raise BuildError(f"{node.outputs[0]}: activation_block {block} needs quantized experts and a positive block")
+    return (moe.moe(*x[:4], *scales, int(node.attrs["top_k"]), bool(node.attrs["renormalize"]), group, block),)
 
 
 OPS: dict[str, Handler] = {

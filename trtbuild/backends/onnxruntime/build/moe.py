@@ -3,14 +3,14 @@
 ``native_moe``: each plugin node becomes one ``trtbuild.cpu::MoE`` node (``trtbuild/kernels/cpu/moe.cc``), same
 inputs and attributes: per step the kernel groups the tokens by routed expert and reads only those experts.
 
-``lowered_moe``: each plugin node becomes a dense subgraph of opset-23 ops that onnxruntime runs without trtbuild's
-library (no compiler needed): ``Softmax`` and ``TopK`` over the router logits (``Div`` by the kept sum when
-renormalising), the kept weights scattered into a ``[T, E]`` matrix of zeros (``ScatterElements``), every expert on
-every token as two batched ``MatMul`` s (``[T, H] x [E, H, 2I] -> [E, T, 2I]``, SwiGLU, ``x [E, I, H] ->
-[E, T, H]``: the expert weights are stored transposed for it; int8 experts are widened and scaled in the graph
-every step, int4 experts stored as ONNX int4 and dequantized per block by ``DequantizeLinear`` with ``block_size``,
-opset 21+), then weighted and summed over experts. Exact, but E / k times the expert work of the routed form
-(docs/decisions/moe-plugin-op.md).
+``lowered_moe``: each plugin node becomes the dense subgraph of opset-23 ops that ``backends/moe_dense.py`` writes,
+which onnxruntime runs without trtbuild's library (no compiler needed): routing by ``Softmax`` / ``TopK`` /
+``ScatterElements``, every expert on every token as two batched ``MatMul`` s, the experts' weights stored
+transposed ``[E, in, out]`` for them: int8 experts widened and scaled in the graph every step (``Cast``, ``Mul``),
+int4 experts stored as ONNX int4 and dequantized per block by ``DequantizeLinear`` with ``block_size`` (opset 21+).
+With ``activation_block`` both products read int8 activations quantized in the graph (``QuantizeLinear`` /
+``DequantizeLinear`` per block; a shorter last block is padded). Exact, but E / k times the expert work of the
+routed form (docs/decisions/moe-plugin-op.md).
 
 Pass contracts (``passes.PASSES``): ``native-moe`` / ``lowered-moe``: ``trtbuild::MoE`` -> ``trtbuild.cpu::MoE`` /
 standard ops. Every other node is kept.
@@ -26,7 +26,8 @@ from onnx import helper, numpy_helper
 from ....config import ORT_LOWERED_NODE_PREFIX
 from ....errors import BuildError
 from ....graph.builder import GraphBuilder
-from ....plugins.moe import ACTIVATION_SILU, DOMAIN, OP_TYPE, unpack_int4
+from ....plugins.moe import DOMAIN, OP_TYPE, unpack_int4
+from ... import moe_dense
 from ..kernel_library import MOE_OP, NATIVE_DOMAIN
 from .graph_edit import import_domain, node_attr, replace_nodes
 
@@ -34,13 +35,7 @@ from .graph_edit import import_domain, node_attr, replace_nodes
 def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     nodes = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     for node in nodes:
-        activation = node_attr(node, "activation", ACTIVATION_SILU)
-        activation = activation.decode() if isinstance(activation, bytes) else activation
-        if activation != ACTIVATION_SILU or len(node.input) not in (4, 6):
-            raise BuildError(f"{node.name}: a {OP_TYPE} node takes 4 or 6 inputs and activation silu (plugins/moe)")
-        group = _group_size(node)
-        if group is not None and (len(node.input) != 6 or group < 2 or group % 2):
-            raise BuildError(f"{node.name}: int4 experts take their scales and an even group_size (plugins/moe)")
+        moe_dense.node_attrs(node)  # validated: one BuildError line for a malformed node
     return nodes
 
 
@@ -98,15 +93,15 @@ def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
     replacements = {}
     for node in nodes:
         b = GraphBuilder(opset, prefix=ORT_LOWERED_NODE_PREFIX + node.name + "/")
-        hidden, logits, gate_up, down = node.input[:4]
+        attrs, (gate_up, down) = moe_dense.node_attrs(node), node.input[2:4]
         expert_weights = {}
-        group = _group_size(node)
         for i, name in enumerate((gate_up, down)):  # [E, out, in] -> [E, in, out] for the batched MatMuls
             if name not in inits or (len(node.input) == 6 and node.input[4 + i] not in inits):
                 raise BuildError(f"{node.name}: the lowered {OP_TYPE} needs its expert weights as initializers")
-            if group is not None:
+            if attrs.group_size is not None:
                 scale = numpy_helper.to_array(inits[node.input[4 + i]])
-                expert_weights[name] = _int4_transposed(b, name, numpy_helper.to_array(inits[name]), scale, group)
+                packed = numpy_helper.to_array(inits[name])
+                expert_weights[name] = _int4_transposed(b, name, packed, scale, attrs.group_size)
                 continue
             w = b.initializer(name + ".t", np.ascontiguousarray(numpy_helper.to_array(inits[name]).transpose(0, 2, 1)))
             if len(node.input) == 6:  # int8 rows: widened, times their scales [E, 1, out]
@@ -114,21 +109,8 @@ def lowered_moe(model: onnx.ModelProto) -> onnx.ModelProto:
                 scale = b.initializer(node.input[4 + i] + ".rows", scale[:, None, :].astype(np.float32))
                 w = b.op("Mul", [b.op("Cast", [w], name=f"widen{i}", to=onnx.TensorProto.FLOAT), scale], name=f"dq{i}")
             expert_weights[name] = w
-        top_k, inter = int(node_attr(node, "top_k")), inits[gate_up].dims[1] // 2
-        probs = b.op("Softmax", [logits], name="probs", axis=-1)
-        kept, experts = b.op_multi("TopK", [probs, b.const([top_k])], outputs=2, name="top_k", axis=-1)
-        if int(node_attr(node, "renormalize")):
-            total = b.op("ReduceSum", [kept, b.const([-1])], name="kept_sum", keepdims=1)
-            kept = b.op("Div", [kept, total], name="renormalize")
-        zeros = b.op("ConstantOfShape", [b.op("Shape", [probs], name="shape")], name="zeros")
-        dense = b.op("ScatterElements", [zeros, experts, kept], name="weights", axis=1)  # [T, E], 0 where not kept
-        per_expert = b.op("Unsqueeze", [b.op("Transpose", [dense], name="weights_t", perm=[1, 0]), b.const([2])])
-        gu = b.op("MatMul", [hidden, expert_weights[gate_up]], name="gate_up")  # [E, T, 2I]
-        g, u = b.op_multi("Split", [gu, b.const([inter, inter])], outputs=2, name="split", axis=-1)
-        act = b.op("Mul", [b.op("Mul", [g, b.op("Sigmoid", [g], name="sigmoid")], name="silu"), u], name="gated")
-        down_y = b.op("MatMul", [act, expert_weights[down]], name="down")
-        y = b.op("Mul", [down_y, per_expert], name="weighted")  # [E, T, H]
-        b.rename_output(b.op("ReduceSum", [y, b.const([0])], name="sum", keepdims=0), node.output[0])
+        widths = (int(inits[down].dims[1]), int(inits[gate_up].dims[1]) // 2)  # (H, I): down is [E, H, I(/2)]
+        moe_dense.emit_dense_moe(b, node, attrs, expert_weights[gate_up], expert_weights[down], widths)
         replacements[node.name] = b.nodes
         out.graph.initializer.extend(b.initializers)
     replace_nodes(out.graph, set(), replacements)

@@ -23,7 +23,9 @@ The node itself is adapted to the plugin's fixed signature:
   attribute is absent (a plugin field cannot be absent; the plugin reads 0 as "none");
 - the cache dimension ``block_size`` is pinned to ``BuildConfig.kv_block_size``.
 
-Every other node (Q/DQ included) is left exactly as it is. :func:`profile_shapes` gives the min/opt/max shape of
+Each ``trtbuild::MoE`` node becomes the dense standard-op form of the op (``moe.py``: every expert on every token,
+the experts' weights dequantized in TensorRT's 2-D forms). Every other node (Q/DQ included) is left exactly as it
+is. :func:`profile_shapes` gives the min/opt/max shape of
 every graph input for TensorRT's optimization profile.
 """
 
@@ -38,8 +40,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ....config import BuildConfig
 from ....errors import BuildError
-from ....plugins import moe as moe_op
 from ....plugins.paged_attention import DOMAIN, OP_TYPE, PagedAttentionAttrs
+from .moe import lower_moe
 
 PLUGIN_DOMAIN = "trt.plugins"
 PLUGIN_OP_TYPE = "PagedAttention"  # tensorrt_plugin.PLUGIN_NAME
@@ -62,11 +64,7 @@ def lower_for_tensorrt(model: onnx.ModelProto, build: BuildConfig, *, aot: bool 
     plugins = [n for n in graph.node if n.domain == DOMAIN and n.op_type == OP_TYPE]
     if not plugins:
         raise BuildError(f"the portable graph has no {DOMAIN}::{OP_TYPE} node; was it built by trtbuild?")
-    if any(n.domain == moe_op.DOMAIN and n.op_type == moe_op.OP_TYPE for n in graph.node):
-        raise BuildError(
-            "mixture-of-experts layers (trtbuild::MoE) are not supported by the TensorRT backend yet; "
-            "build this checkpoint with --backend onnxruntime or --backend torch"
-        )
+    lower_moe(graph, next(o.version for o in out.opset_import if o.domain in ("", "ai.onnx")))
     initializers = {init.name: init for init in graph.initializer}
     _check_whole_blocks(graph, initializers)
     _check_static_activations(graph)
