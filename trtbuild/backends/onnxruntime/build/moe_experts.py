@@ -54,9 +54,10 @@ def _block(node: onnx.NodeProto, bits: int, group: int | None, hidden: int, inte
     if "activation_block" in attrs:
         block = int(attrs["activation_block"])
         if block < 1 or (group is not None and group % block) or not _fits(block, bits, (hidden, inter)):
+            divides = "" if group is None else f" dividing group_size {group}"
             raise BuildError(
                 f"{node.name}: activation_block {block} is not one the native MoE kernel takes (a multiple of "
-                f"{STEP[bits]} dividing the int4 group, or at least the experts' in-features {hidden} and {inter})"
+                f"{STEP[bits]}{divides}, or at least the experts' in-features {hidden} and {inter})"
             )
         return block
     block = ACTIVATION_BLOCK if group is None else group
