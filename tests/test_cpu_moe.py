@@ -321,6 +321,8 @@ def test_native_build_picks_the_integer_path_where_qlinear_takes_the_experts():
     with pytest.raises(BuildError, match=r"^layers.0.moe.experts: activation_block 6 is not one") as err:
         native(12, 6)
     assert "\n" not in str(err.value)
+    with pytest.raises(BuildError, match="activation_block is for int8 / int4 experts; this node's are float"):
+        native_moe(_portable(gate_up, down, MoeAttrs(2, True, activation_block=16)), CpuLinear.NATIVE)
 
 
 def test_native_integer_kernel_reads_only_the_routed_experts():
