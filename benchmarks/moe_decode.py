@@ -10,12 +10,13 @@ Two random-init float32 models of the same shape are made with transformers (no 
 E x H is the difference). Each is converted and built as a default onnxruntime engine (native attention and, for the
 Mixtral, the native ``MoE`` kernel) and, with ``--lowered``, also with standard ops only (the Mixtral's experts then
 dense: every expert on every token). ``--int8`` quantizes both checkpoints first (``trtbuild quantize --qformat
-int8_wo``: the dense model's linears through modelopt, run by ``QLinear``; the MoE model's experts int8 per row in
-the ``MoE`` kernel, its attention and head as the dense model's); ``--int4`` likewise to ``int4_wo`` (blocks of
-``--group-size``: the dense model's linears int4 in ``QLinear``, the MoE model's experts packed int4 in the ``MoE``
-kernel; both heads int8, as every format's). With both, the four quantized engines run side by side. A sequence of
-``--context`` tokens is prefilled, then each round times ``--steps`` batch-1 decode steps per engine
-(``OrtSession.step``, no runner), engines interleaved round by round so that the machine's drift hits all alike.
+int8_wo``: the dense model's linears through modelopt, run by ``QLinear``; the MoE model's experts int8 per row on
+``QLinear``'s products inside the ``MoE`` kernel, its attention and head as the dense model's); ``--int4`` likewise
+to ``int4_wo`` (blocks of ``--group-size``: the dense model's linears int4 in ``QLinear``, the MoE model's experts
+int4 in the ``MoE`` kernel, on ``QLinear``'s products too; both heads int8, as every format's). With both, the four
+quantized engines run side by side. A sequence of ``--context`` tokens is prefilled, then each round times
+``--steps`` batch-1 decode steps per engine (``OrtSession.step``, no runner), engines interleaved round by round so
+that the machine's drift hits all alike.
 Prints each engine's median step time over rounds (of each round's median) and the MoE / dense ratio of those
 medians, with the median and range of the rounds' own ratios; the target is <= 1.3 (an MoE step should cost what its
 active parameters cost).

@@ -117,8 +117,11 @@ class CpuLinear(enum.Enum):
 
     ``NATIVE``: int8 per-channel and symmetric int4 weights as the native library's ``QLinear`` (AVX-512 VNNI or
     AVX2, AMX tiles for many rows; ``backends/onnxruntime/build/native_linear.py``), compiled like the native attention
-    kernel; a build on a CPU with neither, or of a model with no such linear, records ``ONNXRUNTIME`` instead.
-    ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``."""
+    kernel, and quantized MoE experts on ``QLinear``'s products inside the native ``MoE`` kernel
+    (``build/moe_experts.py``); a build on a CPU with neither, or of a model with no such linear or experts,
+    records ``ONNXRUNTIME`` instead.
+    ``ONNXRUNTIME``: onnxruntime's ``MatMulNBits`` / ``MatMulInteger``; the ``MoE`` kernel's quantized experts with
+    float activations."""
 
     NATIVE = "native"
     ONNXRUNTIME = "onnxruntime"

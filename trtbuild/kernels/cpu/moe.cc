@@ -17,6 +17,12 @@
 // widened to float in the dot products and each product scaled by its row's scale; int4 experts are unpacked to
 // float in the dot products, each block of `group` in-features summed apart and scaled by its block's scale (the
 // dot products: moe_rows.h). A batch-1 decode step of int4 experts reads the k routed experts' packed bytes only.
+//
+// Packed experts (the integer path, the node's `activation_block`) replace steps 2 and 3: the slots' hidden rows are
+// gathered in slot order (an expert's rows one block), and per routed expert QLinear (linear.h) runs its gate_up on
+// its rows, quantized to int8 per activation block, then SwiGLU (swiglu.h) over every slot, then QLinear its down:
+// exact integer products on VNNI / AVX2 / AMX. The thread split is QLinear's (over output columns, so a one-token
+// step runs on every thread), one expert after another.
 
 #include "moe.h"
 
@@ -27,7 +33,9 @@
 #include <vector>
 
 #include "common.h"
+#include "linear.h"
 #include "moe_rows.h"
+#include "swiglu.h"
 
 namespace trtbuild::cpu {
 namespace {
@@ -52,6 +60,8 @@ struct Pass {
   int64_t rows_per_task = kMoeRowsPerTask;
   std::vector<float> act;  // [slots, I]
   std::vector<float> y;    // [slots, H]
+  std::vector<float> x;        // packed experts: [slots, H], each slot's hidden row
+  std::vector<float> gate_up;  // packed experts: [slots, 2I], QLinear's gate_up output
   int64_t first_token = 0, tokens = 0;
 };
 
@@ -189,6 +199,28 @@ void combine_task(void* data, size_t task) {
   }
 }
 
+// Steps 2 and 3 for packed experts (the header): p.act and p.y of every slot of the pass.
+void integer_experts(OrtKernelContext* ctx, Pass& p) {
+  const MoeArgs& a = *p.a;
+  const int64_t h = a.hidden_size, i2 = 2 * a.inter, slots = p.begin[a.experts];
+  const int64_t gu_bytes = packed_bytes(a.gate_up_linear), gu_floats = scale_floats(a.gate_up_linear);
+  const int64_t d_bytes = packed_bytes(a.down_linear), d_floats = scale_floats(a.down_linear);
+  p.x.resize(slots * h);
+  p.gate_up.resize(slots * i2);
+  for (int64_t s = 0; s < slots; ++s) std::memcpy(&p.x[s * h], a.hidden + p.slot_token[s] * h, h * sizeof(float));
+  for (int64_t e = 0; e < a.experts; ++e) {
+    const int64_t b = p.begin[e], n = p.begin[e + 1] - b;  // n == 0: qlinear returns at once
+    qlinear(ctx, a.gate_up_linear, &p.x[b * h], n, a.gate_up_packed + e * gu_bytes, a.gate_up_ws + e * gu_floats,
+            nullptr, &p.gate_up[b * i2]);
+  }
+  swiglu(ctx, p.gate_up.data(), p.act.data(), slots, i2);
+  for (int64_t e = 0; e < a.experts; ++e) {
+    const int64_t b = p.begin[e], n = p.begin[e + 1] - b;
+    qlinear(ctx, a.down_linear, &p.act[b * a.inter], n, a.down_packed + e * d_bytes, a.down_ws + e * d_floats,
+            nullptr, &p.y[b * h]);
+  }
+}
+
 }  // namespace
 
 void moe(OrtKernelContext* ctx, const MoeArgs& a) {
@@ -201,10 +233,14 @@ void moe(OrtKernelContext* ctx, const MoeArgs& a) {
     const bool parallel = slots * a.inter * a.hidden_size >= (int64_t(1) << 15);
     p.act.resize(slots * a.inter);
     p.y.resize(slots * a.hidden_size);
-    make_tasks(p, a.inter);
-    run_tasks(ctx, gate_up_task, p.task_expert.size(), &p, parallel);
-    make_tasks(p, a.hidden_size);
-    run_tasks(ctx, down_task, p.task_expert.size(), &p, parallel);
+    if (a.gate_up_packed != nullptr) {
+      integer_experts(ctx, p);
+    } else {
+      make_tasks(p, a.inter);
+      run_tasks(ctx, gate_up_task, p.task_expert.size(), &p, parallel);
+      make_tasks(p, a.hidden_size);
+      run_tasks(ctx, down_task, p.task_expert.size(), &p, parallel);
+    }
     run_tasks(ctx, combine_task, size_t((n + kRowsPerTask - 1) / kRowsPerTask), &p, parallel);
   }
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "linear.h"
 
 namespace trtbuild::cpu {
 
@@ -25,11 +26,30 @@ struct MoeArgs {
   // (H, I and group even; a last partial block where group does not divide the in-features).
   const uint8_t* gate_up_q4;
   const uint8_t* down_q4;
+  // Packed experts instead (the integer path; all four non-null, the fields above null): expert e's gate_up is the
+  // weight of QLinear `gate_up_linear` (linear.h: H in-features, 2I out, packed [panels, steps, 64] with scales
+  // [groups, panels * 16]) at expert_weight(a, true, e), its down that of `down_linear` (I in, H out) likewise;
+  // both linears quantize their inputs per block of the node's activation_block.
+  const uint8_t* gate_up_packed;
+  const uint8_t* down_packed;
+  const float* gate_up_ws;
+  const float* down_ws;
+  LinearAttrs gate_up_linear, down_linear;
   float* out;  // [T, H]
   int64_t tokens, hidden_size, experts, inter, top_k;
   int64_t group;  // int4 experts: in-features per scale (unused otherwise)
   bool renormalize;
 };
+
+// The bytes of one expert's packed weight and the floats of its scales, for a QLinear of these attributes
+// (linear.h's layout; the glue checks the tensors' shapes against them).
+inline int64_t packed_bytes(const LinearAttrs& l) {
+  const int64_t step = l.bits == 8 ? 4 : 8;
+  return (l.out_features + 15) / 16 * ((l.in_features + step - 1) / step) * 64;
+}
+inline int64_t scale_floats(const LinearAttrs& l) {
+  return (l.in_features + l.group - 1) / l.group * ((l.out_features + 15) / 16 * 16);
+}
 
 // out = the routed experts' weighted outputs (plugins/moe/README.md); reads only the experts some token chose.
 void moe(OrtKernelContext* ctx, const MoeArgs& a);

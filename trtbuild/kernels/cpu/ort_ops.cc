@@ -263,6 +263,9 @@ struct MoeKernel {
   int64_t top_k = 0, renormalize = 0;
   bool int4 = false;   // the node has `group_size`: its experts are int4 (uint8, two codes a byte)
   int64_t group = 0;  // with int4
+  // The node has `activation_block`: packed experts (the integer path), with `bits` and `intermediate_size` (I)
+  bool packed = false;
+  int64_t block = 0, bits = 0, inter = 0;
 };
 
 // Whether the int4 or int8 scales `s` of a [E, rows, in] expert tensor have their shape ([E, rows, blocks] or
@@ -273,35 +276,21 @@ bool scale_fits(const Tensor& s, int64_t experts, int64_t rows, int64_t in, cons
   return s.rank == 2 && rows_fit;
 }
 
-void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
-  const MoeKernel& k = *static_cast<MoeKernel*>(kernel_ptr);
-  const Tensor x = input(ctx, 0), logits = input(ctx, 1), gate_up = input(ctx, 2), down = input(ctx, 3);
-  if (x.rank != 2 || logits.rank != 2 || gate_up.rank != 3 || down.rank != 3) return;
-  void* y = nullptr;
-  if (!output(ctx, 0, x.dims, 2, &y) || y == nullptr) return;
-  MoeArgs a{};
-  a.tokens = x.dims[0];
-  a.hidden_size = x.dims[1];
-  a.experts = gate_up.dims[0];
+// Float, int8 or int4 experts as the portable node has them (inputs 2-5) into `a`; false where they do not fit.
+bool raw_experts(OrtKernelContext* ctx, const MoeKernel& k, MoeArgs& a) {
+  const Tensor gate_up = input(ctx, 2), down = input(ctx, 3);
+  if (gate_up.rank != 3 || down.rank != 3 || !gate_up.data || !down.data) return false;
   a.inter = gate_up.dims[1] / 2;
-  a.top_k = k.top_k;
-  a.renormalize = k.renormalize != 0;
-  a.group = k.group;
   const int64_t per_byte = k.int4 ? 2 : 1;  // int4: the last dimensions hold two in-features a byte
   const Tensor gate_up_scale = input(ctx, 4), down_scale = input(ctx, 5);  // int8 / int4 experts only
   const bool scaled = gate_up_scale.data != nullptr && down_scale.data != nullptr;
   const bool consistent =
-      logits.dims[0] == a.tokens && logits.dims[1] == a.experts && gate_up.dims[2] * per_byte == a.hidden_size &&
-      down.dims[0] == a.experts && down.dims[1] == a.hidden_size && down.dims[2] * per_byte == a.inter &&
-      a.top_k >= 1 && a.top_k <= a.experts && (!k.int4 || (scaled && k.group >= 2 && k.group % 2 == 0)) &&
+      gate_up.dims[0] == a.experts && gate_up.dims[2] * per_byte == a.hidden_size && down.dims[0] == a.experts &&
+      down.dims[1] == a.hidden_size && down.dims[2] * per_byte == a.inter &&
+      (!k.int4 || (scaled && k.group >= 2 && k.group % 2 == 0)) &&
       (!scaled || (scale_fits(gate_up_scale, a.experts, 2 * a.inter, a.hidden_size, k) &&
                    scale_fits(down_scale, a.experts, a.hidden_size, a.inter, k)));
-  if (!consistent || !x.data || !logits.data || !gate_up.data || !down.data) {  // refused at build time
-    std::fill(static_cast<float*>(y), static_cast<float*>(y) + a.tokens * a.hidden_size, 0.0f);
-    return;
-  }
-  a.hidden = static_cast<const float*>(x.data);
-  a.logits = static_cast<const float*>(logits.data);
+  if (!consistent) return false;
   if (scaled) {
     a.gate_up_scale = static_cast<const float*>(gate_up_scale.data);
     a.down_scale = static_cast<const float*>(down_scale.data);
@@ -316,6 +305,58 @@ void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
     a.gate_up = static_cast<const float*>(gate_up.data);
     a.down = static_cast<const float*>(down.data);
   }
+  return true;
+}
+
+// Whether QLinear takes these attributes (linear.h: blocks of whole packed steps, or one block a row, each within
+// one weight group) and an expert tensor `w` [E, panels, steps, 64] with its scales `s` [E, groups, panels * 16].
+bool packed_fits(const Tensor& w, const Tensor& s, int64_t experts, const LinearAttrs& l) {
+  const int64_t step = l.bits == 8 ? 4 : 8, k = l.in_features;
+  const bool blocks = l.block >= 1 && (l.block % step == 0 || l.block >= k) && (l.group >= k || l.group % l.block == 0);
+  return blocks && w.data && s.data && w.rank == 4 && s.rank == 3 && w.dims[0] == experts && s.dims[0] == experts &&
+         w.dims[1] * w.dims[2] * w.dims[3] == packed_bytes(l) && s.dims[1] * s.dims[2] == scale_floats(l);
+}
+
+// Packed experts (inputs 2-5: the integer path) into `a`; false where they do not fit the node's attributes.
+bool packed_experts(OrtKernelContext* ctx, const MoeKernel& k, MoeArgs& a) {
+  const Tensor gate_up = input(ctx, 2), down = input(ctx, 3), gate_up_scale = input(ctx, 4),
+               down_scale = input(ctx, 5);
+  a.inter = k.inter;
+  const int64_t h = a.hidden_size, i = a.inter;
+  a.gate_up_linear = LinearAttrs{k.bits, h, 2 * i, k.int4 ? k.group : h, k.block};
+  a.down_linear = LinearAttrs{k.bits, i, h, k.int4 ? k.group : i, k.block};
+  if ((k.bits != 8 && k.bits != 4) || i < 1 || (k.int4 != (k.bits == 4)) || (k.int4 && k.group < 2)) return false;
+  if (!packed_fits(gate_up, gate_up_scale, a.experts, a.gate_up_linear) ||
+      !packed_fits(down, down_scale, a.experts, a.down_linear))
+    return false;
+  a.gate_up_packed = static_cast<const uint8_t*>(gate_up.data);
+  a.down_packed = static_cast<const uint8_t*>(down.data);
+  a.gate_up_ws = static_cast<const float*>(gate_up_scale.data);
+  a.down_ws = static_cast<const float*>(down_scale.data);
+  return true;
+}
+
+void compute_moe(void* kernel_ptr, OrtKernelContext* ctx) {
+  const MoeKernel& k = *static_cast<MoeKernel*>(kernel_ptr);
+  const Tensor x = input(ctx, 0), logits = input(ctx, 1);
+  if (x.rank != 2 || logits.rank != 2) return;
+  void* y = nullptr;
+  if (!output(ctx, 0, x.dims, 2, &y) || y == nullptr) return;
+  MoeArgs a{};
+  a.tokens = x.dims[0];
+  a.hidden_size = x.dims[1];
+  a.experts = logits.dims[1];
+  a.top_k = k.top_k;
+  a.renormalize = k.renormalize != 0;
+  a.group = k.group;
+  const bool consistent = x.data && logits.data && logits.dims[0] == a.tokens && a.top_k >= 1 &&
+                          a.top_k <= a.experts && (k.packed ? packed_experts(ctx, k, a) : raw_experts(ctx, k, a));
+  if (!consistent) {  // refused at build time
+    std::fill(static_cast<float*>(y), static_cast<float*>(y) + a.tokens * a.hidden_size, 0.0f);
+    return;
+  }
+  a.hidden = static_cast<const float*>(x.data);
+  a.logits = static_cast<const float*>(logits.data);
   a.out = static_cast<float*>(y);
   moe(ctx, a);
 }
@@ -326,12 +367,17 @@ void* create_moe(const OrtCustomOp*, const OrtApi*, const OrtKernelInfo* info) {
   ok(get_int(info, "top_k", &kernel->top_k));
   ok(get_int(info, "renormalize", &kernel->renormalize));
   kernel->int4 = ok(get_int(info, "group_size", &kernel->group));  // absent: float or int8 experts
+  kernel->packed = ok(get_int(info, "activation_block", &kernel->block));  // absent: float or raw quantized experts
+  if (kernel->packed) {
+    ok(get_int(info, "bits", &kernel->bits));
+    ok(get_int(info, "intermediate_size", &kernel->inter));
+  }
   return kernel;
 }
 
 void destroy_moe(void* kernel) { delete static_cast<MoeKernel*>(kernel); }
 const char* moe_name(const OrtCustomOp*) { return "MoE"; }
-int moe_input(const OrtCustomOp*, size_t i) {  // experts: float, int8 or uint8 (int4)
+int moe_input(const OrtCustomOp*, size_t i) {  // experts: float, int8, uint8 (int4) or uint8 (packed)
   return (i == 2 || i == 3) ? kUndefined : kFloat;
 }
 size_t six(const OrtCustomOp*) { return 6; }

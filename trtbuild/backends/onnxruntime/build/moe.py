@@ -1,7 +1,9 @@
 """``trtbuild::MoE`` (plugins/moe/README.md) for onnxruntime: the native kernel's node, or standard ONNX ops.
 
-``native_moe``: each plugin node becomes one ``trtbuild.cpu::MoE`` node (``trtbuild/kernels/cpu/moe.cc``), same
-inputs and attributes: per step the kernel groups the tokens by routed expert and reads only those experts.
+``native_moe``: each plugin node becomes one ``trtbuild.cpu::MoE`` node (``trtbuild/kernels/cpu/moe.cc``): per step
+the kernel groups the tokens by routed expert and reads only those experts. Float experts keep the node's inputs
+and attributes; quantized ones are packed for the kernel's integer path (``moe_experts``: ``QLinear``'s layout, int8
+activations per block as the dense weight-only linears run them).
 
 ``lowered_moe``: each plugin node becomes the dense subgraph of opset-23 ops that ``backends/moe_dense.py`` writes,
 which onnxruntime runs without trtbuild's library (no compiler needed): routing by ``Softmax`` / ``TopK`` /
@@ -23,13 +25,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ....config import ORT_LOWERED_NODE_PREFIX
+from ....config import ORT_LOWERED_NODE_PREFIX, CpuLinear
 from ....errors import BuildError
 from ....graph.builder import GraphBuilder
 from ....plugins.moe import DOMAIN, OP_TYPE, unpack_int4
 from ... import moe_dense
 from ..kernel_library import MOE_OP, NATIVE_DOMAIN
-from .graph_edit import import_domain, node_attr, replace_nodes
+from .graph_edit import import_domain, node_attr, node_attrs, replace_nodes
+from .moe_experts import packed_experts
 
 
 def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -37,6 +40,11 @@ def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     for node in nodes:
         moe_dense.node_attrs(node)  # validated: one BuildError line for a malformed node
     return nodes
+
+
+def quantized_experts(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a ``trtbuild::MoE`` node of int8 or int4 experts (its scales given)."""
+    return node.domain == DOMAIN and node.op_type == OP_TYPE and len(node.input) == 6
 
 
 def _group_size(node: onnx.NodeProto) -> int | None:
@@ -54,28 +62,50 @@ def _int4_transposed(b: GraphBuilder, name: str, packed: np.ndarray, scale: np.n
     return b.op("DequantizeLinear", [w, s], name=name + ".dq", axis=1, block_size=group)
 
 
-def native_moe(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with every ``trtbuild::MoE`` node replaced by the native library's ``MoE`` node."""
+def _native_node(
+    node: onnx.NodeProto, inits: dict[str, onnx.TensorProto], linear: CpuLinear
+) -> tuple[onnx.NodeProto, list]:
+    """The native library's ``MoE`` node for ``node`` and the initializers it adds: with ``QLinear`` for the
+    engine's linears, quantized experts packed for the integer path where it takes them
+    (``moe_experts.packed_experts``), else the node's own inputs."""
+    own_block = "activation_block" in node_attrs(node)
+    if own_block and not quantized_experts(node):
+        raise BuildError(f"{node.name}: activation_block is for int8 / int4 experts; this node's are float")
+    integer = quantized_experts(node) and (linear is CpuLinear.NATIVE or own_block)
+    packed = packed_experts(node, inits) if integer else None
+    inputs = list(node.input) if packed is None else [*node.input[:2], *packed.inputs]
+    group = _group_size(node)
+    attributes = ({} if group is None else {"group_size": group}) if packed is None else packed.attributes
+    native = helper.make_node(
+        MOE_OP,
+        inputs,
+        list(node.output),
+        name=ORT_LOWERED_NODE_PREFIX + node.name,
+        domain=NATIVE_DOMAIN,
+        top_k=int(node_attr(node, "top_k")),
+        renormalize=int(node_attr(node, "renormalize")),
+        **attributes,
+    )
+    return native, [] if packed is None else packed.initializers
+
+
+def native_moe(model: onnx.ModelProto, linear: CpuLinear) -> onnx.ModelProto:
+    """A copy of ``model`` with every ``trtbuild::MoE`` node replaced by the native library's ``MoE`` node; its
+    quantized experts run as the engine's ``linear`` s: on ``QLinear`` (``NATIVE``: packed for the kernel's integer
+    path, int8 activations; ``moe_experts``), else with float activations (an ``activation_block`` of the node's
+    own always takes the integer path)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     nodes = _moe_nodes(out)
     if not nodes:
         return out
-    replacements = {
-        node.name: [
-            helper.make_node(
-                MOE_OP,
-                list(node.input),
-                list(node.output),
-                name=ORT_LOWERED_NODE_PREFIX + node.name,
-                domain=NATIVE_DOMAIN,
-                top_k=int(node_attr(node, "top_k")),
-                renormalize=int(node_attr(node, "renormalize")),
-                **({} if _group_size(node) is None else {"group_size": _group_size(node)}),
-            )
-        ]
-        for node in nodes
-    }
+    inits = {t.name: t for t in out.graph.initializer}
+    replacements, added = {}, {}
+    for node in nodes:
+        native, tensors = _native_node(node, inits, linear)
+        replacements[node.name] = [native]
+        added.update((t.name, t) for t in tensors)  # experts shared by two nodes: packed once
+    out.graph.initializer.extend(added.values())
     replace_nodes(out.graph, set(), replacements)
     import_domain(out, NATIVE_DOMAIN)
     return out

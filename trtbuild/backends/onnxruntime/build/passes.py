@@ -23,7 +23,7 @@ from ....config import BuildConfig, CpuAttention, CpuLinear, EngineIO, ModelConf
 from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
 from .embedding import shared_int8_embedding
 from .lowering import lower_for_onnxruntime
-from .moe import lowered_moe, native_moe
+from .moe import lowered_moe, native_moe, quantized_experts
 from .native import fuse_swiglu, lower_to_native, native_supports
 from .native_linear import LinearSimd, cpu_linear_simd, native_linears
 from .weights import (
@@ -68,8 +68,9 @@ def _native_library(target: Target) -> bool:
 
 
 def _no_linear_to_run(graph: onnx.ModelProto, build: BuildConfig) -> BuildConfig:
-    """``QLinear`` replaced nothing (a float model): the engine runs onnxruntime's linears, and says so."""
-    if any((n.domain, n.op_type) == (NATIVE_DOMAIN, QLINEAR_OP) for n in graph.graph.node):
+    """``QLinear`` replaced nothing and has no quantized experts to run (``native-moe``, after: a float model): the
+    engine runs onnxruntime's linears, and says so."""
+    if any((n.domain, n.op_type) == (NATIVE_DOMAIN, QLINEAR_OP) or quantized_experts(n) for n in graph.graph.node):
         return build
     return replace(build, cpu_linear=CpuLinear.ONNXRUNTIME)
 
@@ -85,8 +86,9 @@ PASSES: tuple[Pass, ...] = (
         lambda g, t: native_linears(g),
         settle=_no_linear_to_run,
     ),
-    # the engine loads the library (options settled): experts routed natively, else dense standard ops
-    Pass("native-moe", _native_library, lambda g, t: native_moe(g)),
+    # the engine loads the library (options settled): experts routed natively (quantized ones on QLinear's integer
+    # products where it runs the linears), else dense standard ops
+    Pass("native-moe", _native_library, lambda g, t: native_moe(g, t.build.cpu_linear)),
     Pass("lowered-moe", lambda t: not _native_library(t), lambda g, t: lowered_moe(g)),
     Pass(  # GGUF Q4_1 linears QLinear did not take
         "offset-linears",
