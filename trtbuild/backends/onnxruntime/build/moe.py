@@ -68,9 +68,7 @@ def _native_node(
     """The native library's ``MoE`` node for ``node`` and the initializers it adds: with ``QLinear`` for the
     engine's linears, quantized experts packed for the integer path where it takes them
     (``moe_experts.packed_experts``), else the node's own inputs."""
-    own_block = "activation_block" in node_attrs(node)
-    if own_block and not quantized_experts(node):
-        raise BuildError(f"{node.name}: activation_block is for int8 / int4 experts; this node's are float")
+    own_block = "activation_block" in node_attrs(node)  # on quantized experts only (_moe_nodes validated the node)
     integer = quantized_experts(node) and (linear is CpuLinear.NATIVE or own_block)
     packed = packed_experts(node, inits) if integer else None
     inputs = list(node.input) if packed is None else [*node.input[:2], *packed.inputs]
