@@ -284,13 +284,7 @@ def test_real_emitted_graph(arch: str, tmp_path: Path) -> None:
     assert sum(n.op_type == "PagedAttention" for n in lowered.graph.node) == cfg.num_layers
     assert set(profile_shapes(lowered, build)) == {i.name for i in lowered.graph.input}
     rng = np.random.default_rng(0)
-    step = {
-        "input_ids": np.array([3, 4, 5, 6], np.int64),
-        "positions": np.array([5, 6, 7, 9], np.int64),
-        "block_tables": np.array([[3, 0, 5], [1, 2, 4]], np.int64),
-        "query_start_loc": np.array([0, 3, 4], np.int64),
-        "logits_indices": np.array([2, 3], np.int64),
-    }
+    step = ragged_step()
     for n in range(cfg.num_layers):
         for kind in ("key", "value"):
             shape = (8, BS, cfg.num_kv_heads, cfg.head_size)
@@ -323,3 +317,15 @@ def _quantized_kv_model() -> onnx.ModelProto:
     outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["T", 16])]
     graph = helper.make_graph([node], "g", inputs, outputs, scales)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid(DOMAIN, 1)])
+
+
+def ragged_step() -> dict[str, np.ndarray]:
+    """A step's graph inputs but the caches: a 3-token continuation (positions 5-7) and a decode token (position 9)
+    on scrambled blocks of 4, both sequences' last rows as logits."""
+    return {
+        "input_ids": np.array([3, 4, 5, 6], np.int64),
+        "positions": np.array([5, 6, 7, 9], np.int64),
+        "block_tables": np.array([[3, 0, 5], [1, 2, 4]], np.int64),
+        "query_start_loc": np.array([0, 3, 4], np.int64),
+        "logits_indices": np.array([2, 3], np.int64),
+    }

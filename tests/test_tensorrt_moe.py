@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from test_moe_lowerings import run_onnxruntime
-from test_tensorrt_lowering import _plugin_op
+from test_tensorrt_lowering import _plugin_op, ragged_step
 
 from trtbuild.backends.tensorrt.build.lowering import PLUGIN_DOMAIN, _check_whole_blocks, lower_for_tensorrt
 from trtbuild.backends.tensorrt.build.moe import lower_moe
@@ -160,13 +160,7 @@ def test_tiny_moe_models_lower_for_tensorrt(arch: str, qformat: str | None, tmp_
     onnx.checker.check_model(lowered, full_check=False)
     assert not [n.name for n in lowered.graph.node if n.domain not in ("", PLUGIN_DOMAIN)]
     rng = np.random.default_rng(0)
-    step = {
-        "input_ids": np.array([3, 4, 5, 6], np.int64),
-        "positions": np.array([5, 6, 7, 9], np.int64),
-        "block_tables": np.array([[3, 0, 5], [1, 2, 4]], np.int64),
-        "query_start_loc": np.array([0, 3, 4], np.int64),
-        "logits_indices": np.array([2, 3], np.int64),
-    }
+    step = ragged_step()
     for vi in portable.graph.input:
         if vi.name not in step:  # the caches: [num_blocks, block_size, kv heads, head size]
             dims = [d.dim_value for d in vi.type.tensor_type.shape.dim]
