@@ -18,7 +18,6 @@ when first needed): never torch or transformers.
 
 from __future__ import annotations
 
-import operator
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -34,11 +33,13 @@ from .kv_offload import KVOffloadConfig
 from .kv_offload.offloader import open_offloader
 from .outputs import CompletionOutput, CompletionState, EngineStats, RequestMetrics, RequestOutput
 from .profile import PhaseTimes
+from .requests import Messages, PreparedRequest, Prompt, pair_prompts, prepare
 from .sampling import SamplerOutput, SamplingParams, TokenLogprobs
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from .sequence import FinishReason
 from .sequence import Sequence as Seq
 from .session import open_session
+from .step_counters import StepCounters
 from .step_logits import run_step
 from .streams import FinishedRequests, TextStream
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -56,9 +57,6 @@ __all__ = [
     "TextStream",
     "TokenLogprobs",
 ]
-
-Prompt = str | Sequence[int]  # text, or token ids
-Messages = Sequence[Mapping[str, Any]]  # a chat: [{"role": "user", "content": "..."}, ...]
 
 
 class LLM:
@@ -169,19 +167,7 @@ class LLM:
         Closing the iterator early (or an exception while iterating) aborts the requests not finished yet. Its
         ``by_step()`` and ``tokens()`` show progress between finishes (``trtbuild run --input``'s bar).
         """
-        if isinstance(prompts, np.ndarray):
-            prompts = prompts.tolist()
-        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts and _is_token(prompts[0])):
-            prompts = [prompts]  # one text prompt, or one token-id prompt
-        prompts = list(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        elif not isinstance(params, Sequence) or isinstance(params, str):
-            raise RequestError(f"params must be a SamplingParams or a list of them, not {type(params).__name__}")
-        params = list(params)
-        if len(params) != len(prompts):
-            raise RequestError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        requests = [self._prepare(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params, strict=True))]
+        requests = [self._prepare(i, p, sp) for i, (p, sp) in enumerate(pair_prompts(prompts, params))]
         added = self._add_all(requests)
 
         def abort() -> None:
@@ -203,9 +189,7 @@ class LLM:
         return FinishedRequests(len(added), self._finished_by_step(requests, added), abort, tokens)
 
     def _finished_by_step(
-        self,
-        requests: list[tuple[str | None, list[int], SamplingParams]],
-        added: list[tuple[str, list[CompletionState]]],
+        self, requests: list[PreparedRequest], added: list[tuple[str, list[CompletionState]]]
     ) -> Iterator[list[tuple[int, RequestOutput]]]:
         """The requests that finished, as lists: one whenever some have, and an empty one after each engine step in
         which none did (so a caller can show progress between finishes)."""
@@ -215,7 +199,7 @@ class LLM:
                 done = [i for i, (_, states) in pending.items() if all(s.finished for s in states)]
                 if done:
                     finished = [(i, pending.pop(i)) for i in done]
-                    yield [(i, self._request_output(rid, requests[i][0], states)) for i, (rid, states) in finished]
+                    yield [(i, self._request_output(rid, requests[i].text, states)) for i, (rid, states) in finished]
                 else:
                     self._step()
                     yield []
@@ -234,7 +218,7 @@ class LLM:
             raise RequestError("generate_stream produces one completion: n must be 1")
         request = self._prepare(0, prompt, params)
         [(rid, [state])] = self._add_all([request])
-        return TextStream(self, rid, state, request[0])
+        return TextStream(self, rid, state, request.text)
 
     def chat(
         self,
@@ -277,31 +261,16 @@ class LLM:
 
     @property
     def stats(self) -> EngineStats:
-        kv, sliding = self.scheduler.kv_cache, self.scheduler.sliding_kv_cache
-        return EngineStats(
-            num_steps=self._steps,
-            num_engine_calls=self._calls,
-            num_computed_tokens=self._computed,
-            num_preemptions=self.scheduler.num_preemptions - self._base[0],
-            prefix_cache_queries=kv.prefix_cache_queries - self._base[1],
-            prefix_cache_hits=kv.prefix_cache_hits - self._base[2],
-            peak_used_blocks=self._peak_blocks,
-            num_blocks=kv.num_usable_blocks,
-            peak_used_sliding_blocks=None if sliding is None else self._peak_sliding_blocks,
-            num_sliding_blocks=None if sliding is None else sliding.num_usable_blocks,
-            waste_slots=self._waste,
-            allocated_slots=self._allocated,
-            kv_offload=self.offloader.stats() if self.offloader is not None else (),
-            kv_offload_loaded_blocks=self.offloader.loaded_blocks if self.offloader is not None else 0,
-        )
+        return self._counters.stats(self.scheduler, self.offloader)
+
+    @property
+    def phase_times(self) -> PhaseTimes:
+        """The engine loop's time by phase since the last reset (``trtbuild bench --profile``)."""
+        return self._counters.phase_times
 
     def reset_stats(self) -> None:
         """Start ``stats`` afresh (e.g. after a warm-up)."""
-        kv = self.scheduler.kv_cache
-        self._base = (self.scheduler.num_preemptions, kv.prefix_cache_queries, kv.prefix_cache_hits)
-        self._steps = self._calls = self._computed = self._peak_blocks = self._waste = self._allocated = 0
-        self._peak_sliding_blocks = 0
-        self.phase_times = PhaseTimes()  # the engine loop's time by phase (trtbuild bench --profile)
+        self._counters = StepCounters.start(self.scheduler)
         if self.offloader is not None:
             self.offloader.reset_stats()
 
@@ -312,30 +281,18 @@ class LLM:
             raise RequestError(f"the engine has no tokenizer.json, needed for {what}; pass token ids")
         return self.tokenizer
 
-    def _prepare(self, index: int, prompt: Prompt, params: Any) -> tuple[str | None, list[int], SamplingParams]:
-        """(prompt text, prompt token ids, params) of prompt ``index``, checked against the vocabulary."""
-        try:
-            if not isinstance(params, SamplingParams):
-                raise RequestError(f"expected SamplingParams, got {type(params).__name__}")
-            if params.stop:
-                self._require_tokenizer("stop strings")
-            if params.regex is not None or params.json_schema is not None:
-                self._grammars().check(params)
-            if isinstance(prompt, str):
-                return prompt, self._require_tokenizer("a text prompt").encode(prompt), params
-            if not isinstance(prompt, Sequence) or not all(_is_token(t) for t in prompt):
-                raise RequestError("a prompt is a string or a list of token ids")
-            ids = [operator.index(t) for t in prompt]
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise RequestError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-            return None, ids, params
-        except RequestError as e:
-            raise RequestError(f"prompt {index}: {e}") from None
+    def _prepare(self, index: int, prompt: Prompt, params: Any) -> PreparedRequest:
+        """Prompt ``index`` checked against this engine (``requests.prepare``)."""
+        return prepare(
+            index,
+            prompt,
+            params,
+            tokenizer=self._require_tokenizer,
+            grammars=self._grammars,
+            vocab_size=self.vocab_size,
+        )
 
-    def _add_all(
-        self, requests: list[tuple[str | None, list[int], SamplingParams]]
-    ) -> list[tuple[str, list[CompletionState]]]:
+    def _add_all(self, requests: list[PreparedRequest]) -> list[tuple[str, list[CompletionState]]]:
         """Queue every request (``n`` sequences each, seeds ``seed + k``), all or none: on error none stays queued.
 
         Returns (request id, the states of its ``n`` sequences ``"<id>-<k>"``) per request.
@@ -411,10 +368,7 @@ class LLM:
         out = self.scheduler.schedule()
         if out.is_empty:
             raise RuntimeError("the scheduler planned an empty step with requests pending")  # a bug, not user input
-        kv, sliding = self.scheduler.kv_cache, self.scheduler.sliding_kv_cache
-        self._peak_blocks = max(self._peak_blocks, kv.num_used_blocks)
-        if sliding is not None:
-            self._peak_sliding_blocks = max(self._peak_sliding_blocks, sliding.num_used_blocks)
+        self._counters.scheduled(self.scheduler)
         t1 = time.perf_counter()
         masks = self._start_masks(out.sample_seqs)
         logits = self._run(out)
@@ -435,15 +389,12 @@ class LLM:
         finished = self.scheduler.update_from_output(out, sampled.token_ids)
         for seq in finished:
             self._states.pop(seq.request_id).finish(self._now)
-        phases = self.phase_times
+        phases = self._counters.phase_times
         phases.schedule += t1 - t0
         phases.engine += t2 - t1
         phases.sample += t3 - t2
         phases.update += time.perf_counter() - t3
-        self._steps += 1
-        self._computed += out.num_batched_tokens
-        self._waste += kv.kv_waste_slots()
-        self._allocated += kv.num_used_blocks * kv.block_size
+        self._counters.stepped(self.scheduler, out)
 
     def _run(self, out: SchedulerOutput) -> Any:
         """Logits of the step's ``sample_rows`` (``step_logits.run_step``); its prompt-logprob rows are recorded."""
@@ -455,9 +406,5 @@ class LLM:
                 prompt_logprobs.record(scores, seq, out.prompt_rows[b], rows)
 
         logits, calls = run_step(self.session, self.sampler, out, record)
-        self._calls += calls
+        self._counters.calls += calls
         return logits
-
-
-def _is_token(x: object) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)
