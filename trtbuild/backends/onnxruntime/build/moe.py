@@ -31,7 +31,7 @@ from ....graph.builder import GraphBuilder
 from ....plugins.moe import DOMAIN, OP_TYPE, unpack_int4
 from ... import moe_dense
 from ..kernel_library import MOE_OP, NATIVE_DOMAIN
-from .graph_edit import import_domain, node_attr, node_attrs, replace_nodes
+from .graph_edit import import_domain, replace_nodes
 from .moe_experts import packed_experts
 
 
@@ -45,12 +45,6 @@ def _moe_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 def quantized_experts(node: onnx.NodeProto) -> bool:
     """Whether ``node`` is a ``trtbuild::MoE`` node of int8 or int4 experts (its scales given)."""
     return node.domain == DOMAIN and node.op_type == OP_TYPE and len(node.input) == 6
-
-
-def _group_size(node: onnx.NodeProto) -> int | None:
-    """The node's ``group_size``: in-features per scale of its int4 experts; None for float or int8 experts."""
-    found = [helper.get_attribute_value(a) for a in node.attribute if a.name == "group_size"]
-    return int(found[0]) if found else None
 
 
 def _int4_transposed(b: GraphBuilder, name: str, packed: np.ndarray, scale: np.ndarray, group: int) -> str:
@@ -68,20 +62,20 @@ def _native_node(
     """The native library's ``MoE`` node for ``node`` and the initializers it adds: with ``QLinear`` for the
     engine's linears, quantized experts packed for the integer path where it takes them
     (``moe_experts.packed_experts``), else the node's own inputs."""
-    own_block = "activation_block" in node_attrs(node)  # on quantized experts only (_moe_nodes validated the node)
-    integer = quantized_experts(node) and (linear is CpuLinear.NATIVE or own_block)
+    attrs = moe_dense.node_attrs(node)  # an activation_block only with quantized experts (validated there)
+    integer = quantized_experts(node) and (linear is CpuLinear.NATIVE or attrs.activation_block is not None)
     packed = packed_experts(node, inits) if integer else None
     inputs = list(node.input) if packed is None else [*node.input[:2], *packed.inputs]
-    group = _group_size(node)
-    attributes = ({} if group is None else {"group_size": group}) if packed is None else packed.attributes
+    group = {} if attrs.group_size is None else {"group_size": attrs.group_size}
+    attributes = group if packed is None else packed.attributes
     native = helper.make_node(
         MOE_OP,
         inputs,
         list(node.output),
         name=ORT_LOWERED_NODE_PREFIX + node.name,
         domain=NATIVE_DOMAIN,
-        top_k=int(node_attr(node, "top_k")),
-        renormalize=int(node_attr(node, "renormalize")),
+        top_k=attrs.top_k,
+        renormalize=int(attrs.renormalize),
         **attributes,
     )
     return native, [] if packed is None else packed.initializers
