@@ -15,6 +15,7 @@ import numpy as np
 from ..errors import RequestError
 from .grammar import Grammars
 from .sampling import SamplingParams
+from .sampling import is_int as is_token  # a token id is an integer of a request
 from .tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]  # text, or token ids
@@ -78,8 +79,3 @@ def prepare(
         return PreparedRequest(None, ids, params)
     except RequestError as e:
         raise RequestError(f"prompt {index}: {e}") from None
-
-
-def is_token(x: object) -> bool:
-    """Whether ``x`` is a token id: a Python or numpy integer, not a bool."""
-    return isinstance(x, int | np.integer) and not isinstance(x, bool)

@@ -93,11 +93,13 @@ _INTEGERS = ("n", "prompt_logprobs_from")
 _OPTIONAL_INTEGERS = ("top_k", "seed", "max_tokens", "logprobs", "prompt_logprobs")
 
 
+def is_int(x: object) -> bool:
+    """Whether ``x`` is an integer of a request: a Python or numpy integer, not a bool."""
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
 def _check_types(params: SamplingParams) -> None:
     """``RequestError`` for a value of the wrong type (e.g. ``"5"`` from a JSON file), before any comparison."""
-
-    def is_int(x: object) -> bool:
-        return isinstance(x, int | np.integer) and not isinstance(x, bool)
 
     for name in _NUMBERS:
         value = getattr(params, name)
