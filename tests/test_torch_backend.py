@@ -3,10 +3,11 @@ AOTInductor (``model.pt2``).
 
 One engine per architecture and runtime is built per session (``torch_engines``; an AOTInductor build takes ~20 s
 here, a torch-compile one compiles at open: ~10 s cold, a few warm) and reused. Checked for both: logits equal
-transformers' through the paged cache (ragged prefill, chunks, decode), the runner on top (continuous batching,
-chunked prefill, prefix hits); the custom op against the numpy oracle (torch implementation, and the CUDA
-implementation's Triton kernel under ``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child
-process and the fallback when it fails; and the errors.
+transformers' through the paged cache (ragged prefill, chunks, decode), the
+runner on top (continuous batching, chunked prefill, prefix hits); the custom op against the numpy oracle (its CPU
+kernel, the native kernel it calls, the torch code, and the CUDA implementation's Triton kernel under
+``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child process and the fallback when it fails;
+and the errors.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from test_llm import mixed_requests
 from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
 from trtbuild.backends.torch.importer import PortableModule
+from trtbuild.backends.torch.native_ops import paged_attention_native
 from trtbuild.backends.torch.session import TorchSession
 from trtbuild.build import build_engine
 from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, TorchRuntime
@@ -163,13 +165,38 @@ def quantized_cache(cache: np.ndarray, scale: float, kv: int) -> tuple[np.ndarra
     return q, t.clone()
 
 
+IMPLS = ["op", "native", "torch-code"]
+
+
+def run_op(impl: str, qkv, k_cache, v_cache, positions, tables, qsl, cos_sin, attrs: PagedAttentionAttrs, scales):
+    """The op on numpy step arrays (caches: torch tensors, written in place) by one implementation: ``op`` the
+    registered op (dispatched to its CPU kernel), ``native`` the native kernel (which must take the call),
+    ``torch-code`` the torch code every device can run."""
+    steps = [torch.from_numpy(a) for a in (qkv, positions, tables, qsl)]
+    rope = None if cos_sin is None else torch.from_numpy(cos_sin)
+    k_scale, v_scale = (None if s is None else torch.tensor(s) for s in scales)
+    if impl == "op":
+        return torch.ops.trtbuild.paged_attention(
+            steps[0], k_cache, v_cache, *steps[1:], rope, k_scale, v_scale, attrs.num_heads, attrs.num_kv_heads,
+            attrs.head_size, attrs.scale, attrs.rotary_interleaved, attrs.kv_cache_dtype, attrs.sliding_window,
+            attrs.softcap,
+        )  # fmt: skip
+    args = (steps[0], k_cache, v_cache, *steps[1:], rope, attrs, k_scale, v_scale)
+    if impl == "torch-code":
+        return ops.paged_attention_torch(*args)
+    out = paged_attention_native(*args)
+    assert out is not None, "the native kernel refused a call within its limits"
+    return out
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("lens", [(5, 3, 1), (1, 1, 1)], ids=["ragged", "decode"])
 @pytest.mark.parametrize(
     ("heads", "rope", "kv"),
     [((4, 2), "halves", KV_FLOAT), ((6, 6), "interleaved", KV_FLOAT), ((4, 1), None, KV_FLOAT),
      ((4, 2), "halves", KV_INT8), ((4, 2), "partial", KV_FP8)],
 )  # fmt: skip
-def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens):
+def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens, impl):
     hq, hkv = heads
     d = 8
     qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d, lens=lens)
@@ -180,12 +207,7 @@ def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens):
     if kv != KV_FLOAT:
         (kc, kc_t), (vc, vc_t) = quantized_cache(kc, scales[0], kv), quantized_cache(vc, scales[1], kv)
     ref_out, ref_k, ref_v = oracle(qkv, kc, vc, positions, tables, qsl, cos_sin, attrs, *scales)
-    out = torch.ops.trtbuild.paged_attention(
-        torch.from_numpy(qkv), kc_t, vc_t, *(torch.from_numpy(a) for a in (positions, tables, qsl)),
-        None if cos_sin is None else torch.from_numpy(cos_sin),
-        *(None if s is None else torch.tensor(s) for s in scales),
-        hq, hkv, d, 0.3, rope == "interleaved", kv,
-    )  # fmt: skip
+    out = run_op(impl, qkv, kc_t, vc_t, positions, tables, qsl, cos_sin, attrs, scales)
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5, rtol=0)
     for got, want in ((kc_t, ref_k), (vc_t, ref_v)):  # written in place
         got = got.view(torch.uint8) if kv == KV_FP8 else got
@@ -193,13 +215,14 @@ def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens):
         np.testing.assert_allclose(got.numpy().astype(np.float64), want.astype(np.float64), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("lens", [(5, 3, 1), (1, 1, 1), (5, 6, 3)], ids=["ragged", "decode", "chunks"])
 @pytest.mark.parametrize(
     ("heads", "kv", "window", "softcap"),
     [((4, 2), KV_FLOAT, 3, None), ((6, 1), KV_FLOAT, 6, None), ((4, 2), KV_FLOAT, None, 0.9),
      ((4, 4), KV_FLOAT, 4, 1.7), ((4, 2), KV_INT8, 5, 1.2)],
 )  # fmt: skip
-def test_custom_op_window_and_softcap_match_oracle(heads, kv, window, softcap, lens):
+def test_custom_op_window_and_softcap_match_oracle(heads, kv, window, softcap, lens, impl):
     """Sliding windows (across block boundaries, GQA) and soft-capping; with a window, the block-table entries of
     blocks wholly before each sequence's window then point at block 0 holding NaN: the output does not change."""
     hq, hkv = heads
@@ -215,12 +238,7 @@ def test_custom_op_window_and_softcap_match_oracle(heads, kv, window, softcap, l
     fresh = kc_t.clone(), vc_t.clone()
 
     def run(k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: np.ndarray) -> torch.Tensor:
-        return torch.ops.trtbuild.paged_attention(
-            torch.from_numpy(qkv), k_cache, v_cache,
-            *(torch.from_numpy(a) for a in (positions, block_tables, qsl)), torch.from_numpy(cos_sin),
-            *(None if s is None else torch.tensor(s) for s in scales),
-            hq, hkv, d, 0.3, False, kv, window, softcap,
-        )  # fmt: skip
+        return run_op(impl, qkv, k_cache, v_cache, positions, block_tables, qsl, cos_sin, attrs, scales)
 
     out = run(kc_t, vc_t, tables)
     np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5, rtol=0)
@@ -236,6 +254,36 @@ def test_custom_op_window_and_softcap_match_oracle(heads, kv, window, softcap, l
         k_null[0], v_null[0] = float("nan"), float("nan")
     moved = run(k_null, v_null, np.where(before, 0, tables))
     np.testing.assert_array_equal(moved.numpy(), out.numpy())
+
+
+def test_native_op_runs_long_steps_on_host_threads():
+    """A step with enough work for the kernel's parallel loops (its writes and its attention, on threads the C entry
+    starts: no onnxruntime pool here) equals the oracle, and a shape beyond the kernel's limits (block size 128) is
+    refused, nothing written, so the op runs its torch code."""
+    hq, hkv, d = 8, 2, 16
+    rng = np.random.default_rng(7)
+    lens, block = [70, 45], 16
+    tables = np.arange(1, 1 + 2 * 8, dtype=np.int64).reshape(2, 8)
+    qsl = np.array([0, *np.cumsum(lens)], dtype=np.int64)
+    positions = np.concatenate([np.arange(n) for n in lens]).astype(np.int64)
+    qkv = rng.standard_normal((sum(lens), (hq + 2 * hkv) * d)).astype(np.float32)
+    cache = np.zeros((2, 17, block, hkv, d), dtype=np.float32)
+    cos_sin = rotary_cos_sin_cache(128, d, 10000.0)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.25)
+    ref_out, ref_k, _ = oracle(qkv, cache[0], cache[1], positions, tables, qsl, cos_sin, attrs)
+    kc_t, vc_t = torch.from_numpy(cache[0].copy()), torch.from_numpy(cache[1].copy())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = run_op("native", qkv, kc_t, vc_t, positions, tables, qsl, cos_sin, attrs, (None, None))
+    finally:
+        torch.set_num_threads(threads)
+    np.testing.assert_allclose(out.numpy(), ref_out, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(kc_t.numpy(), ref_k, atol=1e-6, rtol=0)
+    wide = torch.zeros((17, 128, hkv, d))
+    args = [torch.from_numpy(a) for a in (qkv, positions, tables, qsl)]
+    refused = paged_attention_native(args[0], wide, wide.clone(), *args[1:], torch.from_numpy(cos_sin), attrs)
+    assert refused is None and not wide.any()
 
 
 @pytest.mark.parametrize(("window", "softcap"), [(None, None), (3, 1.1)], ids=["plain", "window-softcap"])

@@ -2,7 +2,8 @@
 
 ``cpu/`` is the C++ of the onnxruntime custom-op library (domain ``trtbuild.cpu``), one file per op with its
 instruction-set variants in headers and the onnxruntime glue apart: ``paged_attention.cc``, ``linear.cc``
-(``QLinear``), ``row_ops.cc`` (``QuantizeRows``, ``RescaleRows``), ``swiglu.cc`` and ``ort_ops.cc``. The runtime
+(``QLinear``), ``row_ops.cc`` (``QuantizeRows``, ``RescaleRows``), ``swiglu.cc``, ``moe.cc``, ``ort_ops.cc``, and
+``c_api.cc`` (the attention kernel as a plain C function, for the torch engine's CPU op). The runtime
 compiles it for the machine at first use (``backends/onnxruntime/kernel_library.py``). The ops' contracts and
 reference implementations live with their plugins (``plugins/paged_attention/``) and graph rewrites
 (``backends/onnxruntime/build/``).

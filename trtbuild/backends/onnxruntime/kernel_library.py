@@ -3,7 +3,8 @@
 Its sources are ``trtbuild/kernels/cpu/`` (C++, one file per op: ``paged_attention.cc``, ``linear.cc`` with its
 per-instruction-set headers, ``row_ops.cc``, ``swiglu.cc``, ``moe.cc``; the onnxruntime glue ``ort_ops.cc``): an
 onnxruntime custom-op library, domain ``trtbuild.cpu``: ``PagedAttention``, ``QLinear``, the per-token row ops,
-``SwiGLU`` and ``MoE``.
+``SwiGLU`` and ``MoE``; ``c_api.cc`` adds a plain C entry point to the attention kernel, which the torch engine's
+CPU op calls (``backends/torch/native_ops.py``).
 It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g++``), every ``.cc`` a translation
 unit of one command, for the machine's own CPU (``-march=native``) and cached under
 ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the sources, the compiler and the CPU, so a changed file,

@@ -3,8 +3,9 @@
 It writes this step's keys/values into ``key_cache`` / ``value_cache`` IN PLACE (declared in ``mutates_args``, so
 ``torch.export`` and AOTInductor keep the caches as the engine's mutated inputs) and returns the attention output.
 On CUDA (float caches) the implementation is the project's Triton kernel, through its public launcher
-``plugins/paged_attention/triton_kernel.paged_attention_triton`` (the one the TensorRT plugin uses); elsewhere, and
-for quantized caches, it is :func:`paged_attention_torch`, checked against the numpy oracle
+``plugins/paged_attention/triton_kernel.paged_attention_triton`` (the one the TensorRT plugin uses); on the CPU it is
+the onnxruntime engine's native kernel (``native_ops.py``) where that takes the call; elsewhere, and for quantized
+caches on CUDA, it is :func:`paged_attention_torch`, checked against the numpy oracle
 (``plugins/paged_attention/reference.py``).
 AOTInductor calls the op through its proxy executor, so a process running a torch engine imports this module first
 (``TorchSession`` does).
@@ -163,13 +164,32 @@ def paged_attention(
 ) -> Tensor:
     """``trtbuild::PagedAttention`` (plugins/paged_attention/README.md): writes the caches, returns ``[T, Hq*D]``.
 
-    This body is the implementation for every device but CUDA (see :func:`paged_attention_cuda`)."""
+    This body is the implementation for every device but the CPU and CUDA (:func:`paged_attention_cpu`,
+    :func:`paged_attention_cuda`)."""
     attrs = PagedAttentionAttrs(
         num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window, softcap
     )
     return paged_attention_torch(
         qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale, v_scale
     )
+
+
+@paged_attention.register_kernel("cpu")
+def paged_attention_cpu(
+    qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
+    num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window=None, softcap=None,
+):  # fmt: skip
+    """The CPU implementation: the native kernel the onnxruntime engine runs (``native_ops.py``), else (no
+    compiler, bf16 activations, a shape beyond the kernel's limits) the torch code."""
+    from .native_ops import paged_attention_native
+
+    attrs = PagedAttentionAttrs(
+        num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window, softcap
+    )
+    args = (qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale,
+            v_scale)  # fmt: skip
+    out = paged_attention_native(*args)
+    return paged_attention_torch(*args) if out is None else out.to(qkv.dtype)
 
 
 @paged_attention.register_kernel("cuda")

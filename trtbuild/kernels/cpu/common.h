@@ -21,8 +21,13 @@ struct OrtKernelContext;  // onnxruntime's per-call context (ort_api.h): only ha
 #pragma GCC visibility push(hidden)  // shared by this library's files, exported by none
 namespace trtbuild::cpu {
 
-// fn(data, t) for t < tasks on onnxruntime's thread pool (ort_ops.cc); false when the pool refused the loop.
+// fn(data, t) for t < tasks on onnxruntime's thread pool (ort_ops.cc), or on host threads when ctx is nullptr (a
+// call through the C entry points, host_parallel_for); false when the loop was refused (the caller runs it itself).
 bool parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data);
+
+// fn(data, t) for t < tasks on up to the calling C entry's thread count of freshly started threads (c_api.cc);
+// false when that count is below 2.
+bool host_parallel_for(void (*fn)(void*, size_t), size_t tasks, void* data);
 
 }  // namespace trtbuild::cpu
 #pragma GCC visibility pop

@@ -1,8 +1,8 @@
 // The onnxruntime glue of trtbuild's native CPU ops, domain "trtbuild.cpu": PagedAttention (paged_attention.h),
 // QuantizeRows and RescaleRows (row_ops.h), QLinear (linear.h), SwiGLU (swiglu.h) and MoE (moe.h). The only file
 // that knows onnxruntime beyond the opaque context the ops pass to parallel_for: it reads each node's attributes and
-// tensors, allocates its outputs, calls the op's entry point, and registers the ops (RegisterCustomOps, the
-// library's one exported symbol).
+// tensors, allocates its outputs, calls the op's entry point, and registers the ops (RegisterCustomOps; the
+// library's other exported symbols are the plain C entry points of c_api.cc).
 //
 // Built by trtbuild/backends/onnxruntime/kernel_library.py (g++ -O3 -march=native, every .cc of this folder in one
 // command, at first use, cached per machine) and loaded with SessionOptions.register_custom_ops_library.
@@ -391,6 +391,7 @@ const OrtCustomOp kMoE = {
 }  // namespace
 
 bool parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data) {
+  if (ctx == nullptr) return host_parallel_for(fn, tasks, data);  // not called by onnxruntime: c_api.cc
   return ok(slot<ParallelForFn>(kKernelContextParallelFor)(ctx, fn, tasks, tasks, data));
 }
 

@@ -283,12 +283,12 @@ void run_worker(void* data, size_t) {
 
 }  // namespace
 
-void paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s) {
+bool paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s) {
   const int64_t group = a.num_heads / a.num_kv_heads;
   if (s.num_seqs <= 0 || s.max_blocks <= 0 || s.block_size > kMaxBlockSize || group > kMaxRows ||
       group * a.head_size > kMaxTileFloats || a.num_kv_heads * a.head_size > kMaxTileFloats ||
       a.head_size > kMaxHeadSize)
-    return;  // refused at build time (backends/onnxruntime/build/native.py): never reached from a trtbuild engine
+    return false;  // refused at build time (backends/onnxruntime/build/native.py), checked by the C entry's caller
   WriteWork ww{&a, &s};
   const int64_t write_tasks = (s.num_tokens + kWriteTokens - 1) / kWriteTokens;
   if (write_tasks < 2 || !parallel_for(ctx, write_tokens, size_t(write_tasks), &ww)) write_step(a, s, 0, s.num_tokens);
@@ -333,6 +333,7 @@ void paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s) {
     run_worker(&pw, 0);
   }
   delete[] items;
+  return true;
 }
 
 }  // namespace trtbuild::cpu

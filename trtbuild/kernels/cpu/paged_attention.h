@@ -42,8 +42,9 @@ constexpr int64_t kMaxHeadSize = 512;
 
 #pragma GCC visibility push(hidden)
 // One step: q and k rotated, the step's keys and values written into the caches in place, every token attended over
-// its sequence's blocks into s.out. A call beyond the limits above (refused at build time) returns, out unwritten.
-void paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s);
+// its sequence's blocks into s.out. A call beyond the limits above (refused at build time) returns false, out
+// unwritten. ctx: onnxruntime's, or nullptr from the C entry point (c_api.cc), whose loops run on host threads.
+bool paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s);
 #pragma GCC visibility pop
 
 }  // namespace trtbuild::cpu
