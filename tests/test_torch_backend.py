@@ -3,7 +3,7 @@ AOTInductor (``model.pt2``).
 
 One engine per architecture and runtime is built per session (``torch_engines``; an AOTInductor build takes ~20 s
 here, a torch-compile one compiles at open: ~10 s cold, a few warm) and reused. Checked for both: logits equal
-transformers' through the paged cache (ragged prefill, chunks, decode), the
+transformers' through the paged cache (ragged prefill, chunks, decode; one-row products as fused reductions), the
 runner on top (continuous batching, chunked prefill, prefix hits); the custom op against the numpy oracle (its CPU
 kernel, the native kernel it calls, the torch code, and the CUDA implementation's Triton kernel under
 ``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child process and the fallback when it fails;
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 import torch
 from test_cli_errors import assert_clean_failure, run_cli
-from test_end_to_end import check_prefill_and_decode
+from test_end_to_end import BlockTables, check_prefill_and_decode
 from test_llm import mixed_requests
+from tiny_models import hf_logits
 
 from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
@@ -31,6 +32,7 @@ from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, Torc
 from trtbuild.errors import BuildError, EngineError
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
 from trtbuild.plugins.paged_attention.reference import paged_attention as oracle
+from trtbuild.runtime.batch import StepBatch
 from trtbuild.runtime.llm import LLM, SamplingParams
 
 ARCHS = ["llama_gqa", "qwen2_bias", "gpt2"]
@@ -74,6 +76,32 @@ def test_compiled_engine_matches_transformers(torch_engines, name, runtime):
     else:  # the graph's structure and the weights in the engine's dtype: no compiled code
         assert entry["target"] == "compile-cpu" and entry["path"] == "engines/torch-compile-cpu/graph.onnx"
         assert (engine / "engines/torch-compile-cpu/weights.safetensors").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma3"])
+def test_one_row_products_match_transformers(torch_engines, name):
+    """A torch-compile CPU engine computes one-row products (a batch-1 prefill's logits row, batch-1 decode steps) as
+    fused multiply-and-sum reductions over its MatMul weights held [out, in] and its tied head: the logits still
+    equal transformers'."""
+    model, _, engine = torch_engines[name, TorchRuntime.TORCH_COMPILE]
+    session = TorchSession(engine, kv_cache_memory=1 << 20)
+    module = session._runner._orig_mod  # the compiled PortableModule
+    matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
+    assert module.row_products and module.row_weights == matmuls  # every MatMul weight (float engine)
+    weight = next(iter(module.row_weights))
+    assert getattr(module, module._buffer_names[weight]).is_contiguous()  # held transposed, [out, in]
+    rng = np.random.default_rng(4)
+    tokens = [int(t) for t in rng.integers(0, model.config.vocab_size, 6)]
+    alloc = BlockTables(session.num_blocks, session.config.build.kv_block_size, seed=5)
+    done = 0
+    for step in range(5):  # the prompt (one logits row), then four one-token decode steps
+        new = tokens if step == 0 else [int(rng.integers(0, model.config.vocab_size))]
+        tokens = tokens if step == 0 else [*tokens, *new]
+        batch = StepBatch.build([new], [done], [alloc.ensure(0, done + len(new))])
+        done += len(new)
+        logits = session.step(batch)
+        assert logits.shape[0] == 1
+        np.testing.assert_allclose(logits[0], hf_logits(model, tokens)[-1], atol=1e-4, rtol=0, err_msg=f"step {step}")
 
 
 def test_eager_module_matches_transformers(torch_engines):

@@ -104,10 +104,24 @@ class PortableModule(torch.nn.Module):
     ``[N, vocab]``.
 
     ``weights``: the initializers as ``import_weights`` makes them (how the torch-compile runtime opens an engine:
-    ``model`` is then the ``graph_structure``); None imports them from ``model``."""
+    ``model`` is then the ``graph_structure``); None imports them from ``model``.
+
+    ``row_products``: a product of ONE row by a float weight (a batch-1 decode step, a single logits row) is
+    computed as a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, stored
+    transposed; a ``Gemm``'s ``transB`` weight already is), which Inductor fuses into one memory-bound reduction
+    over all threads; other products stay matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at
+    ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs
+    on the CPU only: eager, the product would be materialised, and ``torch.export`` cannot branch on the token
+    count. Opening holds both layouts of those weights until the constructor returns."""
 
     def __init__(
-        self, model: onnx.ModelProto, io: EngineIO, dtype: torch.dtype, weights: Mapping[str, Tensor] | None = None
+        self,
+        model: onnx.ModelProto,
+        io: EngineIO,
+        dtype: torch.dtype,
+        weights: Mapping[str, Tensor] | None = None,
+        *,
+        row_products: bool = False,
     ) -> None:
         super().__init__()
         unknown = sorted({_op_name(n) for n in model.graph.node} - set(OPS))
@@ -125,10 +139,12 @@ class PortableModule(torch.nn.Module):
         }
         if weights is None:
             weights = import_weights(model, dtype)
+        self.row_products = row_products
+        self.row_weights = _matmul_weights(self.nodes, weights) if row_products else frozenset()
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
-            self.register_buffer(attr, tensor)
+            self.register_buffer(attr, tensor.t().contiguous() if name in self.row_weights else tensor)
             self._buffer_names[name] = attr
         names = [i.name for i in model.graph.input]
         step = [getattr(io, n) for n in STEP_INPUTS]
@@ -180,15 +196,39 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     return (torch.index_select(data, axis, idx),)
 
 
+def _matmul_weights(nodes: Sequence[Node], weights: Mapping[str, Tensor]) -> frozenset[str]:
+    """The float 2-D weights that only MatMul nodes read, as their second input (``PortableModule.row_weights``)."""
+    readers: dict[str, set[tuple[str, int]]] = {}
+    for node in nodes:
+        for slot, name in enumerate(node.inputs):
+            readers.setdefault(name, set()).add((node.op, slot))
+    return frozenset(
+        name
+        for name, w in weights.items()
+        if readers.get(name) == {("MatMul", 1)} and w.dim() == 2 and w.is_floating_point()
+        and w.dtype != torch.float8_e4m3fn
+    )  # fmt: skip
+
+
+def _times_weight(m: PortableModule, a: Tensor, w_out_in: Tensor) -> Tensor:
+    """``a @ w_out_in.T``: for one row of ``a`` (``m.row_products``) a multiply-and-sum that Inductor fuses into one
+    reduction over the weight's rows; otherwise a matmul."""
+    if m.row_products and a.dim() == 2 and a.shape[0] == 1:
+        return (a * w_out_in).sum(-1).unsqueeze(0)
+    return torch.matmul(a, w_out_in.t())
+
+
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    if node.inputs[1] in m.row_weights:  # held [out, in]
+        return (_times_weight(m, x[0], x[1].to(x[0].dtype)),)
     return (torch.matmul(x[0], x[1].to(x[0].dtype)),)
 
 
 def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, b = x[0], x[1].to(x[0].dtype)
     a = a.t() if node.attrs.get("transA", 0) else a
-    b = b.t() if node.attrs.get("transB", 0) else b
-    y = node.attrs.get("alpha", 1.0) * torch.matmul(a, b)
+    product = _times_weight(m, a, b) if node.attrs.get("transB", 0) else torch.matmul(a, b)  # transB: [out, in]
+    y = node.attrs.get("alpha", 1.0) * product
     if len(x) > 2 and x[2] is not None:
         y = y + node.attrs.get("beta", 1.0) * x[2]
     return (y,)

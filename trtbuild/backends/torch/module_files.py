@@ -35,11 +35,14 @@ def write_module_files(portable: onnx.ModelProto, dtype: torch.dtype, directory:
     return directory / GRAPH_FILE
 
 
-def load_module(graph_path: Path, io: EngineIO, dtype: torch.dtype, device: torch.device) -> PortableModule:
-    """The engine's ``PortableModule`` with its weights on ``device`` (read there directly, no host copy kept)."""
+def load_module(
+    graph_path: Path, io: EngineIO, dtype: torch.dtype, device: torch.device, *, row_products: bool = False
+) -> PortableModule:
+    """The engine's ``PortableModule`` with its weights on ``device`` (read there directly, no host copy kept);
+    ``row_products`` as ``PortableModule``'s."""
     try:
         structure = onnx.load(str(graph_path), load_external_data=False)
         weights = load_file(str(graph_path.parent / WEIGHTS_FILE), device=str(device))
     except Exception as e:
         raise EngineError(f"{graph_path.parent}: cannot read the torch engine's graph and weights ({e})") from None
-    return PortableModule(structure, io, dtype, weights).eval()
+    return PortableModule(structure, io, dtype, weights, row_products=row_products).eval()

@@ -56,7 +56,8 @@ def load_compiled(
     graph: Path, io: EngineIO, dtype: torch.dtype, device: torch.device, *, compile: bool, max_autotune: bool
 ) -> Runner:
     """The torch-compile runtime's runner: the module on ``device``, compiled lazily by its first calls."""
-    module = load_module(graph, io, dtype, device)
+    # One-row products as fused reductions (PortableModule.row_products): measured on the CPU only.
+    module = load_module(graph, io, dtype, device, row_products=compile and device.type == "cpu")
     if not compile:
         return module
     inductor_cache_dir()
