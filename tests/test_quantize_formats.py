@@ -83,13 +83,13 @@ def check_engine(model, qckpt, engine, name: str, tmp_path) -> None:
 class ImportedSession:
     """The torch backend's imported module (what ``torch.export`` traces), run eagerly as a session."""
 
-    def __init__(self, ckpt) -> None:
+    def __init__(self, ckpt, row_products: bool = False) -> None:
         from trtbuild.backends.build_request import portable_graph
         from trtbuild.backends.torch.importer import PortableModule
         from trtbuild.backends.torch.ops import cache_dtype
 
         cfg, build, io, graph = portable_graph(ckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
-        self.module = PortableModule(graph, io, torch.float32)
+        self.module = PortableModule(graph, io, torch.float32, row_products=row_products)
         shape = (16, build.kv_block_size, cfg.num_kv_heads, cfg.head_size)
         dtype = cache_dtype(cfg, torch.float32)
         self.caches = [torch.zeros(shape).to(dtype) for _ in range(2 * cfg.num_layers)]
@@ -131,6 +131,27 @@ def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
     computes."""
     model, ckpt, _ = quantized[name]
     check_against_fake_quant(ImportedSession(ckpt), model, name)
+
+
+@pytest.mark.parametrize("name", ["int8_wo+kv_int8", "int4_awq_zp_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head"])
+def test_one_row_products_of_quantized_weights(quantized, name):
+    """``row_products`` (the torch-compile CPU engines' batch-1 form) holds every dequantized MatMul weight [out, in]
+    (its int8 / int4 / fp8 data, blocked scales and zero points transposed, the dequantizer's axis flipped) and
+    computes one-row products as multiply-and-sum: a one-sequence prefill and one-token decode steps give the
+    plain importer's logits (itself checked against modelopt above)."""
+    model, ckpt, _ = quantized[name]
+    plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=True)
+    module = rows.module
+    assert module.row_weights == {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
+    assert any(n.op == "DequantizeLinear" and n.outputs[0] in module.row_weights for n in module.nodes)
+    rng = np.random.default_rng(6)
+    vocab = model.config.vocab_size
+    done, table = 0, [1, 2, 3, 4]
+    for step in range(4):  # a 6-token prompt (one logits row), then one-token steps
+        tokens = [int(t) for t in rng.integers(0, vocab, 6 if step == 0 else 1)]
+        batch = StepBatch.build([tokens], [done], [table])
+        done += len(tokens)
+        np.testing.assert_allclose(rows.step(batch), plain.step(batch), atol=1e-5, rtol=0, err_msg=f"step {step}")
 
 
 @pytest.mark.slow

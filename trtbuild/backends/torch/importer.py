@@ -16,7 +16,7 @@ a graph input after ``logits_indices``, before the caches).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ml_dtypes
@@ -106,10 +106,11 @@ class PortableModule(torch.nn.Module):
     ``weights``: the initializers as ``import_weights`` makes them (how the torch-compile runtime opens an engine:
     ``model`` is then the ``graph_structure``); None imports them from ``model``.
 
-    ``row_products``: a product of ONE row by a float weight (a batch-1 decode step, a single logits row) is
-    computed as a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, stored
-    transposed; a ``Gemm``'s ``transB`` weight already is), which Inductor fuses into one memory-bound reduction
-    over all threads; other products stay matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at
+    ``row_products``: a product of ONE row by a weight (a batch-1 decode step, a single logits row) is computed as
+    a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, float or
+    dequantized from int8 / int4 / fp8, stored transposed; a ``Gemm``'s ``transB`` weight already is), which
+    Inductor fuses, dequantization included, into one memory-bound reduction over all threads; other products stay
+    matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at
     ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs
     on the CPU only: eager, the product would be materialised, and ``torch.export`` cannot branch on the token
     count. Opening holds both layouts of those weights until the constructor returns."""
@@ -140,11 +141,14 @@ class PortableModule(torch.nn.Module):
         if weights is None:
             weights = import_weights(model, dtype)
         self.row_products = row_products
-        self.row_weights = _matmul_weights(self.nodes, weights) if row_products else frozenset()
+        self.row_weights: frozenset[str] = frozenset()
+        transposed: frozenset[str] = frozenset()
+        if row_products:
+            self.row_weights, transposed, self.nodes = _row_layout(self.nodes, weights)
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
-            self.register_buffer(attr, tensor.t().contiguous() if name in self.row_weights else tensor)
+            self.register_buffer(attr, tensor.t().contiguous() if name in transposed else tensor)
             self._buffer_names[name] = attr
         names = [i.name for i in model.graph.input]
         step = [getattr(io, n) for n in STEP_INPUTS]
@@ -196,18 +200,46 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     return (torch.index_select(data, axis, idx),)
 
 
-def _matmul_weights(nodes: Sequence[Node], weights: Mapping[str, Tensor]) -> frozenset[str]:
-    """The float 2-D weights that only MatMul nodes read, as their second input (``PortableModule.row_weights``)."""
+def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor]) -> tuple[frozenset[str], frozenset[str], list[Node]]:
+    """``PortableModule.row_weights`` and how to hold them ``[out, in]``: the MatMul weights (second inputs read by
+    MatMul nodes only) that are float 2-D initializers, or the output of a ``DequantizeLinear`` of a 2-D
+    initializer (int8 / int4 / fp8, read by it only); returns those names, the initializers to store transposed
+    (the float weights; the quantized data and any 2-D scale / zero point), and ``nodes`` with those dequantizers'
+    ``axis`` flipped to the transposed layout (per-channel scales along the out axis stay 1-D)."""
     readers: dict[str, set[tuple[str, int]]] = {}
     for node in nodes:
         for slot, name in enumerate(node.inputs):
             readers.setdefault(name, set()).add((node.op, slot))
-    return frozenset(
-        name
-        for name, w in weights.items()
-        if readers.get(name) == {("MatMul", 1)} and w.dim() == 2 and w.is_floating_point()
-        and w.dtype != torch.float8_e4m3fn
-    )  # fmt: skip
+    dequantizers = {n.outputs[0]: i for i, n in enumerate(nodes) if n.op == "DequantizeLinear"}
+
+    def only_read_by(name: str, op: str, slot: int) -> bool:
+        return readers.get(name) == {(op, slot)}
+
+    rows, transposed, nodes = set(), set(), list(nodes)
+    for node in nodes:
+        name = node.inputs[1] if node.op == "MatMul" else ""
+        if not only_read_by(name, "MatMul", 1):
+            continue
+        w = weights.get(name)
+        if w is not None and w.dim() == 2 and w.is_floating_point() and w.dtype != torch.float8_e4m3fn:
+            rows.add(name)
+            transposed.add(name)
+        elif name in dequantizers:
+            dq = nodes[dequantizers[name]]
+            data = weights.get(dq.inputs[0])
+            if data is None or data.dim() != 2 or not only_read_by(dq.inputs[0], "DequantizeLinear", 0):
+                continue
+            params = [(i, p) for i, p in enumerate(dq.inputs[1:], 1) if p]  # scale, zero point
+            if not all(p in weights for _, p in params):
+                continue
+            params = [(i, p) for i, p in params if weights[p].dim() == 2]  # blocked: transposed with the data
+            if not all(only_read_by(p, "DequantizeLinear", i) for i, p in params):
+                continue
+            rows.add(name)
+            transposed.update([dq.inputs[0], *(p for _, p in params)])
+            axis = dq.attrs.get("axis", 1) % 2
+            nodes[dequantizers[name]] = replace(dq, attrs={**dq.attrs, "axis": 1 - axis})
+    return frozenset(rows), frozenset(transposed), nodes
 
 
 def _times_weight(m: PortableModule, a: Tensor, w_out_in: Tensor) -> Tensor:
