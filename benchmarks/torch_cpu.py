@@ -9,7 +9,7 @@ prints each engine's median ms a token and its ratio to the onnxruntime engine (
 decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
 engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
 adds torch's profiler table of one torch-compile decode step (where its time goes). Results:
-benchmarks/results/2026-12-04-cpu2-torch-backend.md.
+benchmarks/results/2026-12-04-cpu2-torch-backend.md, 2026-12-05-cpu2-torch-cpu.md.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-
+    # First, before the build step imports torch: the torch session module sets torch's OpenMP spin as a process
+    # that opens a torch engine gets it (read when OpenMP starts; without it a loaded machine measured 4x slower).
+    import trtbuild.backends.torch.session  # noqa: F401
     from trtbuild.runtime.llm import LLM, SamplingParams
 
     engines = build_engines(args.work, args.max_autotune)
