@@ -135,15 +135,19 @@ def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
 
 @pytest.mark.parametrize("name", ["int8_wo+kv_int8", "int4_awq_zp_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head"])
 def test_one_row_products_of_quantized_weights(quantized, name):
-    """``row_products`` (the torch-compile CPU engines' batch-1 form) holds every dequantized MatMul weight [out, in]
-    (its int8 / int4 / fp8 data, blocked scales and zero points transposed, the dequantizer's axis flipped) and
-    computes one-row products as multiply-and-sum: a one-sequence prefill and one-token decode steps give the
-    plain importer's logits (itself checked against modelopt above)."""
+    """``row_products`` (the torch-compile CPU engines' batch-1 form) holds every MatMul weight dequantized per
+    channel or per tensor [out, in] (its int8 / fp8 data transposed, the dequantizer's axis flipped) and computes
+    one-row products as multiply-and-sum; weights dequantized in blocks (int4) keep their layout and matmul. A
+    one-sequence prefill and one-token decode steps give the plain importer's logits (itself checked against
+    modelopt above)."""
     model, ckpt, _ = quantized[name]
     plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=True)
     module = rows.module
-    assert module.row_weights == {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
-    assert any(n.op == "DequantizeLinear" and n.outputs[0] in module.row_weights for n in module.nodes)
+    blocked = {n.outputs[0] for n in module.nodes if n.op == "DequantizeLinear" and n.attrs.get("block_size")}
+    matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
+    assert module.row_weights == matmuls - blocked and (not blocked or "int4" in name)
+    if "int4" not in name:
+        assert any(n.op == "DequantizeLinear" and n.outputs[0] in module.row_weights for n in module.nodes)
     rng = np.random.default_rng(6)
     vocab = model.config.vocab_size
     done, table = 0, [1, 2, 3, 4]

@@ -108,7 +108,7 @@ class PortableModule(torch.nn.Module):
 
     ``row_products``: a product of ONE row by a weight (a batch-1 decode step, a single logits row) is computed as
     a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, float or
-    dequantized from int8 / int4 / fp8, stored transposed; a ``Gemm``'s ``transB`` weight already is), which
+    dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s ``transB`` weight already is), which
     Inductor fuses, dequantization included, into one memory-bound reduction over all threads; other products stay
     matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at
     ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs
@@ -203,9 +203,9 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor]) -> tuple[frozenset[str], frozenset[str], list[Node]]:
     """``PortableModule.row_weights`` and how to hold them ``[out, in]``: the MatMul weights (second inputs read by
     MatMul nodes only) that are float 2-D initializers, or the output of a ``DequantizeLinear`` of a 2-D
-    initializer (int8 / int4 / fp8, read by it only); returns those names, the initializers to store transposed
-    (the float weights; the quantized data and any 2-D scale / zero point), and ``nodes`` with those dequantizers'
-    ``axis`` flipped to the transposed layout (per-channel scales along the out axis stay 1-D)."""
+    initializer (int8 / fp8 per channel or per tensor, read by it only); returns those names, the initializers to
+    store transposed (the float weights, the quantized data), and ``nodes`` with those dequantizers' ``axis``
+    flipped to the transposed layout (their 1-D scales stay as they are)."""
     readers: dict[str, set[tuple[str, int]]] = {}
     for node in nodes:
         for slot, name in enumerate(node.inputs):
@@ -229,14 +229,15 @@ def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor]) -> tuple[froze
             data = weights.get(dq.inputs[0])
             if data is None or data.dim() != 2 or not only_read_by(dq.inputs[0], "DequantizeLinear", 0):
                 continue
-            params = [(i, p) for i, p in enumerate(dq.inputs[1:], 1) if p]  # scale, zero point
-            if not all(p in weights for _, p in params):
-                continue
-            params = [(i, p) for i, p in params if weights[p].dim() == 2]  # blocked: transposed with the data
-            if not all(only_read_by(p, "DequantizeLinear", i) for i, p in params):
+            params = [p for p in dq.inputs[1:] if p]  # scale, zero point
+            # Not blocked scales (int4): Inductor (torch 2.13) miscomputed the several-row product of a transposed
+            # weight dequantized in blocks inside the engine's graph (a tiny Llama's down projection, 3 blocks a
+            # row; tests/test_gpu_torch_backend.py caught it), though not in isolation. Per-channel and per-tensor
+            # scales (int8, fp8) only; an int4 weight keeps its layout and its matmul.
+            if dq.attrs.get("block_size", 0) or not all(p in weights and weights[p].dim() <= 1 for p in params):
                 continue
             rows.add(name)
-            transposed.update([dq.inputs[0], *(p for _, p in params)])
+            transposed.add(dq.inputs[0])
             axis = dq.attrs.get("axis", 1) % 2
             nodes[dequantizers[name]] = replace(dq, attrs={**dq.attrs, "axis": 1 - axis})
     return frozenset(rows), frozenset(transposed), nodes
