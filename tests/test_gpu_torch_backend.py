@@ -11,6 +11,8 @@ fails with the child's exit status and trace while the other cases go on. Cases:
 - the Llama as a bfloat16 engine: greedy tokens through ``LLM`` vs transformers' bfloat16 ``generate``.
 - int8 / int4 weight-only checkpoints of the Llama (round-to-nearest, made here): logits vs the same portable
   graph run eagerly by the importer on the CPU.
+- in both, a session with one-row products as fused reductions (``TorchSession(row_products=True)``, the CPU's
+  default, off on a GPU until measured) over one-row steps: a prompt's last logits row and batch-1 decodes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def test_float32_logits_match_transformers(name: str, device: str, work: Path, i
     got = isolated_case(MODULE, "case_correctness", name, "torch-compile", str(work / device), device,
                         device=device, timeout=CASE_TIMEOUT)  # fmt: skip
     assert got["max_abs_err"] <= LIMIT and got["max_abs_err_no_graphs"] <= LIMIT, got
+    assert got["max_abs_err_one_row_products"] <= LIMIT, got
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -66,7 +69,7 @@ def test_weight_only_engine_matches_the_eager_graph(
 ) -> None:
     got = isolated_case(MODULE, "case_quantized", qformat, str(work / device), device, device=device,
                         timeout=CASE_TIMEOUT)  # fmt: skip
-    assert got["max_abs_err_vs_eager_cpu"] <= LIMIT, got
+    assert got["max_abs_err_vs_eager_cpu"] <= LIMIT and got["max_abs_err_one_row_products"] <= LIMIT, got
 
 
 # --------------------------------------------------------------------------------------------- the cases
@@ -124,6 +127,24 @@ def paged_run(session: Any, vocab: int, reference: Callable[[list[int]], Any], s
     return worst
 
 
+def one_row_run(session: Any, vocab: int, reference: Callable[[list[int]], Any], seed: int = 2) -> float:
+    """Max abs error of the last logits row vs ``reference`` over steps of one row each: a 7-token prompt (one
+    logits row), then 6 one-token decode steps (batch 1, a CUDA graph where the session captures them)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    ids = list(map(int, rng.integers(0, vocab, 7)))
+    table = list(range(1, 1 + -(-(len(ids) + 6) // session.config.build.kv_block_size)))
+    worst, done, new = 0.0, 0, ids
+    for _ in range(7):
+        logits = session.step(step_batch([new], [done], [table]))
+        worst = max(worst, float(np.abs(logits[0] - reference(ids)[-1]).max()))
+        done += len(new)
+        new = [int(rng.integers(0, vocab))]
+        ids = [*ids, *new]
+    return worst
+
+
 def case_correctness(name: str, runtime: str, work: str, device: str) -> dict[str, Any]:
     """The float32 engine of ``TINY[name]`` for ``runtime`` vs transformers, with CUDA graphs (the default) and
     without."""
@@ -142,7 +163,10 @@ def case_correctness(name: str, runtime: str, work: str, device: str) -> dict[st
     graphs = session._decode.replaying
     eager = TorchSession(built["engine"], kv_cache_memory=64 << 20, decode_batch_sizes=[])
     err_eager = paged_run(eager, model.config.vocab_size, lambda ids: hf_logits(model, ids, device))
+    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=runtime == "torch-compile")
+    err_rows = one_row_run(rows, model.config.vocab_size, lambda ids: hf_logits(model, ids, device))
     return {"max_abs_err": err, "max_abs_err_no_graphs": err_eager, "cuda_graphs": graphs,
+            "max_abs_err_one_row_products": err_rows,
             "load_s": round(session.load_seconds, 1),
             **{k: v for k, v in built.items() if k not in ("ckpt", "engine")}}  # fmt: skip
 
@@ -207,5 +231,8 @@ def case_quantized(qformat: str, work: str, device: str) -> dict[str, Any]:
 
     session = TorchSession(built["engine"], kv_cache_memory=64 << 20)
     err = paged_run(session, cfg.vocab_size, reference)
-    return {"max_abs_err_vs_eager_cpu": err, "build_s": built["build_s"], "package_mb": built["package_mb"],
+    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=True)
+    err_rows = one_row_run(rows, cfg.vocab_size, reference)
+    return {"max_abs_err_vs_eager_cpu": err, "max_abs_err_one_row_products": err_rows,
+            "build_s": built["build_s"], "package_mb": built["package_mb"],
             "runtime": built["runtime"]}  # fmt: skip

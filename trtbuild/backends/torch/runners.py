@@ -53,11 +53,18 @@ def load_aoti(package: Path) -> Runner:
 
 
 def load_compiled(
-    graph: Path, io: EngineIO, dtype: torch.dtype, device: torch.device, *, compile: bool, max_autotune: bool
+    graph: Path,
+    io: EngineIO,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    compile: bool,
+    max_autotune: bool,
+    row_products: bool,
 ) -> Runner:
-    """The torch-compile runtime's runner: the module on ``device``, compiled lazily by its first calls."""
-    # One-row products as fused reductions (PortableModule.row_products): measured on the CPU only.
-    module = load_module(graph, io, dtype, device, row_products=compile and device.type == "cpu")
+    """The torch-compile runtime's runner: the module on ``device``, compiled lazily by its first calls;
+    ``row_products`` as ``PortableModule``'s (only when compiling)."""
+    module = load_module(graph, io, dtype, device, row_products=row_products and compile)
     if not compile:
         return module
     inductor_cache_dir()

@@ -67,6 +67,9 @@ class TorchSession(EngineSession):
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
     intra-op threads on the CPU (None: as the onnxruntime session, the CPUs this process may use, at most 8).
+    ``row_products``: a compiled torch-compile engine computes one-row products (batch-1 steps) as fused
+    reductions (``importer.PortableModule``); None: on the CPU, where it is measured (2x faster decode), off on a
+    GPU until ``benchmarks/gpu_check.py`` has measured it there (its ``*_row_products`` cases).
     ``load_seconds``: opening time, weights, compilation and warm-up included.
     """
 
@@ -78,6 +81,7 @@ class TorchSession(EngineSession):
         num_threads: int | None = None,
         decode_batch_sizes: Sequence[int] | None = None,
         compile: bool = True,
+        row_products: bool | None = None,
     ) -> None:
         start = time.perf_counter()
         engine_dir = Path(engine_dir)
@@ -101,8 +105,9 @@ class TorchSession(EngineSession):
             self._runner = load_aoti(path)
         else:
             self._runner = load_compiled(
-                path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune
-            )
+                path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune,
+                row_products=self.device.type == "cpu" if row_products is None else row_products,
+            )  # fmt: skip
             check_sliding_input(model, getattr(self._runner, "sliding", False), engine_dir)  # the PortableModule's
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
             kv_cache_memory = self._default_kv_cache_memory(compute)
