@@ -110,10 +110,10 @@ class PortableModule(torch.nn.Module):
     a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, float or
     dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s ``transB`` weight already is), which
     Inductor fuses, dequantization included, into one memory-bound reduction over all threads; other products stay
-    matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at
-    ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs
-    on the CPU only: eager, the product would be materialised, and ``torch.export`` cannot branch on the token
-    count. Opening holds both layouts of those weights until the constructor returns."""
+    matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at ~11 GB/s (one thread), the fused reduction
+    at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs: eager, the product would be materialised,
+    and ``torch.export`` cannot branch on the token count. On by default on the CPU (``TorchSession``). Opening
+    holds both layouts of those weights until the constructor returns."""
 
     def __init__(
         self,
