@@ -156,7 +156,7 @@ def speed_engine_decode_b1(
 ) -> dict[str, Any]:
     """Batch-1 decode steps at context 128-264, as the runner takes them: logits left on the device, the greedy
     token read back (one sync a step), the next step's token fed from it. ``row_products``: as ``TorchSession``'s
-    (one-row products as fused reductions, the dequantization of int8 / int4 weights fused in)."""
+    (one-row products as fused reductions, the dequantization of per-channel int8 weights fused in)."""
     import torch
 
     from trtbuild.backends.torch.session import TorchSession

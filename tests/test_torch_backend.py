@@ -17,6 +17,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from test_cli_errors import assert_clean_failure, run_cli
 from test_end_to_end import BlockTables, check_prefill_and_decode
 from test_llm import mixed_requests
@@ -88,8 +89,9 @@ def test_one_row_products_match_transformers(torch_engines, name):
     module = session._runner._orig_mod  # the compiled PortableModule
     matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
     assert module.row_products and module.row_weights == matmuls  # every MatMul weight (float engine)
-    weight = next(iter(module.row_weights))
-    assert getattr(module, module._buffer_names[weight]).is_contiguous()  # held transposed, [out, in]
+    stored = load_file(str(engine / "engines/torch-compile-cpu/weights.safetensors"))  # [in, out], as the graph's
+    for weight in module.row_weights:  # held transposed, [out, in]
+        assert getattr(module, module._buffer_names[weight]).shape == stored[weight].shape[::-1]
     rng = np.random.default_rng(4)
     tokens = [int(t) for t in rng.integers(0, model.config.vocab_size, 6)]
     alloc = BlockTables(session.num_blocks, session.config.build.kv_block_size, seed=5)

@@ -288,7 +288,7 @@ bool paged_attention(OrtKernelContext* ctx, const Attrs& a, const Step& s) {
   if (s.num_seqs <= 0 || s.max_blocks <= 0 || s.block_size > kMaxBlockSize || group > kMaxRows ||
       group * a.head_size > kMaxTileFloats || a.num_kv_heads * a.head_size > kMaxTileFloats ||
       a.head_size > kMaxHeadSize)
-    return false;  // refused at build time (backends/onnxruntime/build/native.py), checked by the C entry's caller
+    return false;  // refused at build time (backends/onnxruntime/build/native.py); the C entry's caller falls back
   WriteWork ww{&a, &s};
   const int64_t write_tasks = (s.num_tokens + kWriteTokens - 1) / kWriteTokens;
   if (write_tasks < 2 || !parallel_for(ctx, write_tokens, size_t(write_tasks), &ww)) write_step(a, s, 0, s.num_tokens);
