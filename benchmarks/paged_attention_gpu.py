@@ -3,9 +3,12 @@
     python3 -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/site .
     PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 python3 benchmarks/paged_attention_gpu.py [--sweep] [--budget-s 220]
 
-Prints one JSON line per case (and appends them to ``$OUT/paged_attention_gpu.jsonl`` when ``$OUT`` is set); a
-case that fails prints its error and the run goes on. The kernel's correctness on the GPU (the oracle checks,
-garbage metadata, the AOT form) is a test: ``tests/test_gpu_paged_attention.py`` (``pytest -m gpu``). Cases:
+Prints one JSON line per case (and appends them to ``$OUT/paged_attention_gpu.jsonl`` when ``$OUT`` is set), then
+a ``done`` line. The cases run in a worker process (``python3 -X faulthandler``) that the script supervises: a case
+that raises prints its error; one that kills its worker (a segfault, a lost CUDA context, silence past
+``--case-timeout``) prints the exit status and the fault's last lines, and a fresh worker goes on from the next case.
+The kernel's correctness on the GPU (the oracle checks, garbage metadata, the AOT form) is a test:
+``tests/test_gpu_paged_attention.py`` (``pytest -m gpu``). Cases:
 
 - ``decode`` / ``prefill``: bf16, Llama-8B heads (32 q / 8 kv, head 128) and SmolLM2 heads (9 q / 3 kv, head 64),
   block size 16, scrambled block tables. The kernel (two-kernel and fused forms, default launch choices) against
@@ -26,21 +29,30 @@ script, not a measurement.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
 import os
+import queue
+import signal
+import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from trtbuild.backends.torch.build.isolate import RESULT_PREFIX, report
 
 LAYOUTS = {"llama8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 DECODE = [(1, 1024), (1, 8192), (16, 2048), (16, 8192), (64, 2048), (64, 8192), (256, 1024)]
 PREFILL = [(1, 512), (1, 2048), (4, 512), (4, 2048)]
 DEVICE, SPEED_DTYPE = "cuda", "bfloat16"  # --smoke: "cpu", "float32" (Triton's interpreter)
+START_PREFIX = "CASE-START "  # a worker's line: the case it begins (a crash before its result costs that case)
 
 
 def sync(torch: Any) -> None:
@@ -48,33 +60,42 @@ def sync(torch: Any) -> None:
         torch.cuda.synchronize()
 
 
-class Runner:
-    """Emits result lines and enforces the time budget."""
+@dataclass(frozen=True)
+class Case:
+    """One timed case: ``kind`` is its JSON lines' ``kind`` (``env``, ``decode``, ``prefill`` or ``sweep``); a sweep
+    case carries the ``tiling`` and ``splits`` it forces."""
 
-    def __init__(self, budget_s: float) -> None:
-        self.start = time.time()
-        self.budget_s = budget_s
-        out = os.environ.get("OUT")
-        self.path = Path(out) / "paged_attention_gpu.jsonl" if out else None
+    kind: str
+    name: str
+    layout: str = ""
+    batch: int = 0
+    new: int = 0
+    ctx: int = 0
+    tiling: tuple[int, int, int, int] | None = None  # (block_m, block_n, num_warps, num_stages)
+    splits: int | None = None
 
-    def emit(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, default=str)
-        print(line, flush=True)
-        if self.path is not None:
-            with self.path.open("a") as f:
-                f.write(line + "\n")
 
-    def case(self, kind: str, name: str, fn: Callable[[], dict[str, Any]]) -> None:
-        base = {"kind": kind, "case": name}
-        if time.time() - self.start > self.budget_s:
-            self.emit({**base, "skipped": "time budget spent"})
-            return
-        t0 = time.time()
-        try:
-            self.emit({**base, **fn(), "wall_s": round(time.time() - t0, 2)})
-        except Exception as e:  # every case reports and the run goes on
-            tb = traceback.format_exc().strip().splitlines()[-6:]
-            self.emit({**base, "error": f"{type(e).__name__}: {e}"[:500], "trace": tb})
+def plan(sweep: bool, smoke: bool) -> list[Case]:
+    """Every case of a run, in order; the supervisor and its workers build the same list."""
+    if smoke:  # tiny shapes, interpreter: the script's code paths
+        return [
+            Case("decode", "smoke-decode", "tiny", 2, 1, 40),
+            Case("prefill", "smoke-prefill", "tiny", 1, 20, 20),
+            Case("sweep", "smoke-sweep", "tiny", 2, 1, 40, (16, 32, 4, 2), 2),
+        ]
+    cases = [Case("env", "env")]
+    for layout in LAYOUTS:
+        cases += [Case("decode", f"{layout}-decode-b{b}-ctx{c}", layout, b, 1, c) for b, c in DECODE]
+        cases += [Case("prefill", f"{layout}-prefill-b{b}-n{n}", layout, b, n, n) for b, n in PREFILL]
+    if sweep:
+        for t in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 128, 4, 3), (32, 64, 4, 2)):
+            for b, c, s in ((1, 8192, 16), (1, 8192, 32), (1, 8192, 64), (64, 2048, 1), (64, 2048, 2)):
+                name = f"decode-b{b}-ctx{c}-{t[0]}x{t[1]}w{t[2]}-s{s}"
+                cases.append(Case("sweep", name, "llama8b", b, 1, c, t, s))
+        for t in ((64, 64, 4, 2), (128, 32, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2)):
+            name = f"prefill-b1-n2048-{t[0]}x{t[1]}w{t[2]}s{t[3]}"
+            cases.append(Case("sweep", name, "llama8b", 1, 2048, 2048, t, 1))
+    return cases
 
 
 def paged_inputs(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: int, bs: int = 16):
@@ -222,69 +243,154 @@ def sweep_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
     return {"batch": batch, "new_tokens": new, "context": ctx, "tiling": str(tiling), "splits": splits, "ms": ms}
 
 
-def smoke(runner: Runner) -> None:
-    """Tiny shapes on the CPU through the interpreter: runs this script's code paths (the timings mean nothing)."""
-    global DEVICE, SPEED_DTYPE
-    DEVICE, SPEED_DTYPE = "cpu", "float32"
-    LAYOUTS["tiny"] = (4, 2, 16)
-    import torch
-
-    from trtbuild.plugins.paged_attention import reference as ref
-    from trtbuild.plugins.paged_attention import triton_kernel as tk
-
-    runner.case("decode", "smoke-decode", lambda: speed_case(torch, tk, ref, "tiny", 2, 1, 40))
-    runner.case("prefill", "smoke-prefill", lambda: speed_case(torch, tk, ref, "tiny", 1, 20, 20))
-    runner.case("sweep", "smoke-sweep", lambda: sweep_case(torch, tk, ref, "tiny", 2, 1, 40, tk.Tiling(16, 32), 2))
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sweep", action="store_true", help="also time a few tilings / split counts")
-    parser.add_argument("--budget-s", type=float, default=220.0, help="stop starting cases after this many seconds")
-    parser.add_argument("--smoke", action="store_true", help="tiny CPU run through the Triton interpreter")
-    args = parser.parse_args()
-    runner = Runner(args.budget_s)
-    if args.smoke:
-        os.environ["TRITON_INTERPRET"] = "1"
-        smoke(runner)
-        return 0
+def run_case(case: Case, fault: str | None) -> dict[str, Any]:
+    """In a worker: one case's fields (imports are cached after the first case)."""
     import torch
     import triton
 
     from trtbuild.plugins.paged_attention import reference as ref
     from trtbuild.plugins.paged_attention import triton_kernel as tk
 
-    if not torch.cuda.is_available():
-        runner.emit({"kind": "env", "error": "no CUDA device"})
-        return 2
-    props = torch.cuda.get_device_properties(0)
-    runner.emit({"kind": "env", "device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-                 "triton": triton.__version__, "python": sys.version.split()[0]})  # fmt: skip
+    if fault in (case.name, f"{case.name}:hang"):  # --fault: how the tests check that a crash costs one case
+        if fault.endswith(":hang"):
+            time.sleep(3600)
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if case.kind == "env":
+        props = torch.cuda.get_device_properties(0)
+        return {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+                "triton": triton.__version__, "python": sys.version.split()[0]}  # fmt: skip
+    shape = (case.layout, case.batch, case.new, case.ctx)
+    if case.tiling is None:
+        return speed_case(torch, tk, ref, *shape)
+    return sweep_case(torch, tk, ref, *shape, tk.Tiling(*case.tiling), case.splits)
 
-    for layout in LAYOUTS:
-        for batch, ctx in DECODE:
-            name = f"{layout}-decode-b{batch}-ctx{ctx}"
-            runner.case("decode", name, lambda a=(layout, batch, 1, ctx): speed_case(torch, tk, ref, *a))
-        for batch, n in PREFILL:
-            name = f"{layout}-prefill-b{batch}-n{n}"
-            runner.case("prefill", name, lambda a=(layout, batch, n, n): speed_case(torch, tk, ref, *a))
 
-    if args.sweep:
-        tilings = [tk.Tiling(16, 32), tk.Tiling(16, 64), tk.Tiling(16, 128, 4, 3), tk.Tiling(32, 64)]
-        for tiling in tilings:
-            for batch, ctx, splits in ((1, 8192, 16), (1, 8192, 32), (1, 8192, 64), (64, 2048, 1), (64, 2048, 2)):
-                name = f"decode-b{batch}-ctx{ctx}-{tiling.block_m}x{tiling.block_n}w{tiling.num_warps}-s{splits}"
-                a = ("llama8b", batch, 1, ctx, tiling, splits)
-                runner.case("sweep", name, lambda a=a: sweep_case(torch, tk, ref, *a))
-        for tiling in (
-            tk.Tiling(64, 64, 4, 2),
-            tk.Tiling(128, 32, 4, 2),
-            tk.Tiling(128, 64, 8, 3),
-            tk.Tiling(128, 128, 8, 2),
-        ):
-            name = f"prefill-b1-n2048-{tiling.block_m}x{tiling.block_n}w{tiling.num_warps}s{tiling.num_stages}"
-            runner.case("sweep", name, lambda t=tiling: sweep_case(torch, tk, ref, "llama8b", 1, 2048, 2048, t, 1))
-    runner.emit({"kind": "done", "elapsed_s": round(time.time() - runner.start, 1)})
+def context_lost() -> bool:
+    """Whether this process's CUDA context is unusable (a sticky error such as an illegal address): every later
+    case would fail, so the worker exits and the supervisor starts a fresh one."""
+    import torch
+
+    if DEVICE != "cuda":
+        return False
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:  # any error here means the context is gone
+        return True
+
+
+def worker(cases: list[Case], first: int, deadline: float, fault: str | None) -> int:
+    """Run ``cases[first:]``, printing a start marker and then a result line per case (``isolate.report``)."""
+    for index in range(first, len(cases)):
+        case = cases[index]
+        base = {"index": index, "kind": case.kind, "case": case.name}
+        if time.time() > deadline:
+            report({**base, "skipped": "time budget spent"})
+            continue
+        print(f"{START_PREFIX}{index}", flush=True)
+        t0 = time.time()
+        try:
+            report({**base, **run_case(case, fault), "wall_s": round(time.time() - t0, 2)})
+        except Exception as e:  # every case reports and the run goes on
+            tb = traceback.format_exc().strip().splitlines()[-6:]
+            report({**base, "error": f"{type(e).__name__}: {e}"[:500], "trace": tb})
+            if context_lost():
+                return 3
+    return 0
+
+
+class Supervisor:
+    """Runs the cases in a worker process and starts a new worker after the case a crash (a segfault, a lost CUDA
+    context, a hang past ``case_timeout``) took down: one such case costs itself, never the rest of the run."""
+
+    def __init__(self, cases: list[Case], worker_args: list[str], budget_s: float, case_timeout: float) -> None:
+        self.cases, self.worker_args = cases, worker_args
+        self.start = time.time()
+        self.deadline = self.start + budget_s
+        self.case_timeout = case_timeout
+        out = os.environ.get("OUT")
+        self.path = Path(out) / "paged_attention_gpu.jsonl" if out else None
+
+    def emit(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, default=str)
+        print(line, flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(line + "\n")
+
+    def run(self) -> None:
+        first = 0
+        while first < len(self.cases):
+            if time.time() > self.deadline:
+                for case in self.cases[first:]:
+                    self.emit({"kind": case.kind, "case": case.name, "skipped": "time budget spent"})
+                break
+            first = self.one_worker(first)
+        self.emit({"kind": "done", "elapsed_s": round(time.time() - self.start, 1)})
+
+    def one_worker(self, first: int) -> int:
+        """Start a worker at ``cases[first]``; returns the index of the first case it did not finish."""
+        cmd = [sys.executable, "-X", "faulthandler", str(Path(__file__).resolve()), *self.worker_args,
+               "--worker-from", str(first), "--deadline", repr(self.deadline)]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=lambda: [*map(lines.put, proc.stdout), lines.put(None)], daemon=True).start()
+        tail: collections.deque[str] = collections.deque(maxlen=20)
+        in_flight, done, hung = None, first, False
+        while True:
+            try:
+                line = lines.get(timeout=self.case_timeout)
+            except queue.Empty:
+                proc.kill()
+                hung = True
+                break
+            if line is None:
+                break
+            if line.startswith(START_PREFIX):
+                in_flight = int(line[len(START_PREFIX) :])
+            elif line.startswith(RESULT_PREFIX):
+                record = json.loads(line[len(RESULT_PREFIX) :])
+                done, in_flight = record.pop("index") + 1, None
+                self.emit(record)
+            else:
+                tail.append(line.rstrip())
+        rc = proc.wait()
+        if in_flight is None and (rc == 0 or done > first):
+            return done  # finished, or left a lost CUDA context behind after reporting its case
+        lost = in_flight if in_flight is not None else done  # died before its first case started: count that one
+        case = self.cases[lost]
+        what = f"timed out after {self.case_timeout:.0f}s without output" if hung else f"worker died (exit status {rc})"
+        self.emit({"kind": case.kind, "case": case.name, "error": what, "rc": rc, "trace": list(tail)})
+        return lost + 1
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="also time a few tilings / split counts")
+    parser.add_argument("--budget-s", type=float, default=220.0, help="start no case after this many seconds")
+    parser.add_argument("--case-timeout", type=float, default=150.0, help="kill a case silent this many seconds")
+    parser.add_argument("--smoke", action="store_true", help="tiny CPU run through the Triton interpreter")
+    parser.add_argument("--fault", help=argparse.SUPPRESS)  # tests: CASE segfaults its worker, CASE:hang hangs it
+    parser.add_argument("--worker-from", type=int, help=argparse.SUPPRESS)  # in a worker: the first case
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)  # in a worker: the budget's end
+    args = parser.parse_args()
+    global DEVICE, SPEED_DTYPE
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import (the workers inherit it)
+        DEVICE, SPEED_DTYPE = "cpu", "float32"
+        LAYOUTS["tiny"] = (4, 2, 16)
+    cases = plan(args.sweep, args.smoke)
+    if args.worker_from is not None:
+        return worker(cases, args.worker_from, args.deadline, args.fault)
+    if not args.smoke:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(json.dumps({"kind": "env", "error": "no CUDA device"}), flush=True)
+            return 2
+    flags = [f for f, on in (("--sweep", args.sweep), ("--smoke", args.smoke)) if on]
+    flags += ["--fault", args.fault] if args.fault else []  # (a worker's deadline is the supervisor's)
+    Supervisor(cases, flags, args.budget_s, args.case_timeout).run()
     return 0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -58,11 +59,36 @@ def test_aoti_probe_cpu_mode():
 
 def test_paged_attention_gpu_smoke_mode():
     """benchmarks/paged_attention_gpu.py runs on a GPU machine later: its code paths (timing against SDPA and a
-    copy, the sweep) run here on tiny CPU shapes through the interpreter."""
-    records = run_script("paged_attention_gpu.py", "--smoke", timeout=300)
+    copy, the sweep, the supervisor and its worker process) run here on tiny CPU shapes through the interpreter."""
+    *records, done = run_script("paged_attention_gpu.py", "--smoke", timeout=300)
+    assert done["kind"] == "done"
     assert [r["case"] for r in records] == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
     assert not any("error" in r for r in records), records
     timed = [r for r in records if r["kind"] in ("decode", "prefill")]
     assert all(r["ratio_vs_sdpa"] > 0 for r in timed)
     # three ways per kernel form: events, host wall, CUDA graph (None without CUDA)
     assert all(r["kernel_host_ms"] > 0 and r["kernel_graph_ms"] is None and r["sdpa_graph_ms"] is None for r in timed)
+
+
+def test_paged_attention_gpu_crash_costs_one_case():
+    """A case whose worker process dies (here a real SIGSEGV, ``--fault``) is one error line with the exit status
+    and the fault's Python stack; a fresh worker runs the cases after it."""
+    *records, done = run_script("paged_attention_gpu.py", "--smoke", "--fault", "smoke-prefill", timeout=300)
+    assert done["kind"] == "done"
+    by_case = {r["case"]: r for r in records}
+    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
+    crashed = by_case["smoke-prefill"]
+    assert crashed["rc"] == -signal.SIGSEGV and "worker died" in crashed["error"], crashed
+    assert any("Segmentation fault" in line or "Fatal Python error" in line for line in crashed["trace"]), crashed
+    assert "error" not in by_case["smoke-decode"] and by_case["smoke-sweep"]["ms"] > 0
+
+
+def test_paged_attention_gpu_hang_costs_one_case():
+    """A case silent for ``--case-timeout`` seconds (a kernel that never returns) has its worker killed and is one
+    error line; the cases after it still run."""
+    args = ("--smoke", "--fault", "smoke-decode:hang", "--case-timeout", "30")
+    *records, _ = run_script("paged_attention_gpu.py", *args, timeout=300)
+    by_case = {r["case"]: r for r in records}
+    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
+    assert "timed out after 30s" in by_case["smoke-decode"]["error"], by_case["smoke-decode"]
+    assert "error" not in by_case["smoke-prefill"] and "error" not in by_case["smoke-sweep"]
