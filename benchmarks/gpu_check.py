@@ -28,7 +28,7 @@ its child-process check falls back to torch-compile, and the line says so in ``r
   its 2,048-token prefill, and its static-cache ``torch.compile`` path); the KV pool ``LLM`` sizes by itself;
   int8 / int4 weight-only engines of the same weights at batch 1 (target: not slower than bf16); last, batch-1
   decode with one-row products as fused reductions (``*_row_products``: ``TorchSession(row_products=True)``, the
-  CPU's default) for bf16 and int8, to decide the GPU's default.
+  CPU's default) for bf16, int8 and int4, to decide the GPU's default.
 """
 
 from __future__ import annotations
@@ -317,9 +317,10 @@ def cases() -> dict[str, Callable[[Path], dict[str, Any]]]:
     out["speed/engine_decode_b1_row_products/torch-compile"] = lambda w: speed_engine_decode_b1(
         w, "torch-compile", True, row_products=True
     )
-    out["speed/quantized_decode_b1_row_products/int8_wo"] = lambda w: speed_engine_decode_b1(
-        w, "torch-compile", True, "int8_wo", row_products=True
-    )  # (int4 weights, dequantized in blocks, keep their matmul: importer._row_layout)
+    for qformat in ("int8_wo", "int4_wo"):  # int8 held [out, in]; int4 (blocked) [in, out], summed down columns
+        out[f"speed/quantized_decode_b1_row_products/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
+            w, "torch-compile", True, q, row_products=True
+        )
     return out
 
 
@@ -374,6 +375,8 @@ SUMMARY_ROWS = [
     ("decode b1 tok/s, one-row products vs matmuls", ("speed/engine_decode_b1_row_products/torch-compile",
                                                       "decode_b1_tok_s"), B1),
     ("int8_wo decode b1 tok/s, one-row products vs bf16", ("speed/quantized_decode_b1_row_products/int8_wo",
+                                                           "decode_b1_tok_s"), B1),
+    ("int4_wo decode b1 tok/s, one-row products vs bf16", ("speed/quantized_decode_b1_row_products/int4_wo",
                                                            "decode_b1_tok_s"), B1),
 ]  # fmt: skip
 

@@ -137,7 +137,8 @@ def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
 def test_one_row_products_of_quantized_weights(quantized, name):
     """``row_products`` (the torch-compile CPU engines' batch-1 form) holds every MatMul weight dequantized per
     channel or per tensor [out, in] (its int8 / fp8 data transposed, the dequantizer's axis flipped) and computes
-    one-row products as multiply-and-sum; weights dequantized in blocks (int4) keep their layout and matmul. A
+    one-row products as multiply-and-sum; weights dequantized in blocks (int4) keep their [in, out] layout, summed
+    down the columns for one row. A
     one-sequence prefill and one-token decode steps give the plain importer's logits (itself checked against
     modelopt above)."""
     model, ckpt, _ = quantized[name]

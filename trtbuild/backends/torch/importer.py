@@ -108,7 +108,8 @@ class PortableModule(torch.nn.Module):
 
     ``row_products``: a product of ONE row by a weight (a batch-1 decode step, a single logits row) is computed as
     a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, float or
-    dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s ``transB`` weight already is), which
+    dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s ``transB`` weight already is), or
+    down the columns of one held ``[in, out]`` (the other MatMul weights: int4, dequantized in blocks), which
     Inductor fuses, dequantization included, into one memory-bound reduction over all threads; other products stay
     matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at ~11 GB/s (one thread), the fused reduction
     at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs: eager, the product would be materialised,
@@ -252,9 +253,13 @@ def _times_weight(m: PortableModule, a: Tensor, w_out_in: Tensor) -> Tensor:
 
 
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
+    a, w = x[0], x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
-        return (_times_weight(m, x[0], x[1].to(x[0].dtype)),)
-    return (torch.matmul(x[0], x[1].to(x[0].dtype)),)
+        return (_times_weight(m, a, w),)
+    if m.row_products and a.dim() == 2 and a.shape[0] == 1 and w.dim() == 2:
+        # held [in, out] (dequantized in blocks along in): a multiply-and-sum down the columns, fused the same way
+        return ((a.t() * w).sum(0, keepdim=True),)
+    return (torch.matmul(a, w),)
 
 
 def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
