@@ -26,9 +26,10 @@ its child-process check falls back to torch-compile, and the line says so in ``r
   (device sampling, greedy and top-p); 64 requests x 512 prompt / 128 new tokens output tok/s and the TTFT of a
   2,048-token prompt; transformers on the same weights (eager ``generate`` at batch 1 and a padded batch of 64,
   its 2,048-token prefill, and its static-cache ``torch.compile`` path); the KV pool ``LLM`` sizes by itself;
-  int8 / int4 weight-only engines of the same weights at batch 1 (target: not slower than bf16); last, batch-1
-  decode with one-row products as fused reductions (``*_row_products``: ``TorchSession(row_products=True)``, the
-  CPU's default) for bf16, int8 and int4, to decide the GPU's default.
+  int8 / int4 weight-only engines of the same weights at batch 1 (target: not slower than bf16; their one-row
+  products fused with the dequantization, the GPU's default ``RowProducts.QUANTIZED``); last, batch-1 decode with
+  every one-row product fused (``*_row_products``: ``RowProducts.ALL``, the CPU's default) for bf16, and the
+  quantized engines with matmuls (``*_matmuls``: ``RowProducts.NONE``), to settle the GPU's default.
 """
 
 from __future__ import annotations
@@ -152,18 +153,20 @@ def speed_ceiling(work: Path) -> dict[str, Any]:
 
 
 def speed_engine_decode_b1(
-    work: Path, runtime: str, graphs: bool, qformat: str | None = None, row_products: bool | None = None
+    work: Path, runtime: str, graphs: bool, qformat: str | None = None, row_products: str | None = None
 ) -> dict[str, Any]:
     """Batch-1 decode steps at context 128-264, as the runner takes them: logits left on the device, the greedy
-    token read back (one sync a step), the next step's token fed from it. ``row_products``: as ``TorchSession``'s
-    (one-row products as fused reductions, the dequantization of per-channel int8 weights fused in)."""
+    token read back (one sync a step), the next step's token fed from it. ``row_products``: a ``RowProducts``
+    value (which one-row products are fused reductions, dequantization included) or None: the session's default."""
     import torch
 
+    from trtbuild.backends.torch.importer import RowProducts
     from trtbuild.backends.torch.session import TorchSession
 
     built = build_1b(work, runtime, qformat)
+    rows = None if row_products is None else RowProducts(row_products)
     session = TorchSession(
-        built["engine"], kv_cache_memory=2 << 30, decode_batch_sizes=None if graphs else [], row_products=row_products
+        built["engine"], kv_cache_memory=2 << 30, decode_batch_sizes=None if graphs else [], row_products=rows
     )
     prompt = list(range(1, 129))
     table = list(range(1, 1 + (128 + 200) // 16 + 1))
@@ -179,9 +182,10 @@ def speed_engine_decode_b1(
         token = int(logits.argmax(-1)[0])
         pos += 1
     seconds = time.perf_counter() - t
+    module = getattr(session._runner, "_orig_mod", None)  # a compiled PortableModule (an AOTInductor runner: none)
     return {"decode_b1_tok_s": round(n / seconds, 1), "step_ms": round(1e3 * seconds / n, 3),
             "cuda_graphs": session._decode.replaying,
-            "row_products": bool(getattr(getattr(session._runner, "_orig_mod", None), "row_products", False)),
+            "row_products": getattr(module, "row_products", RowProducts.NONE).value,
             "finite": bool(torch.isfinite(logits).all()), "load_s": round(session.load_seconds, 1),
             **{k: v for k, v in built.items() if k not in ("ckpt", "engine")}}  # fmt: skip
 
@@ -313,13 +317,13 @@ def cases() -> dict[str, Callable[[Path], dict[str, Any]]]:
     if DEVICE == "cuda":
         out["speed/default_kv_pool"] = speed_default_kv_pool
     out["speed/engine_decode_b1/aot-inductor"] = lambda w: speed_engine_decode_b1(w, "aot-inductor", True)
-    # one-row products as fused reductions (on by default on the CPU only): does the GPU want them too?
+    # one-row products as fused reductions: every weight's (the CPU's default) vs the GPU default's quantized ones
     out["speed/engine_decode_b1_row_products/torch-compile"] = lambda w: speed_engine_decode_b1(
-        w, "torch-compile", True, row_products=True
+        w, "torch-compile", True, row_products="all"
     )
-    for qformat in ("int8_wo", "int4_wo"):  # int8 held [out, in]; int4 (blocked) [in, out], summed down columns
-        out[f"speed/quantized_decode_b1_row_products/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
-            w, "torch-compile", True, q, row_products=True
+    for qformat in ("int8_wo", "int4_wo"):  # the quantized weights as matmuls of a dequantized copy (the old default)
+        out[f"speed/quantized_decode_b1_matmuls/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
+            w, "torch-compile", True, q, row_products="none"
         )
     return out
 
@@ -372,12 +376,12 @@ SUMMARY_ROWS = [
     ("LLM top-p decode b1 tok/s vs engine steps", ("speed/llm_decode_b1", "top_p_decode_b1_tok_s"), B1),
     ("torch-compile open s, first vs cache warm", ("speed/engine_decode_b1/torch-compile", "load_s"),
      ("speed/engine_decode_b1_no_graphs/torch-compile", "load_s")),
-    ("decode b1 tok/s, one-row products vs matmuls", ("speed/engine_decode_b1_row_products/torch-compile",
+    ("decode b1 tok/s, every one-row product fused vs matmuls", ("speed/engine_decode_b1_row_products/torch-compile",
                                                       "decode_b1_tok_s"), B1),
-    ("int8_wo decode b1 tok/s, one-row products vs bf16", ("speed/quantized_decode_b1_row_products/int8_wo",
-                                                           "decode_b1_tok_s"), B1),
-    ("int4_wo decode b1 tok/s, one-row products vs bf16", ("speed/quantized_decode_b1_row_products/int4_wo",
-                                                           "decode_b1_tok_s"), B1),
+    ("int8_wo decode b1 tok/s, fused (default) vs matmuls", ("speed/quantized_decode_b1/int8_wo", "decode_b1_tok_s"),
+     ("speed/quantized_decode_b1_matmuls/int8_wo", "decode_b1_tok_s")),
+    ("int4_wo decode b1 tok/s, fused (default) vs matmuls", ("speed/quantized_decode_b1/int4_wo", "decode_b1_tok_s"),
+     ("speed/quantized_decode_b1_matmuls/int4_wo", "decode_b1_tok_s")),
 ]  # fmt: skip
 
 

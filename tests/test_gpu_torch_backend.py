@@ -11,8 +11,9 @@ fails with the child's exit status and trace while the other cases go on. Cases:
 - the Llama as a bfloat16 engine: greedy tokens through ``LLM`` vs transformers' bfloat16 ``generate``.
 - int8 / int4 weight-only checkpoints of the Llama (round-to-nearest, made here): logits vs the same portable
   graph run eagerly by the importer on the CPU.
-- in both, a session with one-row products as fused reductions (``TorchSession(row_products=True)``, the CPU's
-  default, off on a GPU until measured) over one-row steps: a prompt's last logits row and batch-1 decodes.
+- in both, a session with one-row products as fused reductions over one-row steps (a prompt's last logits row and
+  batch-1 decodes): every weight's for the float engines (``RowProducts.ALL``, the CPU's default), the quantized
+  weights' for the weight-only ones (``RowProducts.QUANTIZED``, the GPU's default).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def case_correctness(name: str, runtime: str, work: str, device: str) -> dict[st
     without."""
     import torch
 
+    from trtbuild.backends.torch.importer import RowProducts
     from trtbuild.backends.torch.session import TorchSession
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -163,7 +165,8 @@ def case_correctness(name: str, runtime: str, work: str, device: str) -> dict[st
     graphs = session._decode.replaying
     eager = TorchSession(built["engine"], kv_cache_memory=64 << 20, decode_batch_sizes=[])
     err_eager = paged_run(eager, model.config.vocab_size, lambda ids: hf_logits(model, ids, device))
-    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=runtime == "torch-compile")
+    every = RowProducts.ALL if runtime == "torch-compile" else RowProducts.NONE
+    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=every)
     err_rows = one_row_run(rows, model.config.vocab_size, lambda ids: hf_logits(model, ids, device))
     return {"max_abs_err": err, "max_abs_err_no_graphs": err_eager, "cuda_graphs": graphs,
             "max_abs_err_one_row_products": err_rows,
@@ -202,7 +205,7 @@ def case_quantized(qformat: str, work: str, device: str) -> dict[str, Any]:
     import torch
 
     from trtbuild.backends.build_request import portable_graph
-    from trtbuild.backends.torch.importer import PortableModule
+    from trtbuild.backends.torch.importer import PortableModule, RowProducts
     from trtbuild.backends.torch.session import TorchSession
     from trtbuild.config import Backend, BuildConfig
 
@@ -231,7 +234,7 @@ def case_quantized(qformat: str, work: str, device: str) -> dict[str, Any]:
 
     session = TorchSession(built["engine"], kv_cache_memory=64 << 20)
     err = paged_run(session, cfg.vocab_size, reference)
-    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=True)
+    rows = TorchSession(built["engine"], kv_cache_memory=64 << 20, row_products=RowProducts.QUANTIZED)
     err_rows = one_row_run(rows, cfg.vocab_size, reference)
     return {"max_abs_err_vs_eager_cpu": err, "max_abs_err_one_row_products": err_rows,
             "build_s": built["build_s"], "package_mb": built["package_mb"],

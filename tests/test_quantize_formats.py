@@ -83,13 +83,14 @@ def check_engine(model, qckpt, engine, name: str, tmp_path) -> None:
 class ImportedSession:
     """The torch backend's imported module (what ``torch.export`` traces), run eagerly as a session."""
 
-    def __init__(self, ckpt, row_products: bool = False) -> None:
+    def __init__(self, ckpt, row_products=None) -> None:
         from trtbuild.backends.build_request import portable_graph
         from trtbuild.backends.torch.importer import PortableModule
         from trtbuild.backends.torch.ops import cache_dtype
 
         cfg, build, io, graph = portable_graph(ckpt, BuildConfig(max_seq_len=128, kv_block_size=4))
-        self.module = PortableModule(graph, io, torch.float32, row_products=row_products)
+        rows = {} if row_products is None else {"row_products": row_products}
+        self.module = PortableModule(graph, io, torch.float32, **rows)
         shape = (16, build.kv_block_size, cfg.num_kv_heads, cfg.head_size)
         dtype = cache_dtype(cfg, torch.float32)
         self.caches = [torch.zeros(shape).to(dtype) for _ in range(2 * cfg.num_layers)]
@@ -133,22 +134,28 @@ def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
     check_against_fake_quant(ImportedSession(ckpt), model, name)
 
 
+@pytest.mark.parametrize("every", [True, False], ids=["all", "quantized"])
 @pytest.mark.parametrize("name", ["int8_wo+kv_int8", "int4_awq_zp_g64_partial", "fp8+kv_fp8", "int8_sq+tied_head"])
-def test_one_row_products_of_quantized_weights(quantized, name):
-    """``row_products`` (the torch-compile CPU engines' batch-1 form) holds every MatMul weight dequantized per
-    channel or per tensor [out, in] (its int8 / fp8 data transposed, the dequantizer's axis flipped) and computes
-    one-row products as multiply-and-sum; weights dequantized in blocks (int4) keep their [in, out] layout, summed
-    down the columns for one row. A
-    one-sequence prefill and one-token decode steps give the plain importer's logits (itself checked against
-    modelopt above)."""
+def test_one_row_products_of_quantized_weights(quantized, name, every):
+    """``row_products`` (``ALL``: the torch-compile CPU engines' batch-1 form; ``QUANTIZED``: the GPU's, the
+    quantized weights only) holds every MatMul weight dequantized per channel or per tensor [out, in] (its int8 /
+    fp8 data transposed, the dequantizer's axis flipped) and computes one-row products as multiply-and-sum; weights
+    dequantized in blocks (int4) keep their [in, out] layout, summed down the columns for one row; float MatMul
+    weights and a float tied head join with ``ALL`` only. A one-sequence prefill and one-token decode steps give
+    the plain importer's logits (itself checked against modelopt above)."""
+    from trtbuild.backends.torch.importer import RowProducts
+
     model, ckpt, _ = quantized[name]
-    plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=True)
+    mode = RowProducts.ALL if every else RowProducts.QUANTIZED
+    plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=mode)
     module = rows.module
+    dequantized = {n.outputs[0] for n in module.nodes if n.op == "DequantizeLinear"}
     blocked = {n.outputs[0] for n in module.nodes if n.op == "DequantizeLinear" and n.attrs.get("block_size")}
     matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
-    assert module.row_weights == matmuls - blocked and (not blocked or "int4" in name)
-    if "int4" not in name:
-        assert any(n.op == "DequantizeLinear" and n.outputs[0] in module.row_weights for n in module.nodes)
+    heads = {n.inputs[1] for n in module.nodes if n.op == "Gemm" and n.attrs.get("transB")}
+    fused = (matmuls | heads) if every else (matmuls | heads) & dequantized
+    assert module.row_weights == fused - blocked and module.column_weights == matmuls & blocked
+    assert bool(blocked) == ("int4" in name) and (module.row_weights | module.column_weights) & dequantized
     rng = np.random.default_rng(6)
     vocab = model.config.vocab_size
     done, table = 0, [1, 2, 3, 4]

@@ -25,7 +25,7 @@ from tiny_models import hf_logits
 
 from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
-from trtbuild.backends.torch.importer import PortableModule
+from trtbuild.backends.torch.importer import PortableModule, RowProducts
 from trtbuild.backends.torch.native_ops import paged_attention_native
 from trtbuild.backends.torch.session import TorchSession
 from trtbuild.build import build_engine
@@ -88,9 +88,10 @@ def test_one_row_products_match_transformers(torch_engines, name):
     session = TorchSession(engine, kv_cache_memory=1 << 20)
     module = session._runner._orig_mod  # the compiled PortableModule
     matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
-    assert module.row_products and module.row_weights == matmuls  # every MatMul weight (float engine)
+    heads = {n.inputs[1] for n in module.nodes if n.op == "Gemm" and n.attrs.get("transB")}  # a tied head, [out, in]
+    assert module.row_products is RowProducts.ALL and module.row_weights == matmuls | heads  # every weight's
     stored = load_file(str(engine / "engines/torch-compile-cpu/weights.safetensors"))  # [in, out], as the graph's
-    for weight in module.row_weights:  # held transposed, [out, in]
+    for weight in matmuls:  # held transposed, [out, in]
         assert getattr(module, module._buffer_names[weight]).shape == stored[weight].shape[::-1]
     rng = np.random.default_rng(4)
     tokens = [int(t) for t in rng.integers(0, model.config.vocab_size, 6)]

@@ -15,6 +15,7 @@ a graph input after ``logits_indices``, before the caches).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -34,6 +35,15 @@ from . import moe, ops
 
 FLOAT8 = onnx.TensorProto.FLOAT8E4M3FN
 STEP_INPUTS = ("input_ids", "positions", "block_tables", "query_start_loc", "logits_indices")
+
+
+class RowProducts(enum.Enum):
+    """Which products of ONE row by a weight (a batch-1 decode step, a single logits row) a compiled module computes
+    as multiply-and-sum reductions that Inductor fuses with the weight's dequantization, instead of matmuls."""
+
+    NONE = "none"  # every product a matmul
+    QUANTIZED = "quantized"  # the weights dequantized in the graph (a matmul would first write a dequantized copy)
+    ALL = "all"  # every MatMul weight and a Gemm's transposed one (the CPU: its BLAS reads one row on one thread)
 
 
 @dataclass(frozen=True)
@@ -106,15 +116,16 @@ class PortableModule(torch.nn.Module):
     ``weights``: the initializers as ``import_weights`` makes them (how the torch-compile runtime opens an engine:
     ``model`` is then the ``graph_structure``); None imports them from ``model``.
 
-    ``row_products``: a product of ONE row by a weight (a batch-1 decode step, a single logits row) is computed as
-    a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: the MatMul weights, float or
-    dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s ``transB`` weight already is), or
-    down the columns of one held ``[in, out]`` (the other MatMul weights: int4, dequantized in blocks), which
-    Inductor fuses, dequantization included, into one memory-bound reduction over all threads; other products stay
-    matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at ~11 GB/s (one thread), the fused reduction
-    at ~29 (docs/gpu.md, CPU). For a module that ``torch.compile`` runs: eager, the product would be materialised,
-    and ``torch.export`` cannot branch on the token count. On by default on the CPU (``TorchSession``). Opening
-    holds both layouts of those weights until the constructor returns."""
+    ``row_products`` (``RowProducts``): which products of ONE row by a weight (a batch-1 decode step, a single
+    logits row) are computed as a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: MatMul
+    weights, float (``ALL`` only) or dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s
+    ``transB`` weight, which already is: a tied LM head), or down the columns of one held ``[in, out]``
+    (``column_weights``: int4, dequantized in blocks), which Inductor fuses, dequantization included, into one
+    memory-bound reduction over all threads; other products stay matmuls. On 2 CPU cores the BLAS reads a one-row
+    product's weight at ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that
+    ``torch.compile`` runs: eager, the product would be materialised, and ``torch.export`` cannot branch on the
+    token count. ``TorchSession``'s default: ``session.default_row_products``. Opening holds both layouts of the
+    transposed weights until the constructor returns."""
 
     def __init__(
         self,
@@ -123,7 +134,7 @@ class PortableModule(torch.nn.Module):
         dtype: torch.dtype,
         weights: Mapping[str, Tensor] | None = None,
         *,
-        row_products: bool = False,
+        row_products: RowProducts = RowProducts.NONE,
     ) -> None:
         super().__init__()
         unknown = sorted({_op_name(n) for n in model.graph.node} - set(OPS))
@@ -142,10 +153,12 @@ class PortableModule(torch.nn.Module):
         if weights is None:
             weights = import_weights(model, dtype)
         self.row_products = row_products
-        self.row_weights: frozenset[str] = frozenset()
+        self.row_weights: frozenset[str] = frozenset()  # held [out, in]
+        self.column_weights: frozenset[str] = frozenset()  # held [in, out], summed down their columns for one row
         transposed: frozenset[str] = frozenset()
-        if row_products:
-            self.row_weights, transposed, self.nodes = _row_layout(self.nodes, weights)
+        if row_products is not RowProducts.NONE:
+            layout = _row_layout(self.nodes, weights, quantized_only=row_products is RowProducts.QUANTIZED)
+            self.row_weights, self.column_weights, transposed, self.nodes = layout
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
@@ -201,12 +214,15 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     return (torch.index_select(data, axis, idx),)
 
 
-def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor]) -> tuple[frozenset[str], frozenset[str], list[Node]]:
+def _row_layout(
+    nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_only: bool
+) -> tuple[frozenset[str], frozenset[str], frozenset[str], list[Node]]:
     """``PortableModule.row_weights`` and how to hold them ``[out, in]``: the MatMul weights (second inputs read by
-    MatMul nodes only) that are float 2-D initializers, or the output of a ``DequantizeLinear`` of a 2-D
-    initializer (int8 / fp8 per channel or per tensor, read by it only); returns those names, the initializers to
-    store transposed (the float weights, the quantized data), and ``nodes`` with those dequantizers' ``axis``
-    flipped to the transposed layout (their 1-D scales stay as they are)."""
+    MatMul nodes only) that are float 2-D initializers (unless ``quantized_only``), or the output of a
+    ``DequantizeLinear`` of a 2-D initializer (int8 / fp8 per channel or per tensor, read by it only); and
+    ``column_weights``: MatMul weights dequantized in blocks from a 2-D initializer (int4), which keep their layout.
+    Returns those two sets, the initializers to store transposed (the float weights, the quantized data), and
+    ``nodes`` with the transposed weights' dequantizers' ``axis`` flipped (their 1-D scales stay as they are)."""
     readers: dict[str, set[tuple[str, int]]] = {}
     for node in nodes:
         for slot, name in enumerate(node.inputs):
@@ -216,38 +232,50 @@ def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor]) -> tuple[froze
     def only_read_by(name: str, op: str, slot: int) -> bool:
         return readers.get(name) == {(op, slot)}
 
-    rows, transposed, nodes = set(), set(), list(nodes)
+    rows, columns, transposed, nodes = set(), set(), set(), list(nodes)
+    for node in nodes:  # a Gemm's transB weight is [out, in] already (a tied LM head)
+        name = node.inputs[1] if node.op == "Gemm" and node.attrs.get("transB", 0) else ""
+        not_matmul = name and all(op != "MatMul" for op, _ in readers[name]) and not node.attrs.get("transA", 0)
+        if not_matmul and (name in dequantizers or not quantized_only):
+            rows.add(name)
     for node in nodes:
         name = node.inputs[1] if node.op == "MatMul" else ""
         if not only_read_by(name, "MatMul", 1):
             continue
         w = weights.get(name)
         if w is not None and w.dim() == 2 and w.is_floating_point() and w.dtype != torch.float8_e4m3fn:
-            rows.add(name)
-            transposed.add(name)
+            if not quantized_only:
+                rows.add(name)
+                transposed.add(name)
         elif name in dequantizers:
             dq = nodes[dequantizers[name]]
             data = weights.get(dq.inputs[0])
             if data is None or data.dim() != 2 or not only_read_by(dq.inputs[0], "DequantizeLinear", 0):
                 continue
             params = [p for p in dq.inputs[1:] if p]  # scale, zero point
-            # Not blocked scales (int4): Inductor (torch 2.13) miscomputed the several-row product of a transposed
-            # weight dequantized in blocks inside the engine's graph (a tiny Llama's down projection, 3 blocks a
-            # row; tests/test_gpu_torch_backend.py caught it), though not in isolation. Per-channel and per-tensor
-            # scales (int8, fp8) only; an int4 weight keeps its layout and its matmul.
-            if dq.attrs.get("block_size", 0) or not all(p in weights and weights[p].dim() <= 1 for p in params):
+            # Blocked scales (int4) keep the layout: Inductor (torch 2.13) miscomputed the several-row product of a
+            # transposed weight dequantized in blocks inside the engine's graph (a tiny Llama's down projection, 3
+            # blocks a row; tests/test_gpu_torch_backend.py caught it), though not in isolation.
+            if dq.attrs.get("block_size", 0):
+                columns.add(name)
+                continue
+            if not all(p in weights and weights[p].dim() <= 1 for p in params):
                 continue
             rows.add(name)
             transposed.add(dq.inputs[0])
             axis = dq.attrs.get("axis", 1) % 2
             nodes[dequantizers[name]] = replace(dq, attrs={**dq.attrs, "axis": 1 - axis})
-    return frozenset(rows), frozenset(transposed), nodes
+    return frozenset(rows), frozenset(columns), frozenset(transposed), nodes
 
 
-def _times_weight(m: PortableModule, a: Tensor, w_out_in: Tensor) -> Tensor:
-    """``a @ w_out_in.T``: for one row of ``a`` (``m.row_products``) a multiply-and-sum that Inductor fuses into one
+def _one_row(a: Tensor) -> bool:
+    return a.dim() == 2 and a.shape[0] == 1
+
+
+def _times_weight(a: Tensor, w_out_in: Tensor, fused: bool) -> Tensor:
+    """``a @ w_out_in.T``: for one row of ``a`` and ``fused``, a multiply-and-sum that Inductor fuses into one
     reduction over the weight's rows; otherwise a matmul."""
-    if m.row_products and a.dim() == 2 and a.shape[0] == 1:
+    if fused and _one_row(a):
         return (a * w_out_in).sum(-1).unsqueeze(0)
     return torch.matmul(a, w_out_in.t())
 
@@ -255,9 +283,8 @@ def _times_weight(m: PortableModule, a: Tensor, w_out_in: Tensor) -> Tensor:
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, w = x[0], x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
-        return (_times_weight(m, a, w),)
-    if m.row_products and a.dim() == 2 and a.shape[0] == 1 and w.dim() == 2:
-        # held [in, out] (dequantized in blocks along in): a multiply-and-sum down the columns, fused the same way
+        return (_times_weight(a, w, fused=True),)
+    if node.inputs[1] in m.column_weights and _one_row(a):  # held [in, out]: summed down the columns, fused alike
         return ((a.t() * w).sum(0, keepdim=True),)
     return (torch.matmul(a, w),)
 
@@ -265,7 +292,9 @@ def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
 def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, b = x[0], x[1].to(x[0].dtype)
     a = a.t() if node.attrs.get("transA", 0) else a
-    product = _times_weight(m, a, b) if node.attrs.get("transB", 0) else torch.matmul(a, b)  # transB: [out, in]
+    product = (
+        _times_weight(a, b, node.inputs[1] in m.row_weights) if node.attrs.get("transB", 0) else torch.matmul(a, b)
+    )
     y = node.attrs.get("alpha", 1.0) * product
     if len(x) > 2 and x[2] is not None:
         y = y + node.attrs.get("beta", 1.0) * x[2]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from ...config import EngineIO
 from ...errors import EngineError
-from .importer import PortableModule, graph_structure, import_weights
+from .importer import PortableModule, RowProducts, graph_structure, import_weights
 
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.safetensors"
@@ -36,7 +36,12 @@ def write_module_files(portable: onnx.ModelProto, dtype: torch.dtype, directory:
 
 
 def load_module(
-    graph_path: Path, io: EngineIO, dtype: torch.dtype, device: torch.device, *, row_products: bool = False
+    graph_path: Path,
+    io: EngineIO,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    row_products: RowProducts = RowProducts.NONE,
 ) -> PortableModule:
     """The engine's ``PortableModule`` with its weights on ``device`` (read there directly, no host copy kept);
     ``row_products`` as ``PortableModule``'s."""

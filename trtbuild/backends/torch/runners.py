@@ -25,6 +25,7 @@ import torch
 
 from ...config import EngineIO
 from ...errors import EngineError
+from .importer import RowProducts
 from .module_files import load_module
 
 Runner = Callable[..., torch.Tensor]
@@ -60,11 +61,11 @@ def load_compiled(
     *,
     compile: bool,
     max_autotune: bool,
-    row_products: bool,
+    row_products: RowProducts,
 ) -> Runner:
     """The torch-compile runtime's runner: the module on ``device``, compiled lazily by its first calls;
     ``row_products`` as ``PortableModule``'s (only when compiling)."""
-    module = load_module(graph, io, dtype, device, row_products=row_products and compile)
+    module = load_module(graph, io, dtype, device, row_products=row_products if compile else RowProducts.NONE)
     if not compile:
         return module
     inductor_cache_dir()

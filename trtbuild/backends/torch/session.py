@@ -41,6 +41,7 @@ from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from . import moe, ops  # noqa: F401  (register torch.ops.trtbuild.paged_attention / .moe, which the package calls)
 from .decode_graphs import DecodeGraphs
+from .importer import RowProducts
 from .memory import default_kv_cache_memory
 from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
@@ -58,6 +59,14 @@ def open_session(
     return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
 
 
+def default_row_products(device: torch.device) -> RowProducts:
+    """``TorchSession``'s one-row products: all of them on the CPU, where the BLAS reads one row on one thread (2x
+    faster decode, measured); the quantized weights' on a GPU, where a matmul would first write a dequantized copy
+    of the weight every step (the float weights keep cuBLAS until ``benchmarks/gpu_check.py``'s ``*_row_products``
+    cases have measured the fused form there)."""
+    return RowProducts.ALL if device.type == "cpu" else RowProducts.QUANTIZED
+
+
 class TorchSession(EngineSession):
     """An ``EngineSession`` for the torch backend.
 
@@ -67,9 +76,8 @@ class TorchSession(EngineSession):
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
     intra-op threads on the CPU (None: as the onnxruntime session, the CPUs this process may use, at most 8).
-    ``row_products``: a compiled torch-compile engine computes one-row products (batch-1 steps) as fused
-    reductions (``importer.PortableModule``); None: on the CPU, where it is measured (2x faster decode), off on a
-    GPU until ``benchmarks/gpu_check.py`` has measured it there (its ``*_row_products`` cases).
+    ``row_products`` (``importer.RowProducts``): which one-row products (batch-1 steps) a compiled torch-compile
+    engine computes as fused reductions instead of matmuls; None: ``default_row_products``.
     ``load_seconds``: opening time, weights, compilation and warm-up included.
     """
 
@@ -81,7 +89,7 @@ class TorchSession(EngineSession):
         num_threads: int | None = None,
         decode_batch_sizes: Sequence[int] | None = None,
         compile: bool = True,
-        row_products: bool | None = None,
+        row_products: RowProducts | None = None,
     ) -> None:
         start = time.perf_counter()
         engine_dir = Path(engine_dir)
@@ -106,7 +114,7 @@ class TorchSession(EngineSession):
         else:
             self._runner = load_compiled(
                 path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune,
-                row_products=self.device.type == "cpu" if row_products is None else row_products,
+                row_products=default_row_products(self.device) if row_products is None else row_products,
             )  # fmt: skip
             check_sliding_input(model, getattr(self._runner, "sliding", False), engine_dir)  # the PortableModule's
         if kv_cache_memory is None:  # after loading: the weights are resident, what is free is the pool's to take
