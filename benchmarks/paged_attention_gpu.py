@@ -19,7 +19,11 @@ The kernel's correctness on the GPU (the oracle checks, garbage metadata, the AO
   cost shows where it lives: ``*_ms`` CUDA events per call (``triton.testing.do_bench``, L2 flushed), ``*_graph_ms``
   inside a captured CUDA graph (as the engine's decode steps run: no host launch cost; SDPA alike, ``sdpa_graph_ms``
   and ``ratio_graph_vs_sdpa``, target >= 0.5 at batch 1 ctx 1024), ``*_host_ms`` host wall per eager call.
-- ``sweep`` (``--sweep``): a few tilings / split counts on three shapes, to retune the defaults.
+- ``sweep`` (``--sweep``; give it ``--budget-s 600``): on four decode shapes (Llama-8B b1 ctx 8192, b16 / b64 ctx
+  2048, SmolLM2 b16 ctx 2048) five tilings at the launcher's split choice, split counts and the fused form at the
+  default tiling; on three prefill shapes six tilings. Each timed by events (``ms``) and inside a CUDA graph
+  (``graph_ms``); a ``sweep_best`` line per shape names the fastest (by ``graph_ms``): what ``DECODE_TILING``,
+  ``PREFILL_TILING`` and ``choose_num_segments`` should become.
 
 Cases stop (printed as skipped) once ``--budget-s`` seconds have passed, so the run stays under 4 minutes.
 ``--smoke`` runs tiny shapes on the CPU through Triton's interpreter (sets ``TRITON_INTERPRET=1``): a check of this
@@ -63,7 +67,7 @@ def sync(torch: Any) -> None:
 @dataclass(frozen=True)
 class Case:
     """One timed case: ``kind`` is its JSON lines' ``kind`` (``env``, ``decode``, ``prefill`` or ``sweep``); a sweep
-    case carries the ``tiling`` and ``splits`` it forces."""
+    case carries the ``tiling`` and ``splits`` it forces (None: the launcher's choice) and the kernel form."""
 
     kind: str
     name: str
@@ -73,6 +77,22 @@ class Case:
     ctx: int = 0
     tiling: tuple[int, int, int, int] | None = None  # (block_m, block_n, num_warps, num_stages)
     splits: int | None = None
+    fused: bool = False
+
+
+DECODE_TILINGS = [(16, 32, 4, 2), (16, 64, 4, 2), (16, 64, 4, 3), (16, 128, 4, 3), (32, 64, 4, 2)]
+PREFILL_TILINGS = [
+    (64, 64, 4, 2),
+    (128, 32, 4, 2),
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
+]
+# (block_m, block_n, num_warps, num_stages); decode shapes (layout, batch, context), prefill (layout, batch, tokens)
+SWEEP_DECODE = [("llama8b", 1, 8192), ("llama8b", 16, 2048), ("smollm2", 16, 2048), ("llama8b", 64, 2048)]
+SWEEP_SPLITS = {("llama8b", 1, 8192): (8, 16, 32, 64), ("llama8b", 16, 2048): (1, 2, 4, 8)}
+SWEEP_PREFILL = [("llama8b", 1, 2048), ("llama8b", 4, 2048), ("smollm2", 1, 2048)]
 
 
 def plan(sweep: bool, smoke: bool) -> list[Case]:
@@ -82,20 +102,31 @@ def plan(sweep: bool, smoke: bool) -> list[Case]:
             Case("decode", "smoke-decode", "tiny", 2, 1, 40),
             Case("prefill", "smoke-prefill", "tiny", 1, 20, 20),
             Case("sweep", "smoke-sweep", "tiny", 2, 1, 40, (16, 32, 4, 2), 2),
+            Case("sweep", "smoke-sweep-fused", "tiny", 2, 1, 40, (16, 32, 4, 2), fused=True),
         ]
     cases = [Case("env", "env")]
     for layout in LAYOUTS:
         cases += [Case("decode", f"{layout}-decode-b{b}-ctx{c}", layout, b, 1, c) for b, c in DECODE]
         cases += [Case("prefill", f"{layout}-prefill-b{b}-n{n}", layout, b, n, n) for b, n in PREFILL]
-    if sweep:
-        for t in ((16, 32, 4, 2), (16, 64, 4, 2), (16, 128, 4, 3), (32, 64, 4, 2)):
-            for b, c, s in ((1, 8192, 16), (1, 8192, 32), (1, 8192, 64), (64, 2048, 1), (64, 2048, 2)):
-                name = f"decode-b{b}-ctx{c}-{t[0]}x{t[1]}w{t[2]}-s{s}"
-                cases.append(Case("sweep", name, "llama8b", b, 1, c, t, s))
-        for t in ((64, 64, 4, 2), (128, 32, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2)):
-            name = f"prefill-b1-n2048-{t[0]}x{t[1]}w{t[2]}s{t[3]}"
-            cases.append(Case("sweep", name, "llama8b", 1, 2048, 2048, t, 1))
+    if sweep:  # tilings at the launcher's split choice, then split counts and the fused form at the default tiling
+        from trtbuild.plugins.paged_attention.triton_kernel import DECODE_TILING as D  # imports no Triton
+
+        default = (D.block_m, D.block_n, D.num_warps, D.num_stages)
+        for layout, b, c in SWEEP_DECODE:
+            shape = f"{layout}-decode-b{b}-ctx{c}"
+            for t in DECODE_TILINGS:
+                cases.append(Case("sweep", f"{shape}-{_tag(t)}", layout, b, 1, c, t))
+            for s in SWEEP_SPLITS.get((layout, b, c), ()):
+                cases.append(Case("sweep", f"{shape}-{_tag(default)}-s{s}", layout, b, 1, c, default, s))
+            cases.append(Case("sweep", f"{shape}-{_tag(default)}-fused", layout, b, 1, c, default, fused=True))
+        for layout, b, n in SWEEP_PREFILL:
+            for t in PREFILL_TILINGS:
+                cases.append(Case("sweep", f"{layout}-prefill-b{b}-n{n}-{_tag(t)}", layout, b, n, n, t))
     return cases
+
+
+def _tag(t: tuple[int, int, int, int]) -> str:
+    return f"{t[0]}x{t[1]}w{t[2]}s{t[3]}"
 
 
 def paged_inputs(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: int, bs: int = 16):
@@ -229,18 +260,38 @@ def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
     return res
 
 
-def sweep_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int, ctx: int, tiling: Any, splits: Any):
-    hq, hkv, d = LAYOUTS[layout]
-    qkv, k, v, positions, tables, qsl = paged_inputs(torch, hq, hkv, d, batch, new, ctx)
-    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(ctx, d, theta=5e5)).to(DEVICE)
+def sweep_case(torch: Any, tk: Any, ref: Any, case: Case) -> dict[str, Any]:
+    """One launch choice on one shape: CUDA events per call (``ms``) and inside a CUDA graph (``graph_ms``, the
+    device time without host launch costs, which decides decode tilings: the engine's decode steps are graphs)."""
+    hq, hkv, d = LAYOUTS[case.layout]
+    qkv, k, v, positions, tables, qsl = paged_inputs(torch, hq, hkv, d, case.batch, case.new, case.ctx)
+    cos_sin = torch.from_numpy(ref.rotary_cos_sin_cache(case.ctx, d, theta=5e5)).to(DEVICE)
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d))
-    ms = bench(
-        torch,
-        lambda: tk.paged_attention_triton(
-            qkv, k, v, positions, tables, qsl, cos_sin, attrs, num_kv_splits=splits, tiling=tiling
-        ),
-    )
-    return {"batch": batch, "new_tokens": new, "context": ctx, "tiling": str(tiling), "splits": splits, "ms": ms}
+    out = torch.empty(qkv.shape[0], hq * d, device=DEVICE, dtype=qkv.dtype)
+    tiling = tk.Tiling(*case.tiling)
+    call = lambda: tk.paged_attention_triton(  # noqa: E731
+        qkv, k, v, positions, tables, qsl, cos_sin, attrs, fused=case.fused, out=out, num_kv_splits=case.splits,
+        tiling=tiling,
+    )  # fmt: skip
+    graph = graph_ms(torch, call)
+    return {"layout": case.layout, "batch": case.batch, "new_tokens": case.new, "context": case.ctx,
+            "tiling": list(case.tiling), "splits": case.splits, "fused": case.fused, "ms": round(bench(torch, call), 4),
+            "graph_ms": None if graph is None else round(graph, 4)}  # fmt: skip
+
+
+def sweep_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per swept shape, the fastest launch choice (by ``graph_ms``, else ``ms``): what to set the defaults to."""
+    shapes: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        if r.get("kind") == "sweep" and "ms" in r:
+            shapes.setdefault((r["layout"], r["batch"], r["new_tokens"], r["context"]), []).append(r)
+    best = []
+    for (layout, batch, new, ctx), rows in shapes.items():
+        top = min(rows, key=lambda r: r["graph_ms"] if r["graph_ms"] is not None else r["ms"])
+        best.append({"kind": "sweep_best", "layout": layout, "batch": batch, "new_tokens": new, "context": ctx,
+                     **{k: top[k] for k in ("case", "tiling", "splits", "fused", "ms", "graph_ms")},
+                     "of": len(rows)})  # fmt: skip
+    return best
 
 
 def run_case(case: Case, fault: str | None) -> dict[str, Any]:
@@ -259,10 +310,9 @@ def run_case(case: Case, fault: str | None) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         return {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
                 "triton": triton.__version__, "python": sys.version.split()[0]}  # fmt: skip
-    shape = (case.layout, case.batch, case.new, case.ctx)
     if case.tiling is None:
-        return speed_case(torch, tk, ref, *shape)
-    return sweep_case(torch, tk, ref, *shape, tk.Tiling(*case.tiling), case.splits)
+        return speed_case(torch, tk, ref, case.layout, case.batch, case.new, case.ctx)
+    return sweep_case(torch, tk, ref, case)
 
 
 def context_lost() -> bool:
@@ -310,8 +360,10 @@ class Supervisor:
         self.case_timeout = case_timeout
         out = os.environ.get("OUT")
         self.path = Path(out) / "paged_attention_gpu.jsonl" if out else None
+        self.records: list[dict[str, Any]] = []
 
     def emit(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
         line = json.dumps(record, default=str)
         print(line, flush=True)
         if self.path is not None:
@@ -326,6 +378,8 @@ class Supervisor:
                     self.emit({"kind": case.kind, "case": case.name, "skipped": "time budget spent"})
                 break
             first = self.one_worker(first)
+        for best in sweep_best(self.records):
+            self.emit(best)
         self.emit({"kind": "done", "elapsed_s": round(time.time() - self.start, 1)})
 
     def one_worker(self, first: int) -> int:

@@ -61,9 +61,10 @@ def test_aoti_probe_cpu_mode():
 def test_paged_attention_gpu_smoke_mode():
     """benchmarks/paged_attention_gpu.py runs on a GPU machine later: its code paths (timing against SDPA and a
     copy, the sweep, the supervisor and its worker process) run here on tiny CPU shapes through the interpreter."""
-    *records, done = run_script("paged_attention_gpu.py", "--smoke", timeout=300)
-    assert done["kind"] == "done"
-    assert [r["case"] for r in records] == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
+    *records, best, done = run_script("paged_attention_gpu.py", "--smoke", timeout=300)
+    assert done["kind"] == "done" and best["kind"] == "sweep_best" and best["of"] == 2
+    assert [r["case"] for r in records] == ["smoke-decode", "smoke-prefill", "smoke-sweep", "smoke-sweep-fused"]
+    assert best["case"] == min(records[2:], key=lambda r: r["ms"])["case"]  # no CUDA graphs here: by events time
     assert not any("error" in r for r in records), records
     timed = [r for r in records if r["kind"] in ("decode", "prefill")]
     assert all(r["ratio_vs_sdpa"] > 0 for r in timed)
@@ -74,10 +75,10 @@ def test_paged_attention_gpu_smoke_mode():
 def test_paged_attention_gpu_crash_costs_one_case():
     """A case whose worker process dies (here a real SIGSEGV, ``--fault``) is one error line with the exit status
     and the fault's Python stack; a fresh worker runs the cases after it."""
-    *records, done = run_script("paged_attention_gpu.py", "--smoke", "--fault", "smoke-prefill", timeout=300)
+    *records, _, done = run_script("paged_attention_gpu.py", "--smoke", "--fault", "smoke-prefill", timeout=300)
     assert done["kind"] == "done"
     by_case = {r["case"]: r for r in records}
-    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
+    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep", "smoke-sweep-fused"]
     crashed = by_case["smoke-prefill"]
     assert crashed["rc"] == -signal.SIGSEGV and "worker died" in crashed["error"], crashed
     assert any("Segmentation fault" in line or "Fatal Python error" in line for line in crashed["trace"]), crashed
@@ -88,8 +89,8 @@ def test_paged_attention_gpu_hang_costs_one_case():
     """A case silent for ``--case-timeout`` seconds (a kernel that never returns) has its worker killed and is one
     error line; the cases after it still run."""
     args = ("--smoke", "--fault", "smoke-decode:hang", "--case-timeout", "30")
-    *records, _ = run_script("paged_attention_gpu.py", *args, timeout=300)
+    *records, _, _ = run_script("paged_attention_gpu.py", *args, timeout=300)
     by_case = {r["case"]: r for r in records}
-    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep"]
+    assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep", "smoke-sweep-fused"]
     assert "timed out after 30s" in by_case["smoke-decode"]["error"], by_case["smoke-decode"]
     assert "error" not in by_case["smoke-prefill"] and "error" not in by_case["smoke-sweep"]
