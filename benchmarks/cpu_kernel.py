@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort
 
 from trtbuild.backends.onnxruntime.build.native import single_node_model
-from trtbuild.backends.onnxruntime.kernel_library import library_path
+from trtbuild.kernels.library import library_path
 from trtbuild.plugins.paged_attention import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs, rotary_cos_sin_cache
 from trtbuild.runtime.kv_cache import lazy_zeros
 

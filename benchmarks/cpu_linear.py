@@ -11,7 +11,7 @@ trtbuild's quantized engines ran them before ``QLinear``) and with ``--native`` 
 token and per block; int4 with groups of each block size), each over ``--copies`` copies of the weight (30, as the
 layers of a model) so that it streams from DRAM; it prints the median time per product and the weight bytes read per
 second. With ``--library`` it times only ``QLinear``, once per given build of the native library (flags as in
-``trtbuild/backends/onnxruntime/kernel_library.py``; e.g. ``-mno-amx-tile`` for the VNNI loop on an AMX CPU), the
+``trtbuild/kernels/library.py``; e.g. ``-mno-amx-tile`` for the VNNI loop on an AMX CPU), the
 builds' sessions in turn for each shape and row count, their workers not spinning between calls. The second form
 takes an engine's onnxruntime-optimized graph, keeps only its ``MatMul`` / ``MatMulNBits`` / ``MatMulInteger`` /
 ``QLinear`` nodes with their real weights (each fed a random input of its width) and times one pass over all of
@@ -126,7 +126,7 @@ def shapes_table(args: argparse.Namespace) -> None:
                 name = "float32 MatMul" if block is None else f"MatMulNBits int{args.bits}/{block}"
                 cells.append(f"{name} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
             if args.native:
-                from trtbuild.backends.onnxruntime.kernel_library import library_path
+                from trtbuild.kernels.library import library_path
 
                 libraries = args.library or [str(library_path())]
                 per_token = [k] if args.bits == 8 else []  # int8 per token: one block per row
@@ -147,8 +147,8 @@ def shapes_table(args: argparse.Namespace) -> None:
 
 
 def engine_linears(args: argparse.Namespace) -> None:
-    from trtbuild.backends.onnxruntime.kernel_library import library_path
     from trtbuild.backends.onnxruntime.session import OrtSession
+    from trtbuild.kernels.library import library_path
     from trtbuild.runtime.batch import StepBatch
 
     engine = Path(args.engine)

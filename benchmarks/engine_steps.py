@@ -15,8 +15,8 @@ the engines' or kernels', not an idle pool's spinning; a lone session runs as th
 runs (build the same checkpoint twice, e.g. ``--cpu-linear native`` and ``--cpu-linear onnxruntime``); ``trtbuild
 bench`` and ``benchmarks/vs_peers.py`` measure whole generations. ``--library`` opens each engine once per given
 build of the native kernel library (e.g. ``g++ -O3 -march=native ... -shared -fPIC -o OLD.so`` of an earlier
-``trtbuild/kernels/cpu/*.cc``, all in one command: ``kernel_library.compile_args``): a kernel A/B on whole steps in
-one process. Takes about 20 s per engine and round.
+``trtbuild/kernels/cpu/*.cc``, all in one command: ``trtbuild.kernels.library.compile_args``): a kernel A/B on
+whole steps in one process. Takes about 20 s per engine and round.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from trtbuild.backends.onnxruntime.build.native import single_node_model
-from trtbuild.backends.onnxruntime.kernel_library import library_path
+from trtbuild.kernels.library import library_path
 from trtbuild.plugins.paged_attention import (
     KV_FLOAT,
     KV_FP8,
@@ -305,7 +305,7 @@ def test_loading_the_library_leaves_subnormals_alone():
 def _row_op_session(op: str, inputs: list, outputs: list, threads: int) -> ort.InferenceSession:
     from onnx import helper
 
-    from trtbuild.backends.onnxruntime.kernel_library import NATIVE_DOMAIN
+    from trtbuild.kernels.library import NATIVE_DOMAIN
 
     node = helper.make_node(op, [i.name for i in inputs], [o.name for o in outputs], domain=NATIVE_DOMAIN)
     graph = helper.make_graph([node], op, inputs, outputs)

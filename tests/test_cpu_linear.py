@@ -25,7 +25,7 @@ from trtbuild.backends.onnxruntime.build.native_linear import (
     qlinear_node,
     qlinear_reference,
 )
-from trtbuild.backends.onnxruntime.kernel_library import NATIVE_DOMAIN, compile_args, library_path
+from trtbuild.kernels.library import NATIVE_DOMAIN, compile_args, library_path
 
 CASES = [  # rows, in, out, bits, group, block
     (1, 576, 960, 8, 576, 576),  # per token, decode

@@ -20,10 +20,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.build.graph_edit import node_attrs
 from trtbuild.backends.onnxruntime.build.moe import lowered_moe, native_moe
-from trtbuild.backends.onnxruntime.kernel_library import MOE_OP, NATIVE_DOMAIN, compile_args, library_path
 from trtbuild.backends.torch.moe import moe as torch_moe
 from trtbuild.config import CpuLinear
 from trtbuild.errors import BuildError
+from trtbuild.kernels.library import MOE_OP, NATIVE_DOMAIN, compile_args, library_path
 from trtbuild.plugins.moe import (
     DOMAIN,
     OP_TYPE,

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.build.native import fuse_swiglu
-from trtbuild.backends.onnxruntime.kernel_library import NATIVE_DOMAIN, SWIGLU_OP, library_path
+from trtbuild.kernels.library import NATIVE_DOMAIN, SWIGLU_OP, library_path
 
 
 def _run(model, x: np.ndarray) -> np.ndarray:

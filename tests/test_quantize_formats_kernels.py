@@ -24,7 +24,7 @@ from trtbuild.runtime.batch import StepBatch
 
 def _open_engine(engine, opts: ort.SessionOptions) -> ort.InferenceSession:
     """The engine's graph in a bare onnxruntime session (its native attention kernel registered)."""
-    from trtbuild.backends.onnxruntime.kernel_library import library_path
+    from trtbuild.kernels.library import library_path
 
     opts.register_custom_ops_library(str(library_path()))
     return ort.InferenceSession(
@@ -184,8 +184,8 @@ def test_session_registers_the_kernel_library_it_is_given(quantized, tmp_path):
     is not a library (missing, or not a shared object) is an ``EngineError``, not onnxruntime's own failure."""
     import shutil
 
-    from trtbuild.backends.onnxruntime.kernel_library import library_path
     from trtbuild.errors import EngineError
+    from trtbuild.kernels.library import library_path
 
     _, _, engine = quantized["int4_awq"]
     copy = tmp_path / "other-build.so"

@@ -158,7 +158,7 @@ def graph_arena_layout(model_path: Path) -> list[ArenaTensor]:
     import onnx
     from onnx import TensorProto, helper
 
-    from .kernel_library import WEIGHT_OPS
+    from ...kernels.library import WEIGHT_OPS
 
     model = onnx.load(str(model_path), load_external_data=False)
     external = {t.name: t for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}

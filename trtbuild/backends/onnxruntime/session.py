@@ -72,7 +72,7 @@ class OrtSession(EngineSession):
         ``profile_kernels``: run onnxruntime's profiler (it times every node: a decode step of a 30-layer model
         takes up to 2x as long); ``kernel_times()`` reads it.
         ``kernel_library``: the native kernels' compiled library to register (default: this machine's build of the
-        source, ``kernel_library.library_path()``); benchmarks pass other builds to compare kernels in one process."""
+        source, ``kernels.library.library_path()``); benchmarks pass other builds to compare kernels in one process."""
         engine_dir = Path(engine_dir)
         if not (engine_dir / "runtime_config.json").is_file():
             raise EngineError(f"{engine_dir}: not an engine directory (no runtime_config.json); run `trtbuild build`")
@@ -95,7 +95,7 @@ class OrtSession(EngineSession):
             opts.add_session_config_entry(key, value)
         self._native = build.cpu_attention is CpuAttention.NATIVE  # the graph writes the KV cache itself
         if build.uses_native_cpu_library:
-            from .kernel_library import library_path  # compiles the kernels on this machine's first use
+            from ...kernels.library import library_path  # compiles the kernels on this machine's first use
 
             library = Path(kernel_library) if kernel_library is not None else library_path()
             if not library.is_file():

@@ -2,7 +2,7 @@
 
 ``kernels/cpu/paged_attention.cc`` through the library's plain C entry point ``trtbuild_paged_attention``
 (``kernels/cpu/c_api.cc``, called with ctypes: scalars and data pointers only, so no struct layout is mirrored
-here). The library is the one ``backends/onnxruntime/kernel_library.py`` compiles for this machine at first use;
+here). The library is the one ``kernels/library.py`` compiles for this machine at first use;
 without a C++ compiler, or for a call the kernel does not take (qkv not float32, tensors not contiguous, a shape
 beyond its limits), :func:`paged_attention_native` returns None and the op runs its torch code
 (``ops.paged_attention_torch``). Why: the torch code costs ~0.7 ms a layer per decode step on two cores (about 30
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from ...errors import EngineError
+from ...kernels.library import library_path
 from ...plugins.paged_attention import KV_FLOAT, PagedAttentionAttrs
-from ..onnxruntime.kernel_library import library_path
 
 log = logging.getLogger(__name__)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

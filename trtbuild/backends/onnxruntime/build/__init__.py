@@ -17,9 +17,9 @@ from ....artifacts.manifest import cpu_target
 from ....checkpoint.files import copy_tokenizer_files
 from ....config import RuntimeConfig
 from ....errors import BuildError, EngineError
+from ....kernels.library import library_path
 from ...build_request import BuildRequest, BuildResult, op_counts, portable_graph, write_engine_manifest
 from ..huge_pages import write_arena_layout
-from ..kernel_library import library_path
 from .passes import Target, run_passes, settle_options
 
 ORT_ENGINE = "engines/onnxruntime-cpu/model.onnx"

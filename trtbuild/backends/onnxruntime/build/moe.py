@@ -28,9 +28,9 @@ from onnx import helper, numpy_helper
 from ....config import ORT_LOWERED_NODE_PREFIX, CpuLinear
 from ....errors import BuildError
 from ....graph.builder import GraphBuilder
+from ....kernels.library import MOE_OP, NATIVE_DOMAIN
 from ....plugins.moe import DOMAIN, OP_TYPE, unpack_int4
 from ... import moe_dense
-from ..kernel_library import MOE_OP, NATIVE_DOMAIN
 from .graph_edit import import_domain, replace_nodes
 from .moe_experts import packed_experts
 

@@ -1,7 +1,7 @@
 """The native CPU kernel of ``trtbuild::PagedAttention`` for onnxruntime: its place in the graph (a build step).
 
 The kernel is ``trtbuild/kernels/cpu/paged_attention.cc``, an onnxruntime custom-op library (domain
-``trtbuild.cpu``) compiled for the machine at first use: ``kernel_library.py`` (the runtime's part, no ``onnx``).
+``trtbuild.cpu``) compiled for the machine at first use: ``trtbuild/kernels/library.py`` (no ``onnx``).
 
 ``lower_to_native`` turns each plugin node into one ``trtbuild.cpu::PagedAttention`` node (float32, int8 or fp8
 cache, as the plugin's ``kv_cache_dtype`` says; its optional ``sliding_window`` and ``softcap`` carried over) with a
@@ -27,8 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ....config import ORT_LOWERED_NODE_PREFIX
-from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
-from ..kernel_library import (
+from ....kernels.library import (
     MAX_BLOCK_SIZE,
     MAX_GQA_GROUP,
     MAX_GROUP_X_HEAD_SIZE,
@@ -36,6 +35,7 @@ from ..kernel_library import (
     NATIVE_DOMAIN,
     SWIGLU_OP,
 )
+from ....plugins.paged_attention import DOMAIN, KV_FLOAT, KV_FP8, KV_INT8, OP_TYPE, PagedAttentionAttrs
 from .graph_edit import import_domain, node_attr, node_attrs
 
 # The native op's cache element type per kv_cache_dtype: an fp8 cache is held as its E4M3 bit patterns (numpy has

@@ -40,7 +40,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
+from ....kernels.library import NATIVE_DOMAIN, QLINEAR_OP
 from .graph_edit import dynamic_linears, emitted_quantization, import_domain, node_attrs, replace_nodes
 from .weights import ACTIVATION_BLOCK, offset_weight
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import onnx
 
 from ....config import BuildConfig, CpuAttention, CpuLinear, EngineIO, ModelConfig
-from ..kernel_library import NATIVE_DOMAIN, QLINEAR_OP
+from ....kernels.library import NATIVE_DOMAIN, QLINEAR_OP
 from .embedding import shared_int8_embedding
 from .lowering import lower_for_onnxruntime
 from .moe import lowered_moe, native_moe, quantized_experts

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..kernel_library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
+from ....kernels.library import NATIVE_DOMAIN  # the native library's domain: QuantizeRows, RescaleRows
 from .graph_edit import dynamic_linears, emitted_quantization, import_domain, node_attrs, replace_nodes
 
 ACTIVATION_BLOCK = 16  # MatMulNBits' smallest block

@@ -9,8 +9,8 @@ It is compiled at first use with the machine's C++ compiler (``$CXX``, else ``g+
 unit of one command, for the machine's own CPU (``-march=native``) and cached under
 ``$XDG_CACHE_HOME/trtbuild/kernels/`` by a digest of the sources, the compiler and the CPU, so a changed file,
 compiler or machine gets its own build. It links nothing: onnxruntime hands it its API table when the session
-registers the library. This module is the runtime's part and imports no build tool (no ``onnx``); the graph
-rewrites that place the ops are ``build/native.py`` and ``build/native_linear.py``.
+registers the library. This module imports no build tool (no ``onnx``) and no runtime; the graph rewrites that
+place the ops are ``backends/onnxruntime/build/native.py`` and ``native_linear.py``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ... import kernels
-from ...errors import EngineError
+from ..errors import EngineError
 
 NATIVE_DOMAIN = "trtbuild.cpu"
 QLINEAR_OP = "QLinear"
@@ -33,7 +32,7 @@ MOE_OP = "MoE"
 # The native ops that read their weight inputs in place every step: OrtSession gives those a huge-page arena
 # (huge_pages.WeightArena; the build records its layout, native_linear.weight_arena_layout).
 WEIGHT_OPS = frozenset({(NATIVE_DOMAIN, QLINEAR_OP), (NATIVE_DOMAIN, MOE_OP)})
-KERNEL_DIR = Path(kernels.__file__).resolve().parent / "cpu"
+KERNEL_DIR = Path(__file__).resolve().parent / "cpu"
 # Every source file, in a fixed order (all digested: a changed header is a new build); the .cc files are compiled.
 SOURCES = (*sorted(KERNEL_DIR.glob("*.cc")), *sorted(KERNEL_DIR.glob("*.h")))
 TRANSLATION_UNITS = tuple(path for path in SOURCES if path.suffix == ".cc")
