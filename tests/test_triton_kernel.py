@@ -222,9 +222,9 @@ def test_bad_inputs_are_rejected() -> None:
         triton_kernel.paged_attention_triton(qkv, cache, cache.clone(), *meta, torch.zeros(8, 10), attrs)
 
 
-def _run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_python(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -275,6 +275,77 @@ def test_fused_kernel_compiles_to_ptx_without_a_gpu() -> None:
         assert int(threads) % 32 == 0
         assert int(block_q) == 64 // 3  # AOT tiling: 64 rows = 21 tokens x 3 query heads per kv head
     assert lines[0][6] == "1"  # fp16 on sm_80 runs QK^T and PV on tensor cores
+
+
+# Every JIT launch the GPU runs, compiled for sm_90 by Triton's own compiler (no GPU needed): the interpreter runs the
+# same kernels but accepts code the compiler rejects. (name, heads, tiling, fused, segments, cache, window/softcap)
+LAUNCH_VARIANTS = [
+    ("decode-split", (32, 8, 128), "DECODE_TILING", False, 8, "bf16", False),
+    ("decode-one-segment", (32, 8, 128), "DECODE_TILING", False, 1, "bf16", False),
+    ("decode-fused-split", (32, 8, 128), "DECODE_TILING", True, 4, "bf16", False),
+    ("prefill", (32, 8, 128), "PREFILL_TILING", False, 1, "bf16", False),
+    ("prefill-fused", (32, 8, 128), "PREFILL_TILING", True, 1, "bf16", False),
+    ("smollm2-decode-split", (9, 3, 64), "DECODE_TILING", False, 8, "bf16", False),
+    ("smollm2-prefill", (9, 3, 64), "PREFILL_TILING", False, 1, "bf16", False),
+    ("int8-cache-decode-split", (32, 8, 128), "DECODE_TILING", False, 8, "i8", False),
+    ("fp8-cache-prefill", (32, 8, 128), "PREFILL_TILING", False, 1, "fp8e4nv", False),
+    ("window-softcap-decode-split", (8, 4, 256), "DECODE_TILING", False, 4, "bf16", True),
+]
+
+
+@pytest.mark.slow
+def test_every_launch_variant_compiles_for_sm90() -> None:
+    """The GPU's JIT launches (decode / prefill tilings, split-KV, fused, head sizes 64 / 128 / 256, int8 / fp8
+    caches, sliding window with softcap) plus the cache-write and reduce kernels compile to sm_90 PTX with the
+    installed Triton, as ``paged_attention_triton`` would launch them on bf16 tensors (slow: ~15 compiles)."""
+    code = f"""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from trtbuild.plugins.paged_attention import triton_kernel as tk
+        from trtbuild.plugins.paged_attention.reference import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs
+        kernels = tk._kernels()
+        target = GPUTarget("cuda", 90, 32)
+        print("triton", triton.__version__, "-")
+        QUANT = {{"bf16": KV_FLOAT, "i8": KV_INT8, "fp8e4nv": KV_FP8}}
+
+        def compile(kernel, consts, types, tiling=None):
+            signature = {{n: "constexpr" if n in consts else types[n] for n in kernel.arg_names}}
+            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts)
+            options = {{}} if tiling is None else {{"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}}
+            return triton.compile(source, target=target, options=options)
+
+        for name, (hq, hkv, d), tiling, fused, segments, cache, windowed in {LAUNCH_VARIANTS!r}:
+            extra = {{"sliding_window": 512, "softcap": 30.0}} if windowed else {{}}
+            attrs = PagedAttentionAttrs(hq, hkv, d, d ** -0.5, kv_cache_dtype=QUANT[cache], **extra)
+            tiling = getattr(tk, tiling)
+            consts = tk.kernel_constexprs(attrs, True, fused, tiling=tiling, num_segments=segments)
+            types = {{n: "*bf16" for n in ("qkv", "out")}}
+            types.update({{n: f"*{{cache}}" for n in ("k_in", "v_in", "k_out", "v_out")}})
+            types.update({{n: "*i32" for n in ("positions", "block_tables", "qsl")}})
+            types.update({{n: "*fp32" for n in ("cos_sin", "k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")}})
+            types.update({{n: "i32" for n in tk.SCALAR_ARGS}})
+            k = compile(kernels._paged_attention_kernel, consts, types, tiling)
+            print(name, "attention", k.metadata.num_warps, "wgmma" in k.asm["ptx"])
+            if not fused:
+                write = kernels._write_kv_kernel
+                compile(write, {{n: consts[n] for n in write.arg_names if n in consts}}, types)
+                print(name, "write")
+            if segments > 1:
+                reduce = {{"NUM_HEADS": hq, "HEAD_SIZE": d, "NUM_SEGMENTS": segments,
+                          "BLOCK_S": tk._next_pow2(segments), "BLOCK_D": consts["BLOCK_D"]}}
+                compile(kernels._reduce_segments_kernel, reduce, {{"seg_m": "*fp32", "seg_l": "*fp32",
+                        "seg_acc": "*fp32", "out": "*bf16"}})
+                print(name, "reduce")
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = _run_python(code, env, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    version, *lines = [line.split() for line in result.stdout.strip().splitlines()]
+    assert version[0] == "triton", version
+    attention = {line[0]: line for line in lines if line[1] == "attention"}
+    assert list(attention) == [v[0] for v in LAUNCH_VARIANTS]
+    assert attention["prefill"][3] == "True"  # bf16 prefill tiles on Hopper's warpgroup tensor cores
+    assert {line[0] for line in lines if line[1] == "reduce"} == {v[0] for v in LAUNCH_VARIANTS if v[4] > 1}
 
 
 SMALL = triton_kernel.Tiling(block_m=16, block_n=16)  # several query tiles per sequence, several context tiles
