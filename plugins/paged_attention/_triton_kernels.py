@@ -117,24 +117,57 @@ def _store_new_kv(
     tl.store(v_out + dst, _to_cache(v, v_scale, KV_QUANT, v_out.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _store_rotated_q(
+    qkv, positions, cos_sin, q_out, kvh, q_end, tok0, max_pos, rot_dim, rope_rows,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, INTERLEAVED: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Rotate the queries of tokens ``tok0 .. tok0 + BLOCK_Q`` (< q_end) for the query heads of kv head ``kvh`` and
+    store them, in qkv's dtype, as rows ``[T, NUM_HEADS * HEAD_SIZE]`` of ``q_out``."""
+    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
+    i = tl.arange(0, BLOCK_QP)
+    d = tl.arange(0, BLOCK_D)
+    tok = tok0 + i
+    live = (i < BLOCK_Q) & (tok < q_end)
+    tok = tl.where(live, tok, tok0).to(tl.int64)
+    pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
+    rope_pos = _clamp(pos, 0, rope_rows - 1)[:, None]
+    mask = live[:, None] & (d < HEAD_SIZE)[None, :]
+    for g in tl.static_range(GROUP):
+        head = kvh * GROUP + g
+        q = _load_rotated(qkv + tok[:, None] * width + head * HEAD_SIZE, rope_pos, d[None, :], mask, cos_sin,
+                          rot_dim, True, INTERLEAVED)  # fmt: skip
+        dst = q_out + tok[:, None] * (NUM_HEADS * HEAD_SIZE) + head * HEAD_SIZE + d[None, :]
+        tl.store(dst, q.to(q_out.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=_DYNAMIC)
 def _write_kv_kernel(
     qkv, positions, block_tables, qsl, cos_sin, k_scale, v_scale,
     num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,
-    k_out, v_out,
+    k_out, v_out, q_out,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
     INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, WRITE_Q: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(tiles, Hkv)``: writes one query tile's new keys/values into the cache."""
+    """Grid ``(tiles, Hkv)``: writes one query tile's new keys/values into the cache and, with ``WRITE_Q``, its
+    rotated queries of that kv head's query heads into ``q_out`` (the attention kernel then rotates nothing)."""
     b, q_start, q_end, tok0 = _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q)
     if (tok0 >= q_start) & (tok0 < q_end):
         bt_row = block_tables + b.to(tl.int64) * max_blocks
+        max_pos = max_blocks * block_size - 1
         _store_new_kv(
             qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), q_end, tok0,
-            max_blocks * block_size - 1, num_blocks, block_size, rot_dim, rope_rows,
+            max_pos, num_blocks, block_size, rot_dim, rope_rows,
             NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, BLOCK_Q, BLOCK_QP, BLOCK_D,
         )  # fmt: skip
+        if WRITE_Q:
+            _store_rotated_q(
+                qkv, positions, cos_sin, q_out, tl.program_id(1), q_end, tok0, max_pos, rot_dim, rope_rows,
+                NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, INTERLEAVED, BLOCK_Q, BLOCK_QP, BLOCK_D,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -184,14 +217,19 @@ def _paged_attention_kernel(
     HAS_ROPE: tl.constexpr, INTERLEAVED: tl.constexpr, FUSED: tl.constexpr, KV_QUANT: tl.constexpr,
     DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SEGMENTS: tl.constexpr, SLIDING_WINDOW: tl.constexpr,
-    SOFTCAP: tl.constexpr,
+    SOFTCAP: tl.constexpr, Q_ROTATED: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(tiles, Hkv, NUM_SEGMENTS)``: one query tile (``BLOCK_Q`` tokens x the ``Hq / Hkv`` query heads of kv
     head ``program_id(1)`` = ``BLOCK_M`` rows) against one segment of its sequence's context, on tensor cores.
     With ``SLIDING_WINDOW`` the context starts at the tile's first token's window start: the blocks before it are
-    never read (the op's contract lets the runner free them)."""
+    never read (the op's contract lets the runner free them). ``Q_ROTATED`` (two-kernel form only): ``qkv`` holds
+    the step's queries already rotated, ``[T, NUM_HEADS * HEAD_SIZE]`` (``_write_kv_kernel``'s ``q_out``; pass
+    ``HAS_ROPE=False``). Rotating them here costs registers in the context loop: ptxas gives the 128 x 64 prefill
+    tile of head size 128 on sm_90 255 registers and spills with the rotation, 173 and none without."""
+    tl.static_assert(not (FUSED and Q_ROTATED), "the fused form reads the step's keys and values from qkv")
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     WIDTH: tl.constexpr = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    Q_WIDTH: tl.constexpr = NUM_HEADS * HEAD_SIZE if Q_ROTATED else WIDTH
     kvh = tl.program_id(1)
     seg = tl.program_id(2)
     b, q_start, q_end, tok0 = _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q)
@@ -215,7 +253,7 @@ def _paged_attention_kernel(
     tok = tl.where(row_ok, tok, tok0)
     row_pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
     qmask = row_ok[:, None] & dmask[None, :]
-    q_base = qkv + tok.to(tl.int64)[:, None] * WIDTH + head[:, None] * HEAD_SIZE
+    q_base = qkv + tok.to(tl.int64)[:, None] * Q_WIDTH + head[:, None] * HEAD_SIZE
     rope_pos = _clamp(row_pos, 0, rope_rows - 1)[:, None]
     q = _load_rotated(q_base, rope_pos, d[None, :], qmask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
     q = q.to(qkv.dtype.element_ty)

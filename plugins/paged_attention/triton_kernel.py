@@ -15,10 +15,13 @@ Design (after vLLM's Triton "unified attention"; kernels in ``_triton_kernels.py
   programs (grid axis 2) that write their partial (max, sum, unnormalised output); ``_reduce_segments_kernel``
   merges them. :func:`choose_num_segments` picks the count from the work size and the GPU's SM count.
 - **Cache writes.** ``fused=False``: ``_write_kv_kernel`` writes this step's rotated (and quantized) K/V into the
-  cache, then the attention kernel reads the whole context from the cache. ``fused=True``: one kernel; each program
-  writes its tile's K/V and reads this step's keys straight from ``qkv`` (positions >= the sequence's first new
-  position) and older ones from the cache, so programs never wait on each other. This single-launch form (no split)
-  is what the TensorRT AOT plugin compiles (:func:`compile_ptx`).
+  cache and this step's rotated queries into a ``[T, Hq * D]`` temporary (as TensorRT-LLM's context path rotates
+  before its attention kernel), then the attention kernel reads those queries and the whole context from the cache:
+  rotating in its tile cost registers across the context loop (ptxas, sm_90: the 128 x 64 prefill tile of head size
+  128 at the 255-register cap and spilling with Triton 3.6; 181-188 registers without). ``fused=True``: one kernel;
+  each program writes its tile's K/V and reads this step's keys straight from ``qkv`` (positions >= the sequence's
+  first new position) and older ones from the cache, so programs never wait on each other. This single-launch form
+  (no split) is what the TensorRT AOT plugin compiles (:func:`compile_ptx`).
 - **Quantized KV cache** (``attrs.kv_cache_dtype`` INT8 / FLOAT8E4M3FN, per-layer ``k_scale`` / ``v_scale``): K/V
   are quantized on write (``QuantizeLinear``: round half to even, saturate); the dots take the quantized levels as
   fp16/bf16 operands (exact) and apply ``k_scale`` to the scores and ``v_scale`` to the output. The step's own
@@ -102,15 +105,18 @@ def kernel_constexprs(
     tiling: Tiling = AOT_TILING,
     num_segments: int = 1,
     fp32: bool = False,
+    q_rotated: bool = False,
 ) -> dict[str, Any]:
-    """The compile-time constants of ``_paged_attention_kernel`` for one op instance."""
+    """The compile-time constants of ``_paged_attention_kernel`` for one op instance (``q_rotated``: its ``qkv``
+    argument is the cache-write kernel's rotated queries, see ``launch_constexprs``)."""
     block_m, block_q = _block_m(attrs, tiling)
     return {
         "NUM_HEADS": attrs.num_heads,
         "NUM_KV_HEADS": attrs.num_kv_heads,
         "HEAD_SIZE": attrs.head_size,
         "SCALE": float(attrs.scale),
-        "HAS_ROPE": bool(has_rope),
+        "HAS_ROPE": bool(has_rope) and not q_rotated,
+        "Q_ROTATED": q_rotated,
         "INTERLEAVED": bool(attrs.rotary_interleaved),
         "FUSED": bool(fused),
         "KV_QUANT": _KV_QUANT[attrs.kv_cache_dtype],
@@ -124,6 +130,41 @@ def kernel_constexprs(
         "SLIDING_WINDOW": attrs.sliding_window,  # None: no window (a constexpr None compiles the test out)
         "SOFTCAP": None if attrs.softcap is None else float(attrs.softcap),
     }
+
+
+# The cache-write kernel's constants that it shares with the attention kernel.
+WRITE_CONSTEXPRS = (
+    "NUM_HEADS",
+    "NUM_KV_HEADS",
+    "HEAD_SIZE",
+    "INTERLEAVED",
+    "KV_QUANT",
+    "BLOCK_Q",
+    "BLOCK_QP",
+    "BLOCK_D",
+)
+
+
+def launch_constexprs(
+    attrs: PagedAttentionAttrs, has_rope: bool, fused: bool, *, tiling: Tiling, num_segments: int, fp32: bool
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """The compile-time constants of one launch: ``(cache-write kernel's, attention kernel's)``, the first None for
+    the fused form. The two-kernel form with rotary rotates the queries in the cache-write kernel (``WRITE_Q``),
+    which stores them for the attention kernel (``Q_ROTATED``), as TensorRT-LLM's context path does."""
+    rotate_first = has_rope and not fused
+    attention = kernel_constexprs(
+        attrs, has_rope, fused, tiling=tiling, num_segments=num_segments, fp32=fp32, q_rotated=rotate_first
+    )
+    if fused:
+        return None, attention
+    write = {k: attention[k] for k in WRITE_CONSTEXPRS}
+    return {**write, "HAS_ROPE": bool(has_rope), "WRITE_Q": rotate_first}, attention
+
+
+def write_warps(write: dict[str, Any]) -> int:
+    """Warps of the cache-write kernel: one per 512 elements of a ``[BLOCK_QP, BLOCK_D]`` tile, 4 to 16 (ptxas on
+    sm_90: a 32 x 128 tile with 4 warps took 255 registers and spilled, with 8 it took 204 and did not)."""
+    return min(16, max(4, write["BLOCK_QP"] * write["BLOCK_D"] // 512))
 
 
 def choose_num_segments(num_tiles: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -288,27 +329,27 @@ def paged_attention_triton(
     if segments is None:
         sms = _num_sms(qkv) if decode_like else 0
         segments = choose_num_segments(num_tiles, hkv, max_blocks * block_size, sms) if sms else 1
-    consts = kernel_constexprs(
+    write, consts = launch_constexprs(
         attrs, has_rope, fused, tiling=tiling, num_segments=segments, fp32=qkv.dtype.itemsize == 4
     )
     scalars = (t, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows)
     meta_in = (positions, block_tables, query_start_loc, cos_sin, ks, vs)
-    if not fused:
+    queries = qkv  # what the attention kernel reads its queries from
+    if write is not None:
+        queries = _scratch(qkv, (t, hq * dh)) if write["WRITE_Q"] else qkv
         kernels._write_kv_kernel[(num_tiles, hkv)](
-            qkv, *meta_in, *scalars, key_cache, value_cache,
-            **{k: consts[k] for k in ("NUM_HEADS", "NUM_KV_HEADS", "HEAD_SIZE", "HAS_ROPE", "INTERLEAVED",
-                                      "KV_QUANT", "BLOCK_Q", "BLOCK_QP", "BLOCK_D")},
+            qkv, *meta_in, *scalars, key_cache, value_cache, queries, **write, num_warps=write_warps(write)
         )  # fmt: skip
     launch = {"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}
     if segments == 1:
         kernels._paged_attention_kernel[(num_tiles, hkv, 1)](
-            qkv, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, output, output, output,
-            **consts, **launch,
+            queries, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, output, output,
+            output, **consts, **launch,
         )  # fmt: skip
         return output
     seg_m, seg_l, seg_acc = _workspace(qkv, t, hq, segments, consts["BLOCK_D"])
     kernels._paged_attention_kernel[(num_tiles, hkv, segments)](
-        qkv, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, seg_m, seg_l, seg_acc,
+        queries, key_cache, value_cache, *meta_in, *scalars, output, key_cache, value_cache, seg_m, seg_l, seg_acc,
         **consts, **launch,
     )  # fmt: skip
     kernels._reduce_segments_kernel[(t, hq)](
@@ -322,8 +363,15 @@ def _workspace(qkv: Any, t: int, hq: int, segments: int, block_d: int) -> tuple[
     """fp32 split-KV partials per (token, head, segment): running max (base 2), sum, unnormalised output."""
     import torch
 
-    seg_m = qkv.new_empty((t, hq, segments), dtype=torch.float32)
-    return seg_m, torch.empty_like(seg_m), qkv.new_empty((t, hq, segments, block_d), dtype=torch.float32)
+    sums = (t, hq, segments)
+    f32 = torch.float32
+    return _scratch(qkv, sums, f32), _scratch(qkv, sums, f32), _scratch(qkv, (*sums, block_d), f32)
+
+
+def _scratch(like: Any, shape: tuple[int, ...], dtype: Any = None) -> Any:
+    """An uninitialised tensor on ``like``'s device (its dtype unless given): every temporary a launch allocates
+    (through torch's caching allocator: inside a CUDA-graph capture, from the graph's pool)."""
+    return like.new_empty(shape, dtype=dtype or like.dtype)
 
 
 def _num_sms(x: Any) -> int:
