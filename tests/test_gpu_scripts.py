@@ -94,3 +94,21 @@ def test_paged_attention_gpu_hang_costs_one_case():
     assert list(by_case) == ["smoke-decode", "smoke-prefill", "smoke-sweep", "smoke-sweep-fused"]
     assert "timed out after 30s" in by_case["smoke-decode"]["error"], by_case["smoke-decode"]
     assert "error" not in by_case["smoke-prefill"] and "error" not in by_case["smoke-sweep"]
+
+
+@pytest.mark.slow
+def test_triton_registers_script(tmp_path):
+    """benchmarks/triton_registers.py (the kernels' registers and spills on sm_90, no GPU) on SmolLM2's heads: every
+    decode tiling of both forms, the two-kernel ones with their cache-write kernel, figures from ptxas."""
+    out = tmp_path / "regs.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "triton_registers.py"), "--layout", "smollm2", "--kind", "decode",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=ROOT.parent, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert len(rows) == 2 * 5 and {r["form"] for r in rows} == {"two-kernel", "fused"}
+    for row in rows:
+        assert 0 < row["attention"]["registers"] <= 255 and row["attention"]["smem"] > 0
+        assert ("write" in row) == (row["form"] == "two-kernel")
