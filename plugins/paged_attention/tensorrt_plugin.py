@@ -16,8 +16,9 @@ What :func:`register` declares (TensorRT >= 10.6; AOT needs a release whose ``te
   I/O is a TensorRT preview feature (``PreviewFeature.ALIASED_PLUGIN_IO_10_03``), enabled by the backend's builder.
 - ``@trtp.autotune``: fp32 or fp16 activations and caches, int32 metadata (the lowering casts int64 to int32),
   fp32 cos/sin table, linear layout. bf16 is not declared.
-- ``@trtp.impl`` (JIT: the engine calls back into Python): runs the fused Triton kernel on TensorRT's stream through
-  torch tensors that view TensorRT's buffers.
+- ``@trtp.impl`` (JIT: the engine calls back into Python): runs the two-kernel Triton form on TensorRT's stream
+  through torch tensors that view TensorRT's buffers (as the torch backend does; the fused form spills registers
+  and, at head size 256, needs more shared memory than a block may have: ``benchmarks/triton_registers.py``).
 - ``@trtp.aot_impl`` (no Python at run time): compiles the fused single-launch Triton kernel (query tiles on tensor
   cores, no split-KV: TensorRT's AOT launch is one kernel) to PTX for the target arch and returns it with the launch
   grid ``(T // block_q + B, num_kv_heads)`` and the seven int32 scalars as symbolic shape expressions.
@@ -184,7 +185,7 @@ def _register_definitions(trtp: Any) -> None:
                 view(query_start_loc),
                 view(cos_sin_cache) if has_rope else None,
                 op_attrs(num_heads, num_kv_heads, head_size, scale, rotary_interleaved, sliding_window, softcap),
-                fused=True,
+                fused=False,  # the cache-write kernel, then attention (split for decode): no spills, fits head 256
                 out=view(outputs[0]),
             )
 
