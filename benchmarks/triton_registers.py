@@ -80,7 +80,7 @@ def launch_report(layout: str, kind: str, tiling: tuple[int, int, int, int], fus
     compiled = compile_sm90(kernels._paged_attention_kernel, attention, t.num_warps, t.num_stages)
     row["attention"] = ptxas_report(compiled)
     if write is not None:
-        compiled = compile_sm90(kernels._write_kv_kernel, write, tk.write_warps(write), 1)
+        compiled = compile_sm90(kernels._write_kv_kernel, write, tk.WRITE_WARPS, 1)
         row["write"] = ptxas_report(compiled)
     return row
 

@@ -343,7 +343,7 @@ def test_every_launch_variant_compiles_for_sm90() -> None:
             k = compile(kernels._paged_attention_kernel, consts, types, tiling)
             print(name, "attention", k.metadata.num_warps, "wgmma" in k.asm["ptx"], pressure(k))
             if write is not None:
-                w = compile(kernels._write_kv_kernel, write, types, tk.Tiling(0, 0, tk.write_warps(write), 1))
+                w = compile(kernels._write_kv_kernel, write, types, tk.Tiling(0, 0, tk.WRITE_WARPS, 1))
                 print(name, "write", w.metadata.num_warps, "-", pressure(w))
             if segments > 1:
                 reduce = {{"NUM_HEADS": hq, "HEAD_SIZE": d, "NUM_SEGMENTS": segments,
@@ -396,6 +396,22 @@ def test_default_tilings_and_decode_split() -> None:
     cos_sin = rotary_cos_sin_cache(256, 16, theta=10000.0)
     run_both(make_step(rng, hq, hkv, d, 16, [70, 2], [0, 100]), cos_sin, attrs, fused=True)
     run_both(make_step(rng, hq, hkv, d, 16, [1, 1, 1], [150, 0, 77]), cos_sin, attrs, fused=False, num_kv_splits=4)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_cache_write_kernel_in_several_passes(d: int) -> None:
+    """At the default prefill tiling a query tile holds 32 tokens (group 4) and the cache-write kernel writes keys,
+    values and rotated queries ``WRITE_TILE // d`` tokens a pass (16 at head size 128, 8 at 256): a 70-token prefill
+    after a 5-token prefix and a 19-token one, partial rotary, match the oracle (output and both caches)."""
+    rng = np.random.default_rng(d)
+    hq, hkv = 8, 2
+    attrs = PagedAttentionAttrs(hq, hkv, d, 1 / np.sqrt(d))
+    write, _ = triton_kernel.launch_constexprs(
+        attrs, True, False, tiling=triton_kernel.PREFILL_TILING, num_segments=1, fp32=True
+    )
+    assert write["WRITE_ROWS"] < write["BLOCK_Q"] == 32
+    step = make_step(rng, hq, hkv, d, 16, [70, 19], [5, 0])
+    run_both(step, rotary_cos_sin_cache(96, d // 2, theta=10000.0), attrs, fused=False)
 
 
 def test_fp16_uses_half_precision_dots() -> None:

@@ -149,25 +149,29 @@ def _write_kv_kernel(
     num_tokens, num_seqs, max_blocks, num_blocks, block_size, rot_dim, rope_rows,
     k_out, v_out, q_out,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
-    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
-    BLOCK_D: tl.constexpr, WRITE_Q: tl.constexpr,
+    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    WRITE_Q: tl.constexpr, WRITE_ROWS: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(tiles, Hkv)``: writes one query tile's new keys/values into the cache and, with ``WRITE_Q``, its
-    rotated queries of that kv head's query heads into ``q_out`` (the attention kernel then rotates nothing)."""
+    rotated queries of that kv head's query heads into ``q_out`` (the attention kernel then rotates nothing),
+    ``WRITE_ROWS`` tokens at a time (a power of two: the tile's ``[WRITE_ROWS, BLOCK_D]`` pieces stay in
+    registers, where the whole query tile spilled at head size 256)."""
     b, q_start, q_end, tok0 = _tile_of(qsl, num_tokens, num_seqs, BLOCK_Q)
     if (tok0 >= q_start) & (tok0 < q_end):
         bt_row = block_tables + b.to(tl.int64) * max_blocks
         max_pos = max_blocks * block_size - 1
-        _store_new_kv(
-            qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), q_end, tok0,
-            max_pos, num_blocks, block_size, rot_dim, rope_rows,
-            NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, BLOCK_Q, BLOCK_QP, BLOCK_D,
-        )  # fmt: skip
-        if WRITE_Q:
-            _store_rotated_q(
-                qkv, positions, cos_sin, q_out, tl.program_id(1), q_end, tok0, max_pos, rot_dim, rope_rows,
-                NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, INTERLEAVED, BLOCK_Q, BLOCK_QP, BLOCK_D,
+        tile_end = tl.minimum(q_end, tok0 + BLOCK_Q)  # this tile's tokens only
+        for c in tl.static_range(0, BLOCK_Q, WRITE_ROWS):
+            _store_new_kv(
+                qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), tile_end,
+                tok0 + c, max_pos, num_blocks, block_size, rot_dim, rope_rows,
+                NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, WRITE_ROWS, WRITE_ROWS, BLOCK_D,
             )  # fmt: skip
+            if WRITE_Q:
+                _store_rotated_q(
+                    qkv, positions, cos_sin, q_out, tl.program_id(1), tile_end, tok0 + c, max_pos, rot_dim,
+                    rope_rows, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, INTERLEAVED, WRITE_ROWS, WRITE_ROWS, BLOCK_D,
+                )  # fmt: skip
 
 
 @triton.jit

@@ -133,16 +133,11 @@ def kernel_constexprs(
 
 
 # The cache-write kernel's constants that it shares with the attention kernel.
-WRITE_CONSTEXPRS = (
-    "NUM_HEADS",
-    "NUM_KV_HEADS",
-    "HEAD_SIZE",
-    "INTERLEAVED",
-    "KV_QUANT",
-    "BLOCK_Q",
-    "BLOCK_QP",
-    "BLOCK_D",
-)
+WRITE_CONSTEXPRS = ("NUM_HEADS", "NUM_KV_HEADS", "HEAD_SIZE", "INTERLEAVED", "KV_QUANT", "BLOCK_Q", "BLOCK_D")
+# The cache-write kernel handles a query tile in [WRITE_ROWS, BLOCK_D] pieces of WRITE_TILE elements, with WRITE_WARPS
+# warps (ptxas, sm_90: no spill at head sizes 64 to 256, 118-145 registers; whole 32 x 128 tiles with 4 warps took
+# 255 and spilled, whole 64 x 256 ones spilled kilobytes at any warp count).
+WRITE_TILE, WRITE_WARPS = 2048, 8
 
 
 def launch_constexprs(
@@ -158,13 +153,8 @@ def launch_constexprs(
     if fused:
         return None, attention
     write = {k: attention[k] for k in WRITE_CONSTEXPRS}
-    return {**write, "HAS_ROPE": bool(has_rope), "WRITE_Q": rotate_first}, attention
-
-
-def write_warps(write: dict[str, Any]) -> int:
-    """Warps of the cache-write kernel: one per 512 elements of a ``[BLOCK_QP, BLOCK_D]`` tile, 4 to 16 (ptxas on
-    sm_90: a 32 x 128 tile with 4 warps took 255 registers and spilled, with 8 it took 204 and did not)."""
-    return min(16, max(4, write["BLOCK_QP"] * write["BLOCK_D"] // 512))
+    rows = min(attention["BLOCK_QP"], max(1, WRITE_TILE // attention["BLOCK_D"]))  # powers of two
+    return {**write, "HAS_ROPE": bool(has_rope), "WRITE_Q": rotate_first, "WRITE_ROWS": rows}, attention
 
 
 def choose_num_segments(num_tiles: int, num_kv_heads: int, max_context: int, num_sms: int) -> int:
@@ -338,7 +328,7 @@ def paged_attention_triton(
     if write is not None:
         queries = _scratch(qkv, (t, hq * dh)) if write["WRITE_Q"] else qkv
         kernels._write_kv_kernel[(num_tiles, hkv)](
-            qkv, *meta_in, *scalars, key_cache, value_cache, queries, **write, num_warps=write_warps(write)
+            qkv, *meta_in, *scalars, key_cache, value_cache, queries, **write, num_warps=WRITE_WARPS
         )  # fmt: skip
     launch = {"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}
     if segments == 1:
