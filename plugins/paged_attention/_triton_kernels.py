@@ -91,15 +91,13 @@ def _to_cache(x, scale_ptr, KV_QUANT: tl.constexpr, CACHE_TY: tl.constexpr):
 
 
 @triton.jit
-def _store_new_kv(
-    qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, q_end, tok0,
-    max_pos, num_blocks, block_size, rot_dim, rope_rows,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
-    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+def _new_rows(
+    positions, tok0, q_end, max_pos, rope_rows,
+    HEAD_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Rotate and write the keys/values of tokens ``tok0 .. tok0 + BLOCK_Q`` (< q_end) of kv head ``kvh``."""
-    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
+    """Tokens ``tok0 .. tok0 + BLOCK_Q`` (< q_end) as ``BLOCK_QP`` rows: ``(tok, pos, rope_pos, mask, d)``: the token
+    rows (dead ones at ``tok0``), their clamped positions and rotary rows, the ``[BLOCK_QP, BLOCK_D]`` mask of live
+    rows and head dims, and the head dims."""
     i = tl.arange(0, BLOCK_QP)
     d = tl.arange(0, BLOCK_D)
     tok = tok0 + i
@@ -107,8 +105,19 @@ def _store_new_kv(
     tok = tl.where(live, tok, tok0)
     pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
     mask = live[:, None] & (d < HEAD_SIZE)[None, :]
+    return tok, pos, _clamp(pos, 0, rope_rows - 1)[:, None], mask, d
+
+
+@triton.jit
+def _store_new_kv(
+    qkv, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, tok, pos, rope_pos, mask, d,
+    num_blocks, block_size, rot_dim,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, HAS_ROPE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, KV_QUANT: tl.constexpr,
+):  # fmt: skip
+    """Rotate and write the keys/values of the rows ``_new_rows`` gives (kv head ``kvh``) into the cache."""
+    width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
     k_base = qkv + tok.to(tl.int64)[:, None] * width + (NUM_HEADS + kvh) * HEAD_SIZE
-    rope_pos = _clamp(pos, 0, rope_rows - 1)[:, None]
     k = _load_rotated(k_base, rope_pos, d[None, :], mask, cos_sin, rot_dim, HAS_ROPE, INTERLEAVED)
     v = tl.load(k_base + NUM_KV_HEADS * HEAD_SIZE + d[None, :], mask=mask, other=0.0).to(tl.float32)
     blk = _clamp(tl.load(bt_row + pos // block_size), 0, num_blocks - 1).to(tl.int64)
@@ -119,22 +128,14 @@ def _store_new_kv(
 
 @triton.jit
 def _store_rotated_q(
-    qkv, positions, cos_sin, q_out, kvh, q_end, tok0, max_pos, rot_dim, rope_rows,
+    qkv, cos_sin, q_out, kvh, tok, rope_pos, mask, d, rot_dim,
     NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_SIZE: tl.constexpr, INTERLEAVED: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_QP: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Rotate the queries of tokens ``tok0 .. tok0 + BLOCK_Q`` (< q_end) for the query heads of kv head ``kvh`` and
-    store them, in qkv's dtype, as rows ``[T, NUM_HEADS * HEAD_SIZE]`` of ``q_out``."""
+    """Rotate the queries of the rows ``_new_rows`` gives for the query heads of kv head ``kvh`` and store them, in
+    qkv's dtype, as rows ``[T, NUM_HEADS * HEAD_SIZE]`` of ``q_out``."""
     width = (NUM_HEADS + 2 * NUM_KV_HEADS) * HEAD_SIZE
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
-    i = tl.arange(0, BLOCK_QP)
-    d = tl.arange(0, BLOCK_D)
-    tok = tok0 + i
-    live = (i < BLOCK_Q) & (tok < q_end)
-    tok = tl.where(live, tok, tok0).to(tl.int64)
-    pos = _clamp(tl.load(positions + tok), 0, max_pos).to(tl.int32)
-    rope_pos = _clamp(pos, 0, rope_rows - 1)[:, None]
-    mask = live[:, None] & (d < HEAD_SIZE)[None, :]
+    tok = tok.to(tl.int64)
     for g in tl.static_range(GROUP):
         head = kvh * GROUP + g
         q = _load_rotated(qkv + tok[:, None] * width + head * HEAD_SIZE, rope_pos, d[None, :], mask, cos_sin,
@@ -162,15 +163,17 @@ def _write_kv_kernel(
         max_pos = max_blocks * block_size - 1
         tile_end = tl.minimum(q_end, tok0 + BLOCK_Q)  # this tile's tokens only
         for c in tl.static_range(0, BLOCK_Q, WRITE_ROWS):
+            tok, pos, rope_pos, mask, d = _new_rows(
+                positions, tok0 + c, tile_end, max_pos, rope_rows, HEAD_SIZE, WRITE_ROWS, WRITE_ROWS, BLOCK_D
+            )
             _store_new_kv(
-                qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), tile_end,
-                tok0 + c, max_pos, num_blocks, block_size, rot_dim, rope_rows,
-                NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, WRITE_ROWS, WRITE_ROWS, BLOCK_D,
+                qkv, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, tl.program_id(1), tok, pos, rope_pos, mask, d,
+                num_blocks, block_size, rot_dim, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT,
             )  # fmt: skip
             if WRITE_Q:
                 _store_rotated_q(
-                    qkv, positions, cos_sin, q_out, tl.program_id(1), tile_end, tok0 + c, max_pos, rot_dim,
-                    rope_rows, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, INTERLEAVED, WRITE_ROWS, WRITE_ROWS, BLOCK_D,
+                    qkv, cos_sin, q_out, tl.program_id(1), tok, rope_pos, mask, d, rot_dim,
+                    NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, INTERLEAVED,
                 )  # fmt: skip
 
 
@@ -242,10 +245,12 @@ def _paged_attention_kernel(
     max_pos = max_blocks * block_size - 1  # a position must have a block-table entry
     bt_row = block_tables + b.to(tl.int64) * max_blocks
     if FUSED and seg == 0:
+        new_tok, new_pos, new_rope, new_mask, new_d = _new_rows(  # the rows of the tile's new K/V
+            positions, tok0, q_end, max_pos, rope_rows, HEAD_SIZE, BLOCK_Q, BLOCK_QP, BLOCK_D
+        )
         _store_new_kv(
-            qkv, positions, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, q_end, tok0,
-            max_pos, num_blocks, block_size, rot_dim, rope_rows,
-            NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT, BLOCK_Q, BLOCK_QP, BLOCK_D,
+            qkv, bt_row, cos_sin, k_scale, v_scale, k_out, v_out, kvh, new_tok, new_pos, new_rope, new_mask, new_d,
+            num_blocks, block_size, rot_dim, NUM_HEADS, NUM_KV_HEADS, HEAD_SIZE, HAS_ROPE, INTERLEAVED, KV_QUANT,
         )  # fmt: skip
 
     r = tl.arange(0, BLOCK_M)
