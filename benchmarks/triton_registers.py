@@ -16,10 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,44 +27,12 @@ DECODE_SEGMENTS = 8  # a split decode launch (the reduce kernel is tiny)
 os.environ.pop("TRITON_INTERPRET", None)  # before Triton's first import: compile, do not interpret
 
 
-def ptxas_report(kernel: Any) -> dict[str, int]:
-    """``{"registers", "spill_bytes", "smem"}`` of one compiled kernel, from the ptxas Triton uses for sm_90."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-        f.write(kernel.asm["ptx"])
-        f.flush()
-        cmd = [get_ptxas(90).path, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"]
-        report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
-    return {"registers": max(int(n) for n in re.findall(r"Used (\d+) registers", report)),
-            "spill_bytes": sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", report)),
-            "smem": int(kernel.metadata.shared)}  # fmt: skip
-
-
-def compile_sm90(kernel: Any, consts: dict[str, Any], num_warps: int, num_stages: int) -> Any:
-    """``kernel`` compiled for sm_90 on bf16 tensors and int32 metadata, its pointers 16-byte aligned."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from trtbuild.plugins.paged_attention import triton_kernel as tk
-
-    types = {n: "*bf16" for n in ("qkv", "out", "k_in", "v_in", "k_out", "v_out", "q_out")}
-    types.update({n: "*i32" for n in ("positions", "block_tables", "qsl")})
-    types.update({n: "*fp32" for n in ("cos_sin", "k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")})
-    types.update({n: "i32" for n in tk.SCALAR_ARGS})
-    signature = {n: "constexpr" if n in consts else types[n] for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if signature[n].startswith("*") or n == "block_size"}  # fmt: skip
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=aligned)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-
-
 def launch_report(layout: str, kind: str, tiling: tuple[int, int, int, int], fused: bool) -> dict[str, Any]:
     import triton
 
     from trtbuild.plugins.paged_attention import triton_kernel as tk
     from trtbuild.plugins.paged_attention.reference import PagedAttentionAttrs
+    from trtbuild.plugins.paged_attention.triton_compile import arg_types, compile_kernel, ptxas_report
 
     hq, hkv, d = LAYOUTS[layout]
     attrs = PagedAttentionAttrs(hq, hkv, d, d**-0.5)
@@ -77,10 +42,13 @@ def launch_report(layout: str, kind: str, tiling: tuple[int, int, int, int], fus
     kernels = tk._kernels()
     row: dict[str, Any] = {"triton": triton.__version__, "layout": layout, "kind": kind, "tiling": list(tiling),
                            "form": "fused" if fused else "two-kernel"}  # fmt: skip
-    compiled = compile_sm90(kernels._paged_attention_kernel, attention, t.num_warps, t.num_stages)
+    sm90 = {"arch": 90, "aligned": True}  # as Triton's JIT compiles for torch's (16-byte aligned) tensors
+    compiled = compile_kernel(kernels._paged_attention_kernel, attention, arg_types("bf16"), num_warps=t.num_warps,
+                              num_stages=t.num_stages, **sm90)  # fmt: skip
     row["attention"] = ptxas_report(compiled)
     if write is not None:
-        compiled = compile_sm90(kernels._write_kv_kernel, write, tk.WRITE_WARPS, 1)
+        compiled = compile_kernel(kernels._write_kv_kernel, write, arg_types("bf16"), num_warps=tk.WRITE_WARPS,
+                                  num_stages=1, **sm90)  # fmt: skip
         row["write"] = ptxas_report(compiled)
     return row
 

@@ -299,47 +299,29 @@ def test_every_launch_variant_compiles_for_sm90() -> None:
     caches, sliding window with softcap) plus the cache-write and reduce kernels compile to sm_90 PTX with the
     installed Triton, as ``paged_attention_triton`` would launch them on bf16 tensors (slow: ~15 compiles)."""
     code = f"""
-        import re, subprocess, tempfile
         import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.backends.nvidia.compiler import get_ptxas
         from trtbuild.plugins.paged_attention import triton_kernel as tk
         from trtbuild.plugins.paged_attention.reference import KV_FLOAT, KV_FP8, KV_INT8, PagedAttentionAttrs
+        from trtbuild.plugins.paged_attention.triton_compile import arg_types, compile_kernel, ptxas_report
         kernels = tk._kernels()
-        target = GPUTarget("cuda", 90, 32)
         print("triton", triton.__version__, "-")
         QUANT = {{"bf16": KV_FLOAT, "i8": KV_INT8, "fp8e4nv": KV_FP8}}
 
-        def compile(kernel, consts, types, tiling=None):
-            signature = {{n: "constexpr" if n in consts else types[n] for n in kernel.arg_names}}
-            # torch's allocations are 16-byte aligned, and Triton's JIT specialises on that (vector loads, cp.async)
-            aligned = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-                        if signature[n].startswith("*") or n == "block_size"}}
-            source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=aligned)
-            options = {{}} if tiling is None else {{"num_warps": tiling.num_warps, "num_stages": tiling.num_stages}}
-            return triton.compile(source, target=target, options=options)
+        def compile(kernel, consts, types, tiling=None):  # as Triton's JIT does for torch's 16-byte aligned tensors
+            launch = {{"num_warps": 4, "num_stages": 1}} if tiling is None else {{"num_warps": tiling.num_warps,
+                                                                               "num_stages": tiling.num_stages}}
+            return compile_kernel(kernel, consts, types, arch=90, aligned=True, **launch)
 
-        def pressure(kernel):  # "registers/spilled bytes", as the ptxas Triton compiles sm_90 with reports them
-            ptxas = get_ptxas(90).path
-            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
-                f.write(kernel.asm["ptx"])
-                f.flush()
-                report = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", "/dev/null"],
-                                        capture_output=True, text=True, check=True).stderr
-            regs = max(int(n) for n in re.findall(r"Used (\\d+) registers", report))
-            spills = sum(int(n) for n in re.findall(r"(\\d+) bytes spill stores", report))
-            return f"{{regs}}/{{spills}}"
+        def pressure(kernel):  # "registers/spilled bytes", as ptxas reports them
+            report = ptxas_report(kernel)
+            return f"{{report['registers']}}/{{report['spill_bytes']}}"
 
         for name, (hq, hkv, d), tiling, fused, segments, cache, windowed in {LAUNCH_VARIANTS!r}:
             extra = {{"sliding_window": 512, "softcap": 30.0}} if windowed else {{}}
             attrs = PagedAttentionAttrs(hq, hkv, d, d ** -0.5, kv_cache_dtype=QUANT[cache], **extra)
             tiling = getattr(tk, tiling)
             write, consts = tk.launch_constexprs(attrs, True, fused, tiling=tiling, num_segments=segments, fp32=False)
-            types = {{n: "*bf16" for n in ("qkv", "out", "q_out")}}
-            types.update({{n: f"*{{cache}}" for n in ("k_in", "v_in", "k_out", "v_out")}})
-            types.update({{n: "*i32" for n in ("positions", "block_tables", "qsl")}})
-            types.update({{n: "*fp32" for n in ("cos_sin", "k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")}})
-            types.update({{n: "i32" for n in tk.SCALAR_ARGS}})
+            types = arg_types("bf16", cache_type=cache)
             k = compile(kernels._paged_attention_kernel, consts, types, tiling)
             print(name, "attention", k.metadata.num_warps, "wgmma" in k.asm["ptx"], pressure(k))
             if write is not None:
@@ -348,8 +330,7 @@ def test_every_launch_variant_compiles_for_sm90() -> None:
             if segments > 1:
                 reduce = {{"NUM_HEADS": hq, "HEAD_SIZE": d, "NUM_SEGMENTS": segments,
                           "BLOCK_S": tk._next_pow2(segments), "BLOCK_D": consts["BLOCK_D"]}}
-                compile(kernels._reduce_segments_kernel, reduce, {{"seg_m": "*fp32", "seg_l": "*fp32",
-                        "seg_acc": "*fp32", "out": "*bf16"}})
+                compile(kernels._reduce_segments_kernel, reduce, types)
                 print(name, "reduce")
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -185,10 +185,7 @@ class CompiledKernel:
         return found.group(1) if found else None
 
 
-POINTER_INPUTS = ("qkv", "k_in", "v_in", "positions", "block_tables", "qsl", "cos_sin")
 SCALAR_ARGS = ("num_tokens", "num_seqs", "max_blocks", "num_blocks", "block_size", "rot_dim", "rope_rows")
-POINTER_OUTPUTS = ("out", "k_out", "v_out")
-POINTER_ARGS = POINTER_INPUTS + POINTER_OUTPUTS
 UNUSED_IN_AOT = ("k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")  # float cache, no split: constexpr None
 
 
@@ -210,24 +207,23 @@ def compile_ptx(
     AOT launcher does not provide.
     """
     kernels = _kernels()
-    import triton
-    from triton.backends.compiler import GPUTarget
+    from .triton_compile import arg_types, compile_kernel
 
     if attrs.kv_cache_dtype != KV_FLOAT:
         raise ValueError("the TensorRT AOT kernel supports float KV caches only")
     consts = kernel_constexprs(attrs, has_rope, fused=True, fp32=float_type == "fp32")
     consts.update(dict.fromkeys(UNUSED_IN_AOT))
-    types = {name: f"*{float_type}" for name in POINTER_ARGS}
-    types.update({name: f"*{index_type}" for name in ("positions", "block_tables", "qsl")})
-    types["cos_sin"] = f"*{cos_sin_type}"
-    types.update({name: "i32" for name in SCALAR_ARGS})
-    kernel = kernels._paged_attention_kernel
-    signature = {name: "constexpr" if name in consts else types[name] for name in kernel.arg_names}
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=consts)
-    options: dict[str, Any] = {"num_warps": AOT_TILING.num_warps, "num_stages": AOT_TILING.num_stages}
-    if ptx_version:
-        options["ptx_version"] = ptx_version
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+    types = arg_types(float_type, index_type=index_type, cos_sin_type=cos_sin_type)
+    compiled = compile_kernel(
+        kernels._paged_attention_kernel,
+        consts,
+        types,
+        arch=arch,
+        num_warps=AOT_TILING.num_warps,
+        num_stages=AOT_TILING.num_stages,
+        aligned=False,
+        ptx_version=ptx_version,
+    )  # fmt: skip  (TensorRT's pointer alignment is not known: no alignment declared)
     meta = compiled.metadata
     if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
         raise RuntimeError("the paged-attention kernel needs Triton scratch memory, which TensorRT AOT cannot pass")
