@@ -12,8 +12,7 @@ import subprocess
 import tempfile
 from typing import Any
 
-from .triton_kernel import SCALAR_ARGS
-
+SCALAR_ARGS = ("num_tokens", "num_seqs", "max_blocks", "num_blocks", "block_size", "rot_dim", "rope_rows")  # int32
 INDEX_ARGS = ("positions", "block_tables", "qsl")
 FLOAT32_ARGS = ("cos_sin", "k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")
 

@@ -185,7 +185,6 @@ class CompiledKernel:
         return found.group(1) if found else None
 
 
-SCALAR_ARGS = ("num_tokens", "num_seqs", "max_blocks", "num_blocks", "block_size", "rot_dim", "rope_rows")
 UNUSED_IN_AOT = ("k_scale", "v_scale", "seg_m", "seg_l", "seg_acc")  # float cache, no split: constexpr None
 
 
