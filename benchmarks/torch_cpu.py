@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/torch_cpu.py [--work DIR] [--rounds 3] [--tokens 32] [--threads 2]
 
 Builds (once, under ``--work``) SmolLM2-135M-Instruct fp32 as an onnxruntime engine and as torch engines of both
-runtimes (torch-compile; AOTInductor), opens each, and times batch-1 greedy decode through ``LLM`` (a 64-token
-prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so background load hits every engine alike;
-prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
+runtimes (torch-compile; AOTInductor), or of a weight-only quantized copy (``--qformat``), opens each (and any
+``--engine NAME=DIR`` given, e.g. one built by another commit), and times batch-1 greedy decode through ``LLM`` (a
+64-token prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so background load hits every engine
+alike; prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
 decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
 engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
 adds torch's profiler table of one torch-compile decode step (where its time goes). Results:
@@ -21,21 +22,36 @@ import time
 from pathlib import Path
 
 
-def build_engines(work: Path, max_autotune: bool) -> dict[str, Path]:
+def build_engines(work: Path, max_autotune: bool, qformat: str | None) -> dict[str, Path]:
     from trtbuild.build import build_engine
-    from trtbuild.config import Backend, BuildConfig, DType, TorchConfig, TorchDevice, TorchRuntime
+    from trtbuild.config import (
+        Backend,
+        BuildConfig,
+        DType,
+        QFormat,
+        QuantConfig,
+        TorchConfig,
+        TorchDevice,
+        TorchRuntime,
+    )
     from trtbuild.convert.convert import convert
     from trtbuild.demo import smollm2_gguf_path
+    from trtbuild.quantize.quantize import quantize
 
     ckpt = work / "smollm2-ckpt"
     if not (ckpt / "config.json").is_file():
         convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, dequantize=True, overwrite=True)
-    engines = {"onnxruntime": work / "ort"}
+    suffix = f"-{qformat}" if qformat else ""
+    if qformat:  # weight-only: round to nearest, no calibration text
+        float_ckpt, ckpt = ckpt, work / f"smollm2{suffix}"
+        if not (ckpt / "config.json").is_file():
+            quantize(float_ckpt, ckpt, QuantConfig(QFormat(qformat)), overwrite=True, progress=False)
+    engines = {"onnxruntime": work / f"ort{suffix}"}
     build = BuildConfig(max_seq_len=512)
     if not (engines["onnxruntime"] / "manifest.json").is_file():
         build_engine(ckpt, engines["onnxruntime"], build, overwrite=True)
     for runtime in TorchRuntime:
-        tag = f"{runtime.value}{'-max-autotune' if max_autotune else ''}"
+        tag = f"{runtime.value}{'-max-autotune' if max_autotune else ''}{suffix}"
         engine = engines[f"torch/{tag}"] = work / f"torch-{tag}"
         if not (engine / "manifest.json").is_file():
             cfg = TorchConfig(device=TorchDevice.CPU, torch_runtime=runtime, max_autotune=max_autotune)
@@ -53,6 +69,12 @@ def main() -> None:
     parser.add_argument(
         "--max-autotune", action="store_true", help="torch engines built with --max-autotune (minutes to build/open)"
     )
+    parser.add_argument(
+        "--qformat", choices=["int8_wo", "int4_wo"], default=None, help="a weight-only SmolLM2 (default: float32)"
+    )
+    parser.add_argument(
+        "--engine", action="append", default=[], metavar="NAME=DIR", help="also time this engine (repeatable)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -61,7 +83,8 @@ def main() -> None:
     import trtbuild.backends.torch.session  # noqa: F401
     from trtbuild.runtime.llm import LLM, SamplingParams
 
-    engines = build_engines(args.work, args.max_autotune)
+    engines = build_engines(args.work, args.max_autotune, args.qformat)
+    engines.update((name, Path(directory)) for name, directory in (e.split("=", 1) for e in args.engine))
     llms, opened = {}, {}
     for name, engine in engines.items():
         t = time.perf_counter()
@@ -88,7 +111,7 @@ def main() -> None:
         profile_step(next(llm for name, llm in llms.items() if "torch-compile" in name), prompt)
     if args.json:
         figures = {"ms_per_token": medians, "rounds": ms, "open_s": opened, "threads": args.threads,
-                   "max_autotune": args.max_autotune}  # fmt: skip
+                   "max_autotune": args.max_autotune, "qformat": args.qformat}  # fmt: skip
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 

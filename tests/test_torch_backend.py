@@ -25,6 +25,7 @@ from tiny_models import hf_logits
 
 from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
+from trtbuild.backends.torch.aoti_package import DECODE_MODEL, STEP_MODEL, WEIGHTS_FILE, AotiRunner, package_models
 from trtbuild.backends.torch.importer import PortableModule, RowProducts
 from trtbuild.backends.torch.native_ops import paged_attention_native
 from trtbuild.backends.torch.session import TorchSession
@@ -79,6 +80,22 @@ def test_compiled_engine_matches_transformers(torch_engines, name, runtime):
         assert (engine / "engines/torch-compile-cpu/weights.safetensors").stat().st_size > 0
 
 
+def one_token_steps_match_transformers(session: TorchSession, model) -> None:
+    """A prompt (one logits row), then four one-token decode steps: each step's logits row equals transformers'."""
+    rng = np.random.default_rng(4)
+    tokens = [int(t) for t in rng.integers(0, model.config.vocab_size, 6)]
+    alloc = BlockTables(session.num_blocks, session.config.build.kv_block_size, seed=5)
+    done = 0
+    for step in range(5):
+        new = tokens if step == 0 else [int(rng.integers(0, model.config.vocab_size))]
+        tokens = tokens if step == 0 else [*tokens, *new]
+        batch = StepBatch.build([new], [done], [alloc.ensure(0, done + len(new))])
+        done += len(new)
+        logits = session.step(batch)
+        assert logits.shape[0] == 1
+        np.testing.assert_allclose(logits[0], hf_logits(model, tokens)[-1], atol=1e-4, rtol=0, err_msg=f"step {step}")
+
+
 @pytest.mark.parametrize("name", ["llama_gqa", "gemma3"])
 def test_one_row_products_match_transformers(torch_engines, name):
     """A torch-compile CPU engine computes one-row products (a batch-1 prefill's logits row, batch-1 decode steps) as
@@ -93,18 +110,37 @@ def test_one_row_products_match_transformers(torch_engines, name):
     stored = load_file(str(engine / "engines/torch-compile-cpu/weights.safetensors"))  # [in, out], as the graph's
     for weight in matmuls:  # held transposed, [out, in]
         assert getattr(module, module._buffer_names[weight]).shape == stored[weight].shape[::-1]
-    rng = np.random.default_rng(4)
-    tokens = [int(t) for t in rng.integers(0, model.config.vocab_size, 6)]
-    alloc = BlockTables(session.num_blocks, session.config.build.kv_block_size, seed=5)
-    done = 0
-    for step in range(5):  # the prompt (one logits row), then four one-token decode steps
-        new = tokens if step == 0 else [int(rng.integers(0, model.config.vocab_size))]
-        tokens = tokens if step == 0 else [*tokens, *new]
-        batch = StepBatch.build([new], [done], [alloc.ensure(0, done + len(new))])
-        done += len(new)
-        logits = session.step(batch)
-        assert logits.shape[0] == 1
-        np.testing.assert_allclose(logits[0], hf_logits(model, tokens)[-1], atol=1e-4, rtol=0, err_msg=f"step {step}")
+    one_token_steps_match_transformers(session, model)
+
+
+def test_aoti_decode_program_runs_one_token_steps(torch_engines):
+    """An AOTInductor CPU engine holds two programs over one weights file: every one-token, one-logits-row step
+    runs the decode program (its one-row products fused), every other step the general one, and both give
+    transformers' logits."""
+    model, _, engine = torch_engines["llama_gqa", TorchRuntime.AOT_INDUCTOR]
+    (entry,) = json.loads((engine / "manifest.json").read_text())["engines"]
+    package = engine / entry["path"]
+    assert package_models(package) == {STEP_MODEL, DECODE_MODEL}
+    session = TorchSession(engine, kv_cache_memory=1 << 20)
+    runner = session._runner
+    assert isinstance(runner, AotiRunner) and runner.decode_program is not None
+    stored = load_file(str(package.parent / WEIGHTS_FILE))
+    assert set(runner.decode_program.get_constant_fqns()) == set(runner.step_program.get_constant_fqns()) == set(stored)
+    calls = {"decode": 0, "step": 0}
+
+    def counting(program, key):
+        def run(*args):
+            calls[key] += 1
+            return program(*args)
+
+        return run
+
+    runner.decode_program = counting(runner.decode_program, "decode")
+    runner.step_program = counting(runner.step_program, "step")
+    one_token_steps_match_transformers(session, model)  # one prefill of 6 tokens, four decode steps
+    assert calls == {"decode": 4, "step": 1}
+    check_prefill_and_decode(session, model, "llama_gqa")  # batched and ragged steps: the general program
+    assert calls["step"] > 1
 
 
 def test_eager_module_matches_transformers(torch_engines):
@@ -419,3 +455,29 @@ def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, t
     (engine / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(EngineError, match=r"built for cpu-sse9.*built with torch 1.0.0.*--backend torch --device cpu"):
         LLM(engine)
+
+
+def test_a_format_2_package_still_loads(torch_engines, tmp_path):
+    """An AOTInductor package of engine format 2 (one program for every step, its weights inside, no weights file)
+    opens and runs: the runner takes it as a step program alone."""
+    import shutil
+
+    from trtbuild.backends.torch.build.writer import dynamic_shapes, example_step
+    from trtbuild.config import RuntimeConfig
+
+    model, ckpt, engine = torch_engines["gpt2", TorchRuntime.AOT_INDUCTOR]
+    old = shutil.copytree(engine, tmp_path / "engine")
+    config = RuntimeConfig.load(old)
+    (entry,) = json.loads((old / "manifest.json").read_text())["engines"]
+    package = old / entry["path"]
+    (package.parent / WEIGHTS_FILE).unlink()
+    module = PortableModule(portable_graph(ckpt, TINY_BUILD)[3], config.io, torch.float32).eval()  # as format 2 did
+    example = example_step(config.model, TINY_BUILD.kv_block_size, torch.float32, "cpu")
+    with torch.no_grad():
+        program = torch.export.export(module, example.args, dynamic_shapes=dynamic_shapes(config.model, TINY_BUILD))
+    torch._inductor.aoti_compile_and_package(program, package_path=str(package))
+    config = RuntimeConfig(config.model, config.build, config.engine_file, config.io, format_version=2)
+    config.save(old)
+    session = TorchSession(old, kv_cache_memory=1 << 20)
+    assert package_models(package) == {STEP_MODEL} and session._runner.decode_program is None
+    check_prefill_and_decode(session, model, "gpt2")

@@ -19,7 +19,10 @@ from .configio import from_dict, read_json, to_dict, write_json
 # ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE)
 CHECKPOINT_FORMAT_VERSION = 4
 READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4)  # an older checkpoint is a version-4 one whose new fields hold defaults
-ENGINE_FORMAT_VERSION = 2  # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph)
+# 2: BuildConfig.cpu_attention (native attention writes the cache in the graph); 3: a torch AOTInductor engine's
+# package holds code only (a step program and a one-token decode program) and its weights.safetensors beside it
+ENGINE_FORMAT_VERSION = 3
+READABLE_ENGINE_VERSIONS = (2, 3)  # a version-2 AOTInductor package (one program, weights inside) still loads
 
 
 class DType(enum.Enum):
@@ -600,8 +603,8 @@ class RuntimeConfig:
     format_version: int = ENGINE_FORMAT_VERSION
 
     def __post_init__(self) -> None:
-        if self.format_version != ENGINE_FORMAT_VERSION:
-            raise ValueError(f"engine format {self.format_version} is not {ENGINE_FORMAT_VERSION}")
+        if self.format_version not in READABLE_ENGINE_VERSIONS:
+            raise ValueError(f"engine format {self.format_version} is not one of {READABLE_ENGINE_VERSIONS}")
 
     def save(self, directory: Path) -> None:
         write_json(directory / "runtime_config.json", to_dict(self))

@@ -46,6 +46,15 @@ class RowProducts(enum.Enum):
     ALL = "all"  # every MatMul weight and a Gemm's transposed one (the CPU: its BLAS reads one row on one thread)
 
 
+def default_row_products(device: torch.device) -> RowProducts:
+    """The one-row products a compiled engine on ``device`` fuses (``TorchSession``'s and the AOTInductor build's
+    default): all of them on the CPU, where the BLAS reads one row on one thread (2x faster decode, measured); the
+    quantized weights' on a GPU, where a matmul would first write a dequantized copy of the weight every step (the
+    float weights keep cuBLAS until ``benchmarks/gpu_check.py``'s ``*_matmuls`` cases have measured the fused form
+    there)."""
+    return RowProducts.ALL if device.type == "cpu" else RowProducts.QUANTIZED
+
+
 @dataclass(frozen=True)
 class Node:
     op: str  # "Op" for the default domain, "domain::Op" otherwise
@@ -122,10 +131,14 @@ class PortableModule(torch.nn.Module):
     ``transB`` weight, which already is: a tied LM head), or down the columns of one held ``[in, out]``
     (``column_weights``: int4, dequantized in blocks), which Inductor fuses, dequantization included, into one
     memory-bound reduction over all threads; other products stay matmuls. On 2 CPU cores the BLAS reads a one-row
-    product's weight at ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that
-    ``torch.compile`` runs: eager, the product would be materialised, and ``torch.export`` cannot branch on the
-    token count. ``TorchSession``'s default: ``session.default_row_products``. Opening holds both layouts of the
-    transposed weights until the constructor returns."""
+    product's weight at ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that is
+    compiled: eager, the product would be materialised. ``default_row_products`` gives the defaults. Opening holds
+    both layouts of the transposed weights until the constructor returns.
+
+    ``fuse_one_row`` (an attribute, True after construction) picks the form per product by the row count as the
+    module is traced; False computes every product as a matmul whatever it is, in the same weight layout: how
+    ``torch.export`` traces the AOTInductor package's program for every step, since it cannot branch on a symbolic
+    token count (its one-token program is traced with it True, ``build/writer.py``)."""
 
     def __init__(
         self,
@@ -153,6 +166,7 @@ class PortableModule(torch.nn.Module):
         if weights is None:
             weights = import_weights(model, dtype)
         self.row_products = row_products
+        self.fuse_one_row = True
         self.row_weights: frozenset[str] = frozenset()  # held [out, in]
         self.column_weights: frozenset[str] = frozenset()  # held [in, out], summed down their columns for one row
         transposed: frozenset[str] = frozenset()
@@ -268,14 +282,15 @@ def _row_layout(
     return frozenset(rows), frozenset(columns), frozenset(transposed), nodes
 
 
-def _one_row(a: Tensor) -> bool:
-    return a.dim() == 2 and a.shape[0] == 1
+def _one_row(m: PortableModule, a: Tensor) -> bool:
+    """Whether ``a @ weight`` is computed as a fused one-row product (``PortableModule.fuse_one_row``)."""
+    return m.fuse_one_row and a.dim() == 2 and a.shape[0] == 1
 
 
 def _times_weight(a: Tensor, w_out_in: Tensor, fused: bool) -> Tensor:
-    """``a @ w_out_in.T``: for one row of ``a`` and ``fused``, a multiply-and-sum that Inductor fuses into one
-    reduction over the weight's rows; otherwise a matmul."""
-    if fused and _one_row(a):
+    """``a @ w_out_in.T``: ``fused`` (one row of ``a``), a multiply-and-sum that Inductor fuses into one reduction
+    over the weight's rows; otherwise a matmul."""
+    if fused:
         return (a * w_out_in).sum(-1).unsqueeze(0)
     return torch.matmul(a, w_out_in.t())
 
@@ -283,8 +298,8 @@ def _times_weight(a: Tensor, w_out_in: Tensor, fused: bool) -> Tensor:
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, w = x[0], x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
-        return (_times_weight(a, w, fused=True),)
-    if node.inputs[1] in m.column_weights and _one_row(a):  # held [in, out]: summed down the columns, fused alike
+        return (_times_weight(a, w, fused=_one_row(m, a)),)
+    if node.inputs[1] in m.column_weights and _one_row(m, a):  # held [in, out]: summed down the columns, fused alike
         return ((a.t() * w).sum(0, keepdim=True),)
     return (torch.matmul(a, w),)
 
@@ -293,7 +308,9 @@ def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, b = x[0], x[1].to(x[0].dtype)
     a = a.t() if node.attrs.get("transA", 0) else a
     product = (
-        _times_weight(a, b, node.inputs[1] in m.row_weights) if node.attrs.get("transB", 0) else torch.matmul(a, b)
+        _times_weight(a, b, node.inputs[1] in m.row_weights and _one_row(m, a))
+        if node.attrs.get("transB", 0)
+        else torch.matmul(a, b)
     )
     y = node.attrs.get("alpha", 1.0) * product
     if len(x) > 2 and x[2] is not None:

@@ -1,7 +1,7 @@
 """The callable that runs one step of a torch engine, per ``TorchRuntime``.
 
 ``runner(input_ids, positions, block_tables, query_start_loc, logits_indices, caches) -> logits`` for both:
-- ``aot-inductor``: ``torch._inductor.aoti_load_package`` of the engine's ``model.pt2``;
+- ``aot-inductor``: the engine's ``model.pt2`` programs over its ``weights.safetensors`` (``aoti_package.py``);
 - ``torch-compile``: the ``PortableModule`` rebuilt on the device from the engine's graph and weights
   (``module_files.py``) and wrapped by ``torch.compile`` (Inductor, ``dynamic=True``: one graph serves every token
   count >= 2; sizes 1 get their own; no duck shaping, so equal sizes are not assumed to stay equal). Dynamo
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ...config import EngineIO
-from ...errors import EngineError
+from .aoti_package import AotiRunner
 from .importer import RowProducts
 from .module_files import load_module
 
@@ -45,12 +45,9 @@ def inductor_cache_dir() -> Path:
     return path
 
 
-def load_aoti(package: Path) -> Runner:
+def load_aoti(package: Path, device: torch.device) -> Runner:
     """An AOTInductor package's runner (the process must have imported ``ops.py``: the package calls the op)."""
-    try:
-        return torch._inductor.aoti_load_package(str(package))
-    except Exception as e:
-        raise EngineError(f"{package}: torch cannot load the package ({str(e).splitlines()[0]})") from None
+    return AotiRunner(package, device)
 
 
 def load_compiled(

@@ -41,7 +41,7 @@ from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from . import moe, ops  # noqa: F401  (register torch.ops.trtbuild.paged_attention / .moe, which the package calls)
 from .decode_graphs import DecodeGraphs
-from .importer import RowProducts
+from .importer import RowProducts, default_row_products
 from .memory import default_kv_cache_memory
 from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
@@ -57,14 +57,6 @@ def open_session(
     """The backend's ``open_session`` (``runtime.session.SESSION_MODULES``): a ``TorchSession`` over
     ``engine_dir`` (``profile_kernels`` does not apply)."""
     return TorchSession(engine_dir, kv_cache_memory=kv_cache_memory, num_threads=num_threads)
-
-
-def default_row_products(device: torch.device) -> RowProducts:
-    """``TorchSession``'s one-row products: all of them on the CPU, where the BLAS reads one row on one thread (2x
-    faster decode, measured); the quantized weights' on a GPU, where a matmul would first write a dequantized copy
-    of the weight every step (the float weights keep cuBLAS until ``benchmarks/gpu_check.py``'s ``*_row_products``
-    cases have measured the fused form there)."""
-    return RowProducts.ALL if device.type == "cpu" else RowProducts.QUANTIZED
 
 
 class TorchSession(EngineSession):
@@ -110,7 +102,7 @@ class TorchSession(EngineSession):
         shape = (build.kv_block_size, model.num_kv_heads, model.head_size)
         path = engine_dir / self.entry.path
         if self.runtime is TorchRuntime.AOT_INDUCTOR:
-            self._runner = load_aoti(path)
+            self._runner = load_aoti(path, self.device)
         else:
             self._runner = load_compiled(
                 path, self.config.io, compute, self.device, compile=compile, max_autotune=torch_cfg.max_autotune,
