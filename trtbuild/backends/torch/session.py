@@ -121,6 +121,10 @@ class TorchSession(EngineSession):
         self.caches = [  # key_cache.0, value_cache.0, key_cache.1, ...: each layer's with its group's blocks
             torch.zeros((blocks[n // 2], *shape), dtype=dtype, device=self.device) for n in range(2 * model.num_layers)
         ]
+        if self.runtime is TorchRuntime.TORCH_COMPILE:  # block size, KV heads, head size: constants, not symbols to
+            for cache in self.caches:  # trace and guard every step (the block count stays symbolic: it is the pool's)
+                for dim in (1, 2, 3):
+                    torch._dynamo.mark_static(cache, dim)
         if decode_batch_sizes is None:
             on_gpu = self.device.type == "cuda"
             decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
