@@ -142,7 +142,8 @@ def test_one_row_products_of_quantized_weights(quantized, name, every):
     fp8 data transposed, the dequantizer's axis flipped) and computes one-row products as multiply-and-sum; weights
     dequantized in blocks (int4) keep their [in, out] layout, summed down the columns for one row; float MatMul
     weights and a float tied head join with ``ALL`` only. A one-sequence prefill and one-token decode steps give
-    the plain importer's logits (itself checked against modelopt above)."""
+    the plain importer's logits (itself checked against modelopt above). A dequantized row weight's one-row product
+    multiplies by its codes and scales the sums."""
     from trtbuild.backends.torch.importer import RowProducts
 
     model, ckpt, _ = quantized[name]
@@ -156,6 +157,7 @@ def test_one_row_products_of_quantized_weights(quantized, name, every):
     fused = (matmuls | heads) if every else (matmuls | heads) & dequantized
     assert module.row_weights == fused - blocked and module.column_weights == matmuls & blocked
     assert bool(blocked) == ("int4" in name) and (module.row_weights | module.column_weights) & dequantized
+    assert set(module.row_scales) == module.row_weights & dequantized  # scaled after the sum, all per row or tensor
     rng = np.random.default_rng(6)
     vocab = model.config.vocab_size
     done, table = 0, [1, 2, 3, 4]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ml_dtypes
@@ -167,12 +167,14 @@ class PortableModule(torch.nn.Module):
             weights = import_weights(model, dtype)
         self.row_products = row_products
         self.fuse_one_row = True
-        self.row_weights: frozenset[str] = frozenset()  # held [out, in]
-        self.column_weights: frozenset[str] = frozenset()  # held [in, out], summed down their columns for one row
-        transposed: frozenset[str] = frozenset()
+        layout = RowLayout()
         if row_products is not RowProducts.NONE:
             layout = _row_layout(self.nodes, weights, quantized_only=row_products is RowProducts.QUANTIZED)
-            self.row_weights, self.column_weights, transposed, self.nodes = layout
+            self.nodes = layout.nodes
+        self.row_weights = layout.rows
+        self.column_weights = layout.columns
+        self.row_scales = layout.scales
+        transposed = layout.transposed
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
@@ -228,15 +230,25 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     return (torch.index_select(data, axis, idx),)
 
 
-def _row_layout(
-    nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_only: bool
-) -> tuple[frozenset[str], frozenset[str], frozenset[str], list[Node]]:
+@dataclass(frozen=True)
+class RowLayout:
+    """How a ``PortableModule`` holds its weights for one-row products (``_row_layout``)."""
+
+    rows: frozenset[str] = frozenset()  # weights held [out, in], one row multiplied along each of theirs
+    columns: frozenset[str] = frozenset()  # weights held [in, out], one row summed down their columns (int4)
+    transposed: frozenset[str] = frozenset()  # initializers stored transposed for ``rows``
+    # row weights dequantized per output row or per tensor -> (their quantized data, held [out, in]; the scale): one
+    # row is multiplied by the codes and summed, and the scale applied to the sums (one multiply a row, not a weight)
+    scales: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)  # the graph's nodes, the transposed data's dequantizers flipped
+
+
+def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_only: bool) -> RowLayout:
     """``PortableModule.row_weights`` and how to hold them ``[out, in]``: the MatMul weights (second inputs read by
     MatMul nodes only) that are float 2-D initializers (unless ``quantized_only``), or the output of a
     ``DequantizeLinear`` of a 2-D initializer (int8 / fp8 per channel or per tensor, read by it only); and
     ``column_weights``: MatMul weights dequantized in blocks from a 2-D initializer (int4), which keep their layout.
-    Returns those two sets, the initializers to store transposed (the float weights, the quantized data), and
-    ``nodes`` with the transposed weights' dequantizers' ``axis`` flipped (their 1-D scales stay as they are)."""
+    The transposed weights' dequantizers get their ``axis`` flipped (their 1-D scales stay as they are)."""
     readers: dict[str, set[tuple[str, int]]] = {}
     for node in nodes:
         for slot, name in enumerate(node.inputs):
@@ -246,12 +258,23 @@ def _row_layout(
     def only_read_by(name: str, op: str, slot: int) -> bool:
         return readers.get(name) == {(op, slot)}
 
+    def scale_per_row(dq: Node, axis: int) -> tuple[str, str] | None:  # axis: the scale's, on the [out, in] data
+        scale = weights.get(dq.inputs[1]) if len(dq.inputs) > 1 else None
+        if dq.attrs.get("block_size", 0) or scale is None or dq.inputs[0] not in weights:
+            return None
+        return (dq.inputs[0], dq.inputs[1]) if scale.numel() == 1 or (scale.dim() == 1 and axis == 0) else None
+
     rows, columns, transposed, nodes = set(), set(), set(), list(nodes)
+    scales: dict[str, tuple[str, str]] = {}
     for node in nodes:  # a Gemm's transB weight is [out, in] already (a tied LM head)
         name = node.inputs[1] if node.op == "Gemm" and node.attrs.get("transB", 0) else ""
         not_matmul = name and all(op != "MatMul" for op, _ in readers[name]) and not node.attrs.get("transA", 0)
         if not_matmul and (name in dequantizers or not quantized_only):
             rows.add(name)
+            dq = nodes[dequantizers[name]] if name in dequantizers else None
+            factors = dq and scale_per_row(dq, dq.attrs.get("axis", 1) % 2)
+            if factors:
+                scales[name] = factors
     for node in nodes:
         name = node.inputs[1] if node.op == "MatMul" else ""
         if not only_read_by(name, "MatMul", 1):
@@ -279,7 +302,10 @@ def _row_layout(
             transposed.add(dq.inputs[0])
             axis = dq.attrs.get("axis", 1) % 2
             nodes[dequantizers[name]] = replace(dq, attrs={**dq.attrs, "axis": 1 - axis})
-    return frozenset(rows), frozenset(columns), frozenset(transposed), nodes
+            factors = scale_per_row(dq, 1 - axis)
+            if factors:
+                scales[name] = factors
+    return RowLayout(frozenset(rows), frozenset(columns), frozenset(transposed), scales, nodes)
 
 
 def _one_row(m: PortableModule, a: Tensor) -> bool:
@@ -287,18 +313,23 @@ def _one_row(m: PortableModule, a: Tensor) -> bool:
     return m.fuse_one_row and a.dim() == 2 and a.shape[0] == 1
 
 
-def _times_weight(a: Tensor, w_out_in: Tensor, fused: bool) -> Tensor:
-    """``a @ w_out_in.T``: ``fused`` (one row of ``a``), a multiply-and-sum that Inductor fuses into one reduction
-    over the weight's rows; otherwise a matmul."""
-    if fused:
+def _times_weight(m: PortableModule, name: str, a: Tensor, w_out_in: Tensor) -> Tensor:
+    """``a @ w_out_in.T`` for a row weight ``name``: for one row of ``a``, a multiply-and-sum that Inductor fuses
+    into one reduction over the weight's rows (over its codes, the scale applied to the sums, where
+    ``PortableModule.row_scales`` has it: the dequantized weight is then left unread); otherwise a matmul."""
+    if not _one_row(m, a):
+        return torch.matmul(a, w_out_in.t())
+    if name not in m.row_scales:
         return (a * w_out_in).sum(-1).unsqueeze(0)
-    return torch.matmul(a, w_out_in.t())
+    codes, scale = (getattr(m, m._buffer_names[n]) for n in m.row_scales[name])
+    sums = (a * codes.to(a.dtype)).sum(-1, dtype=torch.float32) * scale.reshape(-1)
+    return sums.to(a.dtype).unsqueeze(0)
 
 
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, w = x[0], x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
-        return (_times_weight(a, w, fused=_one_row(m, a)),)
+        return (_times_weight(m, node.inputs[1], a, w),)
     if node.inputs[1] in m.column_weights and _one_row(m, a):  # held [in, out]: summed down the columns, fused alike
         return ((a.t() * w).sum(0, keepdim=True),)
     return (torch.matmul(a, w),)
@@ -308,9 +339,9 @@ def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, b = x[0], x[1].to(x[0].dtype)
     a = a.t() if node.attrs.get("transA", 0) else a
     product = (
-        _times_weight(a, b, node.inputs[1] in m.row_weights and _one_row(m, a))
-        if node.attrs.get("transB", 0)
-        else torch.matmul(a, b)
+        _times_weight(m, node.inputs[1], a, b)
+        if node.attrs.get("transB", 0) and node.inputs[1] in m.row_weights
+        else torch.matmul(a, b.t() if node.attrs.get("transB", 0) else b)
     )
     y = node.attrs.get("alpha", 1.0) * product
     if len(x) > 2 and x[2] is not None:
