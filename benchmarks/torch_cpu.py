@@ -10,7 +10,8 @@ alike; prints each engine's median ms a token and its ratio to the onnxruntime e
 decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
 engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
 adds torch's profiler table of one torch-compile decode step (where its time goes). Results:
-benchmarks/results/2026-12-04-cpu2-torch-backend.md, 2026-12-05-cpu2-torch-cpu.md.
+benchmarks/results/2026-12-04-cpu2-torch-backend.md, 2026-12-05-cpu2-torch-cpu.md,
+2026-12-05-cpu2-aoti-decode-program.md.
 """
 
 from __future__ import annotations
