@@ -61,9 +61,7 @@ class AotiRunner:
             self.constants = load_file(str(weights), device=str(device)) if weights.is_file() else {}
         except Exception as e:
             raise EngineError(f"{package}: torch cannot load the package ({str(e).splitlines()[0]})") from None
-        for name, program in programs.items():
-            if not self.constants:
-                continue
+        for name, program in programs.items() if self.constants else ():  # format 2: the weights are inside
             wanted = program.get_constant_fqns()
             missing = [f for f in wanted if f not in self.constants]
             if missing:

@@ -272,7 +272,7 @@ def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_o
         if not_matmul and (name in dequantizers or not quantized_only):
             rows.add(name)
             dq = nodes[dequantizers[name]] if name in dequantizers else None
-            factors = dq and scale_per_row(dq, dq.attrs.get("axis", 1) % 2)
+            factors = scale_per_row(dq, dq.attrs.get("axis", 1) % 2) if dq else None
             if factors:
                 scales[name] = factors
     for node in nodes:
