@@ -160,7 +160,7 @@ def speed_engine_decode_b1(
     value (which one-row products are fused reductions, dequantization included) or None: the session's default."""
     import torch
 
-    from trtbuild.backends.torch.importer import RowProducts
+    from trtbuild.backends.torch.row_products import RowProducts
     from trtbuild.backends.torch.session import TorchSession
 
     built = build_1b(work, runtime, qformat)

@@ -151,7 +151,7 @@ def case_correctness(name: str, runtime: str, work: str, device: str) -> dict[st
     without."""
     import torch
 
-    from trtbuild.backends.torch.importer import RowProducts
+    from trtbuild.backends.torch.row_products import RowProducts
     from trtbuild.backends.torch.session import TorchSession
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -205,7 +205,8 @@ def case_quantized(qformat: str, work: str, device: str) -> dict[str, Any]:
     import torch
 
     from trtbuild.backends.build_request import portable_graph
-    from trtbuild.backends.torch.importer import PortableModule, RowProducts
+    from trtbuild.backends.torch.importer import PortableModule
+    from trtbuild.backends.torch.row_products import RowProducts
     from trtbuild.backends.torch.session import TorchSession
     from trtbuild.config import Backend, BuildConfig
 

@@ -139,12 +139,12 @@ def test_torch_importer_matches_modelopt_fake_quant(quantized, name):
 def test_one_row_products_of_quantized_weights(quantized, name, every):
     """``row_products`` (``ALL``: the torch-compile CPU engines' batch-1 form; ``QUANTIZED``: the GPU's, the
     quantized weights only) holds every MatMul weight dequantized per channel or per tensor [out, in] (its int8 /
-    fp8 data transposed, the dequantizer's axis flipped) and computes one-row products as multiply-and-sum; weights
-    dequantized in blocks (int4) keep their [in, out] layout, summed down the columns for one row; float MatMul
-    weights and a float tied head join with ``ALL`` only. A one-sequence prefill and one-token decode steps give
-    the plain importer's logits (itself checked against modelopt above). A dequantized row weight's one-row product
-    multiplies by its codes and scales the sums."""
-    from trtbuild.backends.torch.importer import RowProducts
+    fp8 data transposed, the dequantizer's axis flipped) and computes one-row products as multiply-and-sum, and so
+    every int4 one dequantized in blocks (codes, block scales and zero points transposed); float MatMul weights and a
+    float tied head join with ``ALL`` only. A one-sequence prefill and one-token decode steps give the plain
+    importer's logits (itself checked against modelopt above). A dequantized row weight's one-row product multiplies
+    by its codes and scales the sums (per block for int4, several rows multiplying the weight so dequantized)."""
+    from trtbuild.backends.torch.row_products import RowProducts
 
     model, ckpt, _ = quantized[name]
     mode = RowProducts.ALL if every else RowProducts.QUANTIZED
@@ -155,9 +155,12 @@ def test_one_row_products_of_quantized_weights(quantized, name, every):
     matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
     heads = {n.inputs[1] for n in module.nodes if n.op == "Gemm" and n.attrs.get("transB")}
     fused = (matmuls | heads) if every else (matmuls | heads) & dequantized
-    assert module.row_weights == fused - blocked and module.column_weights == matmuls & blocked
-    assert bool(blocked) == ("int4" in name) and (module.row_weights | module.column_weights) & dequantized
-    assert set(module.row_scales) == module.row_weights & dequantized  # scaled after the sum, all per row or tensor
+    assert module.row_weights == fused and bool(blocked) == ("int4" in name) and module.row_weights & dequantized
+    assert set(module.row_blocks) == blocked & matmuls  # int4: scaled per block after each block's sum
+    assert set(module.row_scales) == module.row_weights & dequantized - blocked  # scaled after the sum
+    for w in module.row_blocks.values():  # codes, scales and zero points held [out, in] / [out, blocks]
+        codes, scale = getattr(module, module._buffer_names[w.codes]), getattr(module, module._buffer_names[w.scale])
+        assert scale.shape == (codes.shape[0], -(-codes.shape[1] // w.block)) and ("zp" in name) == bool(w.zero_point)
     rng = np.random.default_rng(6)
     vocab = model.config.vocab_size
     done, table = 0, [1, 2, 3, 4]

@@ -26,8 +26,9 @@ from tiny_models import hf_logits
 from trtbuild.backends.build_request import portable_graph
 from trtbuild.backends.torch import ops
 from trtbuild.backends.torch.aoti_package import DECODE_MODEL, STEP_MODEL, WEIGHTS_FILE, AotiRunner, package_models
-from trtbuild.backends.torch.importer import PortableModule, RowProducts
+from trtbuild.backends.torch.importer import PortableModule
 from trtbuild.backends.torch.native_ops import paged_attention_native
+from trtbuild.backends.torch.row_products import RowProducts
 from trtbuild.backends.torch.session import TorchSession
 from trtbuild.build import build_engine
 from trtbuild.config import Backend, BuildConfig, TorchConfig, TorchDevice, TorchRuntime

@@ -15,16 +15,14 @@ a graph input after ``logits_indices``, before the caches).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import numpy_helper
 from torch import Tensor
 
 from ...config import EngineIO
@@ -32,45 +30,19 @@ from ...errors import BuildError
 from ...plugins import moe as moe_op
 from ...plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
 from . import moe, ops
+from .nodes import Node, op_name
+from .row_products import (
+    RowLayout,
+    RowProducts,
+    dequantized_blocks,
+    row_layout,
+    times_blocked_codes,
+    times_rows,
+    times_scaled_codes,
+)
 
 FLOAT8 = onnx.TensorProto.FLOAT8E4M3FN
 STEP_INPUTS = ("input_ids", "positions", "block_tables", "query_start_loc", "logits_indices")
-
-
-class RowProducts(enum.Enum):
-    """Which products of ONE row by a weight (a batch-1 decode step, a single logits row) a compiled module computes
-    as multiply-and-sum reductions that Inductor fuses with the weight's dequantization, instead of matmuls."""
-
-    NONE = "none"  # every product a matmul
-    QUANTIZED = "quantized"  # the weights dequantized in the graph (a matmul would first write a dequantized copy)
-    ALL = "all"  # every MatMul weight and a Gemm's transposed one (the CPU: its BLAS reads one row on one thread)
-
-
-def default_row_products(device: torch.device) -> RowProducts:
-    """The one-row products a compiled engine on ``device`` fuses (``TorchSession``'s and the AOTInductor build's
-    default): all of them on the CPU, where the BLAS reads one row on one thread (2x faster decode, measured); the
-    quantized weights' on a GPU, where a matmul would first write a dequantized copy of the weight every step (the
-    float weights keep cuBLAS until ``benchmarks/gpu_check.py``'s ``*_matmuls`` cases have measured the fused form
-    there)."""
-    return RowProducts.ALL if device.type == "cpu" else RowProducts.QUANTIZED
-
-
-@dataclass(frozen=True)
-class Node:
-    op: str  # "Op" for the default domain, "domain::Op" otherwise
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    attrs: dict[str, Any]
-
-
-def _op_name(node: onnx.NodeProto) -> str:
-    return f"{node.domain}::{node.op_type}" if node.domain else node.op_type
-
-
-def _attribute(attr: onnx.AttributeProto) -> Any:
-    """An attribute's value, strings as ``str`` (ONNX gives bytes, which torch ops and Dynamo do not take)."""
-    value = helper.get_attribute_value(attr)
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _to_torch(array: np.ndarray) -> Tensor:
@@ -127,10 +99,10 @@ class PortableModule(torch.nn.Module):
 
     ``row_products`` (``RowProducts``): which products of ONE row by a weight (a batch-1 decode step, a single
     logits row) are computed as a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: MatMul
-    weights, float (``ALL`` only) or dequantized from int8 / fp8 per channel, stored transposed; a ``Gemm``'s
-    ``transB`` weight, which already is: a tied LM head), or down the columns of one held ``[in, out]``
-    (``column_weights``: int4, dequantized in blocks), which Inductor fuses, dequantization included, into one
-    memory-bound reduction over all threads; other products stay matmuls. On 2 CPU cores the BLAS reads a one-row
+    weights, float (``ALL`` only) or dequantized from int8 / fp8 per channel (``row_scales``) or int4 in blocks
+    (``row_blocks``), stored transposed; a ``Gemm``'s ``transB`` weight, which already is: a tied LM head), which
+    Inductor fuses, dequantization included, into one memory-bound reduction over all threads (``row_products.py``);
+    other products stay matmuls. On 2 CPU cores the BLAS reads a one-row
     product's weight at ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that is
     compiled: eager, the product would be materialised. ``default_row_products`` gives the defaults. Opening holds
     both layouts of the transposed weights until the constructor returns.
@@ -150,14 +122,11 @@ class PortableModule(torch.nn.Module):
         row_products: RowProducts = RowProducts.NONE,
     ) -> None:
         super().__init__()
-        unknown = sorted({_op_name(n) for n in model.graph.node} - set(OPS))
+        unknown = sorted({op_name(n) for n in model.graph.node} - set(OPS))
         if unknown:
             raise BuildError(f"the torch backend cannot import op(s) {', '.join(unknown)} of the portable graph")
         self.dtype = dtype
-        self.nodes = [
-            Node(_op_name(n), tuple(n.input), tuple(n.output), {a.name: _attribute(a) for a in n.attribute})
-            for n in model.graph.node
-        ]
+        self.nodes = [Node.of(n) for n in model.graph.node]
         self.consts: dict[str, tuple[int, ...]] = {  # int64 initializers (split sizes, shapes) as Python ints
             i.name: tuple(int(v) for v in numpy_helper.to_array(i).reshape(-1))
             for i in model.graph.initializer
@@ -169,11 +138,11 @@ class PortableModule(torch.nn.Module):
         self.fuse_one_row = True
         layout = RowLayout()
         if row_products is not RowProducts.NONE:
-            layout = _row_layout(self.nodes, weights, quantized_only=row_products is RowProducts.QUANTIZED)
+            layout = row_layout(self.nodes, weights, quantized_only=row_products is RowProducts.QUANTIZED)
             self.nodes = layout.nodes
         self.row_weights = layout.rows
-        self.column_weights = layout.columns
         self.row_scales = layout.scales
+        self.row_blocks = layout.blocks
         transposed = layout.transposed
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
@@ -230,108 +199,39 @@ def _gather(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     return (torch.index_select(data, axis, idx),)
 
 
-@dataclass(frozen=True)
-class RowLayout:
-    """How a ``PortableModule`` holds its weights for one-row products (``_row_layout``)."""
-
-    rows: frozenset[str] = frozenset()  # weights held [out, in], one row multiplied along each of theirs
-    columns: frozenset[str] = frozenset()  # weights held [in, out], one row summed down their columns (int4)
-    transposed: frozenset[str] = frozenset()  # initializers stored transposed for ``rows``
-    # row weights dequantized per output row or per tensor -> (their quantized data, held [out, in]; the scale): one
-    # row is multiplied by the codes and summed, and the scale applied to the sums (one multiply a row, not a weight)
-    scales: Mapping[str, tuple[str, str]] = field(default_factory=dict)
-    nodes: list[Node] = field(default_factory=list)  # the graph's nodes, the transposed data's dequantizers flipped
-
-
-def _row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_only: bool) -> RowLayout:
-    """``PortableModule.row_weights`` and how to hold them ``[out, in]``: the MatMul weights (second inputs read by
-    MatMul nodes only) that are float 2-D initializers (unless ``quantized_only``), or the output of a
-    ``DequantizeLinear`` of a 2-D initializer (int8 / fp8 per channel or per tensor, read by it only); and
-    ``column_weights``: MatMul weights dequantized in blocks from a 2-D initializer (int4), which keep their layout.
-    The transposed weights' dequantizers get their ``axis`` flipped (their 1-D scales stay as they are)."""
-    readers: dict[str, set[tuple[str, int]]] = {}
-    for node in nodes:
-        for slot, name in enumerate(node.inputs):
-            readers.setdefault(name, set()).add((node.op, slot))
-    dequantizers = {n.outputs[0]: i for i, n in enumerate(nodes) if n.op == "DequantizeLinear"}
-
-    def only_read_by(name: str, op: str, slot: int) -> bool:
-        return readers.get(name) == {(op, slot)}
-
-    def scale_per_row(dq: Node, axis: int) -> tuple[str, str] | None:  # axis: the scale's, on the [out, in] data
-        scale = weights.get(dq.inputs[1]) if len(dq.inputs) > 1 else None
-        if dq.attrs.get("block_size", 0) or scale is None or dq.inputs[0] not in weights:
-            return None
-        return (dq.inputs[0], dq.inputs[1]) if scale.numel() == 1 or (scale.dim() == 1 and axis == 0) else None
-
-    rows, columns, transposed, nodes = set(), set(), set(), list(nodes)
-    scales: dict[str, tuple[str, str]] = {}
-    for node in nodes:  # a Gemm's transB weight is [out, in] already (a tied LM head)
-        name = node.inputs[1] if node.op == "Gemm" and node.attrs.get("transB", 0) else ""
-        not_matmul = name and all(op != "MatMul" for op, _ in readers[name]) and not node.attrs.get("transA", 0)
-        if not_matmul and (name in dequantizers or not quantized_only):
-            rows.add(name)
-            dq = nodes[dequantizers[name]] if name in dequantizers else None
-            factors = scale_per_row(dq, dq.attrs.get("axis", 1) % 2) if dq else None
-            if factors:
-                scales[name] = factors
-    for node in nodes:
-        name = node.inputs[1] if node.op == "MatMul" else ""
-        if not only_read_by(name, "MatMul", 1):
-            continue
-        w = weights.get(name)
-        if w is not None and w.dim() == 2 and w.is_floating_point() and w.dtype != torch.float8_e4m3fn:
-            if not quantized_only:
-                rows.add(name)
-                transposed.add(name)
-        elif name in dequantizers:
-            dq = nodes[dequantizers[name]]
-            data = weights.get(dq.inputs[0])
-            if data is None or data.dim() != 2 or not only_read_by(dq.inputs[0], "DequantizeLinear", 0):
-                continue
-            params = [p for p in dq.inputs[1:] if p]  # scale, zero point
-            # Blocked scales (int4) keep the layout: Inductor (torch 2.13) miscomputed the several-row product of a
-            # transposed weight dequantized in blocks inside the engine's graph (a tiny Llama's down projection, 3
-            # blocks a row; tests/test_gpu_torch_backend.py caught it), though not in isolation.
-            if dq.attrs.get("block_size", 0):
-                columns.add(name)
-                continue
-            if not all(p in weights and weights[p].dim() <= 1 for p in params):
-                continue
-            rows.add(name)
-            transposed.add(dq.inputs[0])
-            axis = dq.attrs.get("axis", 1) % 2
-            nodes[dequantizers[name]] = replace(dq, attrs={**dq.attrs, "axis": 1 - axis})
-            factors = scale_per_row(dq, 1 - axis)
-            if factors:
-                scales[name] = factors
-    return RowLayout(frozenset(rows), frozenset(columns), frozenset(transposed), scales, nodes)
-
-
 def _one_row(m: PortableModule, a: Tensor) -> bool:
     """Whether ``a @ weight`` is computed as a fused one-row product (``PortableModule.fuse_one_row``)."""
     return m.fuse_one_row and a.dim() == 2 and a.shape[0] == 1
 
 
 def _times_weight(m: PortableModule, name: str, a: Tensor, w_out_in: Tensor) -> Tensor:
-    """``a @ w_out_in.T`` for a row weight ``name``: for one row of ``a``, a multiply-and-sum that Inductor fuses
-    into one reduction over the weight's rows (over its codes, the scale applied to the sums, where
-    ``PortableModule.row_scales`` has it: the dequantized weight is then left unread); otherwise a matmul."""
-    if not _one_row(m, a):
+    """``a @ w_out_in.T`` for a row weight ``name`` (``row_products.py``): for one row of ``a``, a multiply-and-sum
+    that Inductor fuses into one reduction over the weight's rows; over its codes where ``PortableModule.row_scales``
+    or ``row_blocks`` has it (the dequantized ``w_out_in`` is then left unread); otherwise a matmul, of the weight
+    dequantized by the same factors for a ``row_blocks`` one."""
+    one_row = _one_row(m, a)
+    if blocked := m.row_blocks.get(name):
+        zero_point = _buffer(m, blocked.zero_point) if blocked.zero_point else None
+        factors = (blocked, _buffer(m, blocked.codes), _buffer(m, blocked.scale), zero_point)
+        if one_row:
+            return times_blocked_codes(a, *factors)
+        w_out_in = dequantized_blocks(*factors, a.dtype)
+    if not one_row:
         return torch.matmul(a, w_out_in.t())
-    if name not in m.row_scales:
-        return (a * w_out_in).sum(-1).unsqueeze(0)
-    codes, scale = (getattr(m, m._buffer_names[n]) for n in m.row_scales[name])
-    sums = (a * codes.to(a.dtype)).sum(-1, dtype=torch.float32) * scale.reshape(-1)
-    return sums.to(a.dtype).unsqueeze(0)
+    if name in m.row_scales:
+        return times_scaled_codes(a, *(_buffer(m, n) for n in m.row_scales[name]))
+    return times_rows(a, w_out_in)
+
+
+def _buffer(m: PortableModule, name: str) -> Tensor:
+    """The tensor ``m`` holds for initializer ``name``."""
+    return getattr(m, m._buffer_names[name])
 
 
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
     a, w = x[0], x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
         return (_times_weight(m, node.inputs[1], a, w),)
-    if node.inputs[1] in m.column_weights and _one_row(m, a):  # held [in, out]: summed down the columns, fused alike
-        return ((a.t() * w).sum(0, keepdim=True),)
     return (torch.matmul(a, w),)
 
 

@@ -17,7 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from ...config import EngineIO
 from ...errors import EngineError
-from .importer import PortableModule, RowProducts, graph_structure, import_weights
+from .importer import PortableModule, graph_structure, import_weights
+from .row_products import RowProducts
 
 GRAPH_FILE = "graph.onnx"
 WEIGHTS_FILE = "weights.safetensors"

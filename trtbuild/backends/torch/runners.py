@@ -25,8 +25,8 @@ import torch
 
 from ...config import EngineIO
 from .aoti_package import AotiRunner
-from .importer import RowProducts
 from .module_files import load_module
+from .row_products import RowProducts
 
 Runner = Callable[..., torch.Tensor]
 RECOMPILE_LIMIT = 64  # Dynamo's per-function graph limit (8 by default): 0/1 size specialisations of five inputs

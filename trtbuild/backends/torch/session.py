@@ -41,8 +41,8 @@ from ...runtime.kv_cache import DEFAULT_KV_CACHE_MEMORY
 from ...runtime.kv_groups import check_sliding_input, sliding_group_layers, split_kv_blocks, step_tables
 from . import moe, ops  # noqa: F401  (register torch.ops.trtbuild.paged_attention / .moe, which the package calls)
 from .decode_graphs import DecodeGraphs
-from .importer import RowProducts, default_row_products
 from .memory import default_kv_cache_memory
+from .row_products import RowProducts, default_row_products
 from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
 from .target import entry_device, entry_runtime, select_torch_engine
@@ -68,7 +68,7 @@ class TorchSession(EngineSession):
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
     intra-op threads on the CPU (None: as the onnxruntime session, the CPUs this process may use, at most 8).
-    ``row_products`` (``importer.RowProducts``): which one-row products (batch-1 steps) a compiled torch-compile
+    ``row_products`` (``row_products.RowProducts``): which one-row products (batch-1 steps) a compiled torch-compile
     engine computes as fused reductions instead of matmuls; None: ``default_row_products``.
     ``load_seconds``: opening time, weights, compilation and warm-up included.
     """

@@ -34,9 +34,10 @@ from ....checkpoint.dtypes import torch_dtype
 from ....config import BuildConfig, EngineIO, ModelConfig, TorchConfig, TorchDevice, TorchRuntime
 from ....runtime.kv_groups import sliding_group_layers
 from ..aoti_package import DECODE_MODEL, STEP_MODEL, WEIGHTS_FILE
-from ..importer import PortableModule, RowProducts, default_row_products
+from ..importer import PortableModule
 from ..module_files import write_module_files
 from ..ops import cache_dtype
+from ..row_products import RowProducts, default_row_products
 from ..target import compile_target, local_target
 from .isolate import IsolatedRun, run_isolated
 
@@ -167,7 +168,7 @@ def write_aoti_package(
     rows = RowProducts.NONE if frozen else default_row_products(torch.device(device))
     module = PortableModule(portable, io, dtype, row_products=rows).to(device).eval()
     programs = {STEP_MODEL: _export(module, model, build, dtype, device, decode=False)}
-    if module.row_weights or module.column_weights:  # else the decode program would compute what the step one does
+    if module.row_weights:  # else the decode program would compute what the step one does
         programs[DECODE_MODEL] = _export(module, model, build, dtype, device, decode=True)
     constants = {**programs[STEP_MODEL].state_dict, **programs[STEP_MODEL].constants}
     del module
