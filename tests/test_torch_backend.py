@@ -157,6 +157,40 @@ def test_opening_traces_each_graph_once(torch_engines):
     assert counters["aot_autograd"]["total"] == 3, dict(counters["aot_autograd"])  # 6 when every graph restarted
 
 
+def test_compiled_graphs_are_not_shared_between_modules(torch_engines, tmp_path):
+    """A compiled module's graphs are not guarded on its own attributes (``runners.load_compiled``: ~6,000 guards a
+    graph, 13% of a SmolLM2 decode step on 2 cores), so each module compiles through a code object of its own: a
+    second engine in the process whose buffers have the same shapes but whose nodes differ (here every norm's
+    epsilon) runs its own graphs, not the first one's, and both give their eager modules' logits."""
+    import shutil
+
+    import onnx
+
+    from trtbuild.backends.torch.module_files import GRAPH_FILE
+
+    engine = torch_engines["llama_gqa", TorchRuntime.TORCH_COMPILE][2]
+    other = tmp_path / "other"
+    shutil.copytree(engine, other)
+    graph_path = next(other.glob(f"engines/torch-compile-*/{GRAPH_FILE}"))
+    model = onnx.load(str(graph_path))
+    norms = [n for n in model.graph.node if n.op_type == "RMSNormalization"]
+    for node in norms:
+        kept = [a for a in node.attribute if a.name != "epsilon"]
+        del node.attribute[:]
+        node.attribute.extend([*kept, onnx.helper.make_attribute("epsilon", 0.5)])
+    assert norms
+    onnx.save(model, str(graph_path))
+    tokens = list(range(5, 14))
+    logits = {}
+    for name, directory in (("first", engine), ("other", other)):
+        for compiled in (True, False):
+            session = TorchSession(directory, kv_cache_memory=1 << 20, compile=compiled)
+            logits[name, compiled] = session.step(StepBatch.build([tokens], [0], [[1, 2, 3]]))
+    for name in ("first", "other"):
+        np.testing.assert_allclose(logits[name, True], logits[name, False], atol=1e-4, rtol=0, err_msg=name)
+    assert np.abs(logits["first", True] - logits["other", True]).max() > 1e-2
+
+
 def test_eager_module_matches_transformers(torch_engines):
     """The torch-compile engine's module run without compiling (``compile=False``) gives the same logits."""
     model, _, engine = torch_engines["gpt2", TorchRuntime.TORCH_COMPILE]

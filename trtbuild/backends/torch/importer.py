@@ -110,7 +110,11 @@ class PortableModule(torch.nn.Module):
     ``fuse_one_row`` (an attribute, True after construction) picks the form per product by the row count as the
     module is traced; False computes every product as a matmul whatever it is, in the same weight layout: how
     ``torch.export`` traces the AOTInductor package's program for every step, since it cannot branch on a symbolic
-    token count (its one-token program is traced with it True, ``build/writer.py``)."""
+    token count (its one-token program is traced with it True, ``build/writer.py``).
+
+    Invariant: nothing of a module changes after construction (nodes, constants, layout, buffers' shapes and dtypes;
+    ``fuse_one_row`` only before it is compiled or exported). The torch-compile runtime's graphs are not guarded on
+    them (``runners.load_compiled``)."""
 
     def __init__(
         self,

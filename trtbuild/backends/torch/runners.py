@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import os
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import torch
 
 from ...config import EngineIO
 from .aoti_package import AotiRunner
+from .importer import PortableModule
 from .module_files import load_module
 from .row_products import RowProducts
 
@@ -78,10 +80,27 @@ def load_compiled(
     # graph with them as inputs, then Inductor's scalar pass restarted the whole analysis to specialise them: every
     # open traced every graph twice and missed the AOTAutograd cache once (SmolLM2 on 2 cores: 57 -> 16 s warm).
     torch._dynamo.config.specialize_float = True
-    mode = None
+    options: dict[str, Any] = {}
+    # No guards on the module's own attributes (its nodes' metadata, constants, layout sets, buffers: ~6,000 a graph
+    # for SmolLM2, 1.7 ms of a 13 ms decode step on 2 cores; 0.2 ms left for the step's inputs and the process's
+    # state): nothing of a PortableModule changes after construction (its invariant), and ``_own_forward`` keeps
+    # other modules' graphs apart. Guard filters came with torch 2.8.
+    if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
+        options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
     if max_autotune:  # Inductor times its GEMM templates (Triton on a GPU, C++ micro-kernels on the CPU)
-        mode = "max-autotune-no-cudagraphs"  # CUDA graphs are the session's (DecodeGraphs)
+        options.update(torch._inductor.list_mode_options("max-autotune-no-cudagraphs"))  # graphs: DecodeGraphs'
         if device.type == "cpu":  # the C++ templates take prepacked weights: the weights become constants
             torch._inductor.config.freezing = True  # process-wide: as ``options`` it did not take (65 vs 33 ms)
-    compiled: Any = torch.compile(module, dynamic=True, fullgraph=True, mode=mode)
+    _own_forward(module)
+    compiled: Any = torch.compile(module, dynamic=True, fullgraph=True, options=options)
     return compiled
+
+
+def _own_forward(module: PortableModule) -> None:
+    """Give ``module`` a ``forward`` of its own code object. Dynamo keeps compiled graphs per code object, and with
+    no guards on the module (``load_compiled``) a graph traced for another ``PortableModule`` of the same class would
+    pass them, its nodes and weights differing."""
+    function = type(module).forward
+    code = function.__code__.replace()  # the same bytecode, a new object
+    own = types.FunctionType(code, function.__globals__, function.__name__, function.__defaults__, function.__closure__)
+    module.forward = types.MethodType(own, module)  # type: ignore[method-assign]
