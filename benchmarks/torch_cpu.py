@@ -1,17 +1,19 @@
 """The torch engine on the CPU against the onnxruntime engine of the same SmolLM2 checkpoint, in one process.
 
-    .venv/bin/python benchmarks/torch_cpu.py [--work DIR] [--rounds 3] [--tokens 32] [--threads 2]
+    .venv/bin/python benchmarks/torch_cpu.py [--work DIR] [--rounds 3] [--tokens 32] [--prompt-tokens 64]
+        [--threads 2]
 
 Builds (once, under ``--work``) SmolLM2-135M-Instruct fp32 as an onnxruntime engine and as torch engines of both
 runtimes (torch-compile; AOTInductor), or of a weight-only quantized copy (``--qformat``), opens each (and any
 ``--engine NAME=DIR`` given, e.g. one built by another commit), and times batch-1 greedy decode through ``LLM`` (a
-64-token prompt, ``--tokens`` new tokens, EOS ignored) in interleaved rounds so background load hits every engine
-alike; prints each engine's median ms a token and its ratio to the onnxruntime engine (issue 34's CPU target: torch
-decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times. ``--max-autotune`` builds the torch
-engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at build / every open). ``--profile``
-adds torch's profiler table of one torch-compile decode step (where its time goes). Results:
-benchmarks/results/2026-12-04-cpu2-torch-backend.md, 2026-12-05-cpu2-torch-cpu.md,
-2026-12-05-cpu2-aoti-decode-program.md.
+``--prompt-tokens`` prompt: the context each step reads; ``--tokens`` new tokens, EOS ignored) in interleaved rounds
+so background load hits every engine alike; prints each engine's median ms a token and its ratio to the onnxruntime
+engine (issue 34's CPU target: torch decode at >= 0.5x onnxruntime's speed), plus the torch engines' open times.
+``--max-autotune`` builds the torch engines with it (C++ GEMM micro-kernels on prepacked weights: minutes more at
+build / every open). ``--profile`` adds torch's profiler table of one torch-compile decode step (where its time
+goes). Results: benchmarks/results/2026-12-04-cpu2-torch-backend.md, 2026-12-05-cpu2-torch-cpu.md,
+2026-12-05-cpu2-aoti-decode-program.md, 2026-12-05-cpu2-int4-row-products.md, 2026-12-05-cpu2-dynamo-guards.md,
+2026-12-05-cpu2-attention-threads.md.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("artifacts/torch_cpu"))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="prompt length (the context decode reads)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="torch's profiler table of one decode step")
     parser.add_argument(
@@ -91,7 +94,7 @@ def main() -> None:
         t = time.perf_counter()
         llms[name] = LLM(engine, num_threads=args.threads)
         opened[name] = round(time.perf_counter() - t, 1)
-    prompt = list(range(100, 164))
+    prompt = list(range(100, 100 + args.prompt_tokens))
     params = SamplingParams(temperature=0.0, max_tokens=args.tokens, ignore_eos=True)
     for llm in llms.values():  # warm-up
         llm.generate([prompt], params)
@@ -112,7 +115,8 @@ def main() -> None:
         profile_step(next(llm for name, llm in llms.items() if "torch-compile" in name), prompt)
     if args.json:
         figures = {"ms_per_token": medians, "rounds": ms, "open_s": opened, "threads": args.threads,
-                   "max_autotune": args.max_autotune, "qformat": args.qformat}  # fmt: skip
+                   "max_autotune": args.max_autotune, "qformat": args.qformat,
+                   "prompt_tokens": args.prompt_tokens}  # fmt: skip
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
 
 

@@ -330,6 +330,38 @@ def test_custom_op_cpu_matches_oracle(heads, rope, kv, lens, impl):
         np.testing.assert_allclose(got.numpy().astype(np.float64), want.astype(np.float64), atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_native_op_parallel_loops_match_oracle(threads):
+    """A step with work for several threads (a 140-token ragged prefill: its cache writes and its attention both
+    split into tasks) runs its loops on the native library's persistent workers (``c_api.cc``'s ``HostPool``) beside
+    the calling thread, as many threads as torch's: calls in a row and from two Python threads at once (which take
+    turns) all match the oracle."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hq, hkv, d = 4, 2, 16
+    qkv, kc, vc, positions, tables, qsl = random_step(hq, hkv, d, block_size=32, seed=5, lens=(70, 40, 30))
+    cos_sin = rotary_cos_sin_cache(160, d, 10000.0)
+    attrs = PagedAttentionAttrs(hq, hkv, d, 0.25, False, KV_FLOAT)
+    ref = oracle(qkv, kc, vc, positions, tables, qsl, cos_sin, attrs, None, None)
+
+    def call(_: int) -> tuple[np.ndarray, ...]:
+        kc_t, vc_t = torch.from_numpy(kc.copy()), torch.from_numpy(vc.copy())
+        out = run_op("native", qkv, kc_t, vc_t, positions, tables, qsl, cos_sin, attrs, (None, None))
+        return out.numpy(), kc_t.numpy(), vc_t.numpy()
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results = [call(i) for i in range(3)]
+        with ThreadPoolExecutor(2) as pool:
+            results += list(pool.map(call, range(6)))
+    finally:
+        torch.set_num_threads(before)
+    for got in results:
+        for g, want in zip(got, ref, strict=True):
+            np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("lens", [(5, 3, 1), (1, 1, 1), (5, 6, 3)], ids=["ragged", "decode", "chunks"])
 @pytest.mark.parametrize(

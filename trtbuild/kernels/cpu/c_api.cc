@@ -1,14 +1,17 @@
 // The library's plain C entry points, for hosts other than onnxruntime: the torch engine's CPU paged-attention op
 // (backends/torch/native_ops.py, through ctypes) calls the same kernel the onnxruntime glue (ort_ops.cc) does.
 // Every argument is a scalar or a pointer, so the caller mirrors no struct layout; loops that onnxruntime's pool
-// would run go to threads started here (host_parallel_for), as many as the caller's num_threads.
+// would run go to this library's own worker threads (host_parallel_for), as many as the caller's num_threads.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <thread>
-#include <vector>
 
 #include "paged_attention.h"
 
@@ -28,17 +31,71 @@ struct HostLoop {
   }
 };
 
+// Worker threads kept for the process: started at first use, as many as the largest call asked for less one (the
+// caller works too). Starting threads for every call cost ~100 us a call: a SmolLM2 decode step on 2 cores at 448
+// tokens of context spent 3.1 of its 13.4 ms so (benchmarks/results/2026-12-05-cpu2-attention-threads.md). Idle
+// workers block on a condition variable and never spin: the torch engine's OpenMP threads share the cores.
+// One loop runs at a time (callers on several threads take turns). Never destroyed (its workers may still wait at
+// exit); a forked child, which has none of its parent's threads, gets a pool of its own.
+class HostPool {
+ public:
+  static HostPool& get() {
+    static std::mutex made;
+    static HostPool* pool = nullptr;
+    std::lock_guard<std::mutex> lock(made);
+    if (pool == nullptr || pool->pid_ != getpid()) pool = new HostPool();  // the parent's, after a fork: left
+    return *pool;
+  }
+
+  // Runs loop on the calling thread and `helpers` workers; returns when all of them have left it.
+  void run(HostLoop& loop, size_t helpers) {
+    std::lock_guard<std::mutex> turn(turn_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (; workers_ < helpers; ++workers_) std::thread([this] { work(); }).detach();
+      loop_ = &loop;
+      wanted_ = running_ = helpers;
+      claimed_ = 0;
+      ++generation_;
+    }
+    wake_.notify_all();
+    loop.run();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return running_ == 0; });
+  }
+
+ private:
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    uint64_t seen = 0;  // a worker starts inside run(), under mu_, before the loop it is for is posted
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (claimed_ == wanted_) continue;  // more workers than this loop asked for
+      ++claimed_;
+      HostLoop* loop = loop_;
+      lock.unlock();
+      loop->run();
+      lock.lock();
+      if (--running_ == 0) done_.notify_one();
+    }
+  }
+
+  const pid_t pid_ = getpid();
+  std::mutex turn_, mu_;
+  std::condition_variable wake_, done_;
+  size_t workers_ = 0, wanted_ = 0, claimed_ = 0, running_ = 0;  // under mu_, as the two below
+  uint64_t generation_ = 0;  // one more for every loop posted
+  HostLoop* loop_ = nullptr;
+};
+
 }  // namespace
 
 bool host_parallel_for(void (*fn)(void*, size_t), size_t tasks, void* data) {
   const size_t threads = std::min<size_t>(tasks, size_t(std::max<int64_t>(t_host_threads, 1)));
   if (threads < 2) return false;
   HostLoop loop{fn, data, tasks};
-  std::vector<std::thread> helpers;
-  helpers.reserve(threads - 1);
-  for (size_t i = 1; i < threads; ++i) helpers.emplace_back([&loop] { loop.run(); });
-  loop.run();
-  for (std::thread& h : helpers) h.join();
+  HostPool::get().run(loop, threads - 1);
   return true;
 }
 

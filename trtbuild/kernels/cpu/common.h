@@ -25,8 +25,8 @@ namespace trtbuild::cpu {
 // call through the C entry points, host_parallel_for); false when the loop was refused (the caller runs it itself).
 bool parallel_for(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t tasks, void* data);
 
-// fn(data, t) for t < tasks on up to the calling C entry's thread count of freshly started threads (c_api.cc);
-// false when that count is below 2.
+// fn(data, t) for t < tasks on the calling thread and the library's own workers, up to the calling C entry's thread
+// count in all (c_api.cc); false when that count is below 2.
 bool host_parallel_for(void (*fn)(void*, size_t), size_t tasks, void* data);
 
 }  // namespace trtbuild::cpu
