@@ -45,7 +45,11 @@ def build_engines(work: Path, max_autotune: bool, qformat: str | None) -> dict[s
     if not (ckpt / "config.json").is_file():
         convert(smollm2_gguf_path(), ckpt, DType.FLOAT32, dequantize=True, overwrite=True)
     suffix = f"-{qformat}" if qformat else ""
-    if qformat:  # weight-only: round to nearest, no calibration text
+    if qformat == "gguf":  # the GGUF file's own blocks, as ``trtbuild convert`` keeps them (Q4_1, Q8_0 embedding)
+        ckpt = work / "smollm2-gguf"
+        if not (ckpt / "config.json").is_file():
+            convert(smollm2_gguf_path(), ckpt, overwrite=True)
+    elif qformat:  # weight-only: round to nearest, no calibration text
         float_ckpt, ckpt = ckpt, work / f"smollm2{suffix}"
         if not (ckpt / "config.json").is_file():
             quantize(float_ckpt, ckpt, QuantConfig(QFormat(qformat)), overwrite=True, progress=False)
@@ -74,7 +78,10 @@ def main() -> None:
         "--max-autotune", action="store_true", help="torch engines built with --max-autotune (minutes to build/open)"
     )
     parser.add_argument(
-        "--qformat", choices=["int8_wo", "int4_wo"], default=None, help="a weight-only SmolLM2 (default: float32)"
+        "--qformat",
+        choices=["int8_wo", "int4_wo", "gguf"],
+        default=None,
+        help="a weight-only SmolLM2, or the GGUF file's own Q4_1 / Q8_0 blocks (gguf) (default: float32)",
     )
     parser.add_argument(
         "--engine", action="append", default=[], metavar="NAME=DIR", help="also time this engine (repeatable)"

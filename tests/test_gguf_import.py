@@ -193,6 +193,43 @@ def test_engine_logits_match_the_dequantized_float_engine(mixed, tmp_path, cpu_l
         assert ("trtbuild.cpu", "QLinear") in kinds
 
 
+def test_torch_one_row_products_read_the_gguf_blocks(mixed, tmp_path):
+    """The torch engine's batch-1 products (``backends/torch/row_products.py``) read every GGUF block format as codes
+    and factors: Q4_1 linears (codes, scales and offsets), Q4_0 and Q8_0 ones and the Q8_0 tied head, their
+    dequantizing nodes dropped. A prefill's logits row and one-token steps, eager and compiled by the torch-compile
+    runtime, give the plain importer's logits (the weights dequantized by the graph's own nodes)."""
+    from test_quantize_formats import ImportedSession
+
+    from trtbuild.backends.torch.row_products import RowProducts
+    from trtbuild.backends.torch.session import TorchSession
+    from trtbuild.config import Backend, TorchConfig, TorchDevice, TorchRuntime
+
+    _, ckpt, _ = mixed
+    plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=RowProducts.QUANTIZED)
+    blocks = rows.module.row_blocks
+    products = {n.inputs[1] for n in plain.module.nodes if n.op in ("MatMul", "Gemm")}
+    assert set(blocks) == products and rows.module.row_weights == products
+    assert {w.codes.removesuffix(".weight") for w in blocks.values() if w.offset} == {
+        f"layers.{i}.{m}" for i in range(LAYERS) for m in ("attn.qkv", "mlp.down")
+    }  # Q4_1
+    assert [w.codes for n, w in blocks.items() if "lm_head" in n] == ["embed.weight"]  # the embedding's codes
+    assert not {o for n in rows.module.nodes for o in n.outputs} & set(blocks)
+    build_engine(ckpt, tmp_path / "engine", BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4),
+                 torch=TorchConfig(device=TorchDevice.CPU, torch_runtime=TorchRuntime.TORCH_COMPILE))  # fmt: skip
+    compiled = TorchSession(tmp_path / "engine", kv_cache_memory=1 << 20, row_products=RowProducts.QUANTIZED)
+    assert compiled._runner._orig_mod.row_blocks.keys() == blocks.keys()
+    rng = np.random.default_rng(3)
+    done, table = 0, [1, 2, 3, 4, 5, 6]
+    for step in range(4):  # a 7-token prompt (one logits row), then one-token steps
+        tokens = [int(t) for t in rng.integers(0, VOCAB, 7 if step == 0 else 1)]
+        batch = StepBatch.build([tokens], [done], [table])
+        done += len(tokens)
+        want = plain.step(batch)
+        np.testing.assert_allclose(rows.step(batch), want, atol=1e-4, rtol=0, err_msg=f"step {step}")
+        got = compiled.step(batch)
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0, err_msg=f"compiled, step {step}")
+
+
 def test_native_lowering_takes_the_exact_codes_scales_and_offsets(mixed):
     """Each GGUF linear's ``QLinear`` holds the checkpoint's integers and GGUF's scales / offsets (the kernel's
     arithmetic on them is ``qlinear_reference``'s, bit for bit: tests/test_cpu_linear.py)."""

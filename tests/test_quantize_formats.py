@@ -149,15 +149,16 @@ def test_one_row_products_of_quantized_weights(quantized, name, every):
     model, ckpt, _ = quantized[name]
     mode = RowProducts.ALL if every else RowProducts.QUANTIZED
     plain, rows = ImportedSession(ckpt), ImportedSession(ckpt, row_products=mode)
-    module = rows.module
-    dequantized = {n.outputs[0] for n in module.nodes if n.op == "DequantizeLinear"}
-    blocked = {n.outputs[0] for n in module.nodes if n.op == "DequantizeLinear" and n.attrs.get("block_size")}
-    matmuls = {n.inputs[1] for n in module.nodes if n.op == "MatMul"}
-    heads = {n.inputs[1] for n in module.nodes if n.op == "Gemm" and n.attrs.get("transB")}
+    module, graph = rows.module, plain.module.nodes  # the graph's nodes as imported (the layout drops some)
+    dequantized = {n.outputs[0] for n in graph if n.op == "DequantizeLinear"}
+    blocked = {n.outputs[0] for n in graph if n.op == "DequantizeLinear" and n.attrs.get("block_size")}
+    matmuls = {n.inputs[1] for n in graph if n.op == "MatMul"}
+    heads = {n.inputs[1] for n in graph if n.op == "Gemm" and n.attrs.get("transB")}
     fused = (matmuls | heads) if every else (matmuls | heads) & dequantized
     assert module.row_weights == fused and bool(blocked) == ("int4" in name) and module.row_weights & dequantized
     assert set(module.row_blocks) == blocked & matmuls  # int4: scaled per block after each block's sum
     assert set(module.row_scales) == module.row_weights & dequantized - blocked  # scaled after the sum
+    assert not {o for n in module.nodes for o in n.outputs} & blocked  # their dequantizers dropped
     for w in module.row_blocks.values():  # codes, scales and zero points held [out, in] / [out, blocks]
         codes, scale = getattr(module, module._buffer_names[w.codes]), getattr(module, module._buffer_names[w.scale])
         assert scale.shape == (codes.shape[0], -(-codes.shape[1] // w.block)) and ("zp" in name) == bool(w.zero_point)

@@ -32,9 +32,11 @@ from ...plugins.paged_attention import DOMAIN, KV_FLOAT, OP_TYPE
 from . import moe, ops
 from .nodes import Node, op_name
 from .row_products import (
+    BlockTensors,
     RowLayout,
     RowProducts,
     dequantized_blocks,
+    held_rows,
     row_layout,
     times_blocked_codes,
     times_rows,
@@ -151,7 +153,7 @@ class PortableModule(torch.nn.Module):
         self._buffer_names: dict[str, str] = {}
         for i, (name, tensor) in enumerate(weights.items()):
             attr = f"w{i}"
-            self.register_buffer(attr, tensor.t().contiguous() if name in transposed else tensor)
+            self.register_buffer(attr, held_rows(tensor) if name in transposed else tensor)
             self._buffer_names[name] = attr
         names = [i.name for i in model.graph.input]
         step = [getattr(io, n) for n in STEP_INPUTS]
@@ -162,8 +164,11 @@ class PortableModule(torch.nn.Module):
         self.sliding_input = io.sliding_block_tables
         self.cache_inputs = tuple(n for n in names[len(step) :] if n != io.sliding_block_tables)
         self.logits = io.logits
+        produced = {o for n in self.nodes for o in n.outputs}
+        # blocked row weights whose dequantizing nodes the layout dropped: every product reads their codes instead
+        self._unproduced = tuple(sorted(set(self.row_blocks) - produced))
         missing = sorted({i for n in self.nodes for i in n.inputs} - set(weights) - set(self.consts) - set(names)
-                         - {o for n in self.nodes for o in n.outputs} - {""})  # fmt: skip
+                         - produced - set(self._unproduced) - {""})  # fmt: skip
         if missing:
             raise BuildError(f"the engine's weights lack {len(missing)} tensor(s) the graph reads, e.g. {missing[0]}")
 
@@ -186,6 +191,7 @@ class PortableModule(torch.nn.Module):
             env[self.sliding_input] = sliding_block_tables
         env.update(zip(self.cache_inputs, caches, strict=True))
         env[""] = None
+        env.update(dict.fromkeys(self._unproduced))
         for name, attr in self._buffer_names.items():
             env[name] = getattr(self, attr)
         for node in self.nodes:
@@ -208,18 +214,19 @@ def _one_row(m: PortableModule, a: Tensor) -> bool:
     return m.fuse_one_row and a.dim() == 2 and a.shape[0] == 1
 
 
-def _times_weight(m: PortableModule, name: str, a: Tensor, w_out_in: Tensor) -> Tensor:
+def _times_weight(m: PortableModule, name: str, a: Tensor, w_out_in: Tensor | None) -> Tensor:
     """``a @ w_out_in.T`` for a row weight ``name`` (``row_products.py``): for one row of ``a``, a multiply-and-sum
     that Inductor fuses into one reduction over the weight's rows; over its codes where ``PortableModule.row_scales``
-    or ``row_blocks`` has it (the dequantized ``w_out_in`` is then left unread); otherwise a matmul, of the weight
-    dequantized by the same factors for a ``row_blocks`` one."""
+    or ``row_blocks`` has it (``w_out_in`` is then unread; None for a blocked one whose nodes the layout dropped);
+    otherwise a matmul, of the weight dequantized by the same factors for a ``row_blocks`` one."""
     one_row = _one_row(m, a)
     if blocked := m.row_blocks.get(name):
-        zero_point = _buffer(m, blocked.zero_point) if blocked.zero_point else None
-        factors = (blocked, _buffer(m, blocked.codes), _buffer(m, blocked.scale), zero_point)
+        names = (blocked.codes, blocked.scale, blocked.zero_point, blocked.offset)
+        tensors = BlockTensors(*(_buffer(m, n) if n else None for n in names))  # type: ignore[arg-type]
         if one_row:
-            return times_blocked_codes(a, *factors)
-        w_out_in = dequantized_blocks(*factors, a.dtype)
+            return times_blocked_codes(a, blocked.block, tensors)
+        w_out_in = dequantized_blocks(blocked.block, tensors, a.dtype)
+    assert w_out_in is not None, name
     if not one_row:
         return torch.matmul(a, w_out_in.t())
     if name in m.row_scales:
@@ -233,14 +240,14 @@ def _buffer(m: PortableModule, name: str) -> Tensor:
 
 
 def _matmul(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    a, w = x[0], x[1].to(x[0].dtype)
+    a, w = x[0], None if x[1] is None else x[1].to(x[0].dtype)
     if node.inputs[1] in m.row_weights:  # held [out, in]
         return (_times_weight(m, node.inputs[1], a, w),)
     return (torch.matmul(a, w),)
 
 
 def _gemm(m: PortableModule, node: Node, x: Sequence[Any]) -> Sequence[Any]:
-    a, b = x[0], x[1].to(x[0].dtype)
+    a, b = x[0], None if x[1] is None else x[1].to(x[0].dtype)
     a = a.t() if node.attrs.get("transA", 0) else a
     product = (
         _times_weight(m, node.inputs[1], a, b)
