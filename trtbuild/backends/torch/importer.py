@@ -106,8 +106,8 @@ class PortableModule(torch.nn.Module):
     Inductor fuses, dequantization included, into one memory-bound reduction over all threads (``row_products.py``);
     other products stay matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at ~11 GB/s (one thread),
     the fused reduction at ~29 (docs/gpu.md, CPU). For a module that is compiled: eager, the product would be
-    materialised (and an int4 row weight's dequantizer still run, its output unread). ``default_row_products``
-    gives the defaults. Opening holds both layouts of the transposed weights until the constructor returns.
+    materialised. ``default_row_products`` gives the defaults. Opening holds both layouts of the transposed weights
+    until the constructor returns.
 
     ``fuse_one_row`` (an attribute, True after construction) picks the form per product by the row count as the
     module is traced; False computes every product as a matmul whatever it is, in the same weight layout: how
