@@ -101,13 +101,13 @@ class PortableModule(torch.nn.Module):
 
     ``row_products`` (``RowProducts``): which products of ONE row by a weight (a batch-1 decode step, a single
     logits row) are computed as a multiply-and-sum over the weight held ``[out, in]`` (``row_weights``: MatMul
-    weights, float (``ALL`` only) or dequantized from int8 / fp8 per channel (``row_scales``) or int4 in blocks
-    (``row_blocks``), stored transposed; a ``Gemm``'s ``transB`` weight, which already is: a tied LM head), which
-    Inductor fuses, dequantization included, into one memory-bound reduction over all threads (``row_products.py``);
-    other products stay matmuls. On 2 CPU cores the BLAS reads a one-row product's weight at ~11 GB/s (one thread),
-    the fused reduction at ~29 (docs/gpu.md, CPU). For a module that is compiled: eager, the product would be
-    materialised. ``default_row_products`` gives the defaults. Opening holds both layouts of the transposed weights
-    until the constructor returns.
+    weights, float (``ALL`` only) or dequantized from int8 / fp8 per channel (``row_scales``) or in blocks
+    (``row_blocks``: int4, GGUF Q4_1 / Q4_0 / Q8_0), stored transposed; a ``Gemm``'s ``transB`` weight, which
+    already is: a tied LM head), which Inductor fuses, dequantization included, into one memory-bound reduction over
+    all threads (``row_products.py``); other products stay matmuls. On 2 CPU cores the BLAS reads a one-row
+    product's weight at ~11 GB/s (one thread), the fused reduction at ~29 (docs/gpu.md, CPU). For a module that is
+    compiled: eager, the product would be materialised. ``default_row_products`` gives the defaults. Opening holds
+    both layouts of the transposed weights until the constructor returns.
 
     ``fuse_one_row`` (an attribute, True after construction) picks the form per product by the row count as the
     module is traced; False computes every product as a matmul whatever it is, in the same weight layout: how
