@@ -164,11 +164,9 @@ class PortableModule(torch.nn.Module):
         self.sliding_input = io.sliding_block_tables
         self.cache_inputs = tuple(n for n in names[len(step) :] if n != io.sliding_block_tables)
         self.logits = io.logits
-        produced = {o for n in self.nodes for o in n.outputs}
-        # blocked row weights whose dequantizing nodes the layout dropped: every product reads their codes instead
-        self._unproduced = tuple(sorted(set(self.row_blocks) - produced))
+        # the blocked row weights are no node's output (their dequantizing nodes dropped): products read their codes
         missing = sorted({i for n in self.nodes for i in n.inputs} - set(weights) - set(self.consts) - set(names)
-                         - produced - set(self._unproduced) - {""})  # fmt: skip
+                         - {o for n in self.nodes for o in n.outputs} - set(self.row_blocks) - {""})  # fmt: skip
         if missing:
             raise BuildError(f"the engine's weights lack {len(missing)} tensor(s) the graph reads, e.g. {missing[0]}")
 
@@ -191,7 +189,7 @@ class PortableModule(torch.nn.Module):
             env[self.sliding_input] = sliding_block_tables
         env.update(zip(self.cache_inputs, caches, strict=True))
         env[""] = None
-        env.update(dict.fromkeys(self._unproduced))
+        env.update(dict.fromkeys(self.row_blocks))  # no tensor: their products read the codes (``_times_weight``)
         for name, attr in self._buffer_names.items():
             env[name] = getattr(self, attr)
         for node in self.nodes:

@@ -208,12 +208,14 @@ def times_scaled_codes(a: Tensor, codes: Tensor, scale: Tensor) -> Tensor:
     return sums.to(a.dtype).unsqueeze(0)
 
 
-def _blocks(t: Tensor, block: int) -> tuple[Tensor, Tensor]:
-    """``t [out, in]`` (or ``[in]``) split into its whole blocks ``[out, in // block, block]`` and the rest
-    ``[out, 1, in % block]`` (empty where ``block`` divides ``in``)."""
-    whole = t.shape[-1] // block * block
-    head, tail = t[..., :whole], t[..., whole:]
-    return head.reshape(*t.shape[:-1], -1, block), tail.unsqueeze(-2)
+def _blocks(t: Tensor, block: int) -> list[tuple[Tensor, slice]]:
+    """``t [out, in]`` (or ``[in]``) in its whole blocks ``[out, in // block, block]`` and a partial last block
+    ``[out, 1, in % block]``, those of them that exist, each with the slice of the blocks' factors it takes."""
+    whole = t.shape[-1] // block
+    parts = [(t[..., : whole * block].reshape(*t.shape[:-1], whole, block), slice(0, whole))] if whole else []
+    if t.shape[-1] % block:
+        parts.append((t[..., whole * block :].unsqueeze(-2), slice(whole, None)))
+    return parts
 
 
 class BlockTensors(NamedTuple):
@@ -239,23 +241,13 @@ def times_blocked_codes(a: Tensor, block: int, t: BlockTensors) -> Tensor:
     whole blocks (and one over a partial last block) of the row times the codes dequantized by their block's factors,
     which Inductor broadcasts a block at a time. (Summing each block first and scaling the block sums after costs a
     horizontal reduction a block: 15% slower for SmolLM2's 30 layers on 2 CPU cores, measured.)"""
-    x = a.reshape(-1).float()
-    whole = t.codes.shape[-1] // block
-    y = None
-    for part, (xp, cp) in enumerate(zip(_blocks(x, block), _blocks(t.codes, block), strict=True)):
-        if cp.numel():
-            product = (xp * _values(t, cp, slice(whole, None) if part else slice(0, whole))).sum((-1, -2))
-            y = product if y is None else y + product
-    return y.to(a.dtype).unsqueeze(0)
+    pieces = zip(_blocks(a.reshape(-1).float(), block), _blocks(t.codes, block), strict=True)
+    y = sum((x * _values(t, codes, factors)).sum((-1, -2)) for (x, _), (codes, factors) in pieces)
+    return y.to(a.dtype).unsqueeze(0)  # type: ignore[union-attr]
 
 
 def dequantized_blocks(block: int, t: BlockTensors, dtype: torch.dtype) -> Tensor:
     """The weight ``[out, in]`` in ``dtype``, each block's codes dequantized by its factors (for products of several
     rows)."""
-    out_features, whole = t.codes.shape[0], t.codes.shape[1] // block
-    pieces = [
-        _values(t, c, slice(whole, None) if part else slice(0, whole)).reshape(out_features, -1)
-        for part, c in enumerate(_blocks(t.codes, block))
-        if c.numel()
-    ]
+    pieces = [_values(t, c, factors).reshape(t.codes.shape[0], -1) for c, factors in _blocks(t.codes, block)]
     return (torch.cat(pieces, -1) if len(pieces) > 1 else pieces[0]).to(dtype)
