@@ -19,11 +19,13 @@ The kernel's correctness on the GPU (the oracle checks, garbage metadata, the AO
   cost shows where it lives: ``*_ms`` CUDA events per call (``triton.testing.do_bench``, L2 flushed), ``*_graph_ms``
   inside a captured CUDA graph (as the engine's decode steps run: no host launch cost; SDPA alike, ``sdpa_graph_ms``
   and ``ratio_graph_vs_sdpa``, target >= 0.5 at batch 1 ctx 1024), ``*_host_ms`` host wall per eager call.
+  Each form's output is also checked against the op's float32 torch body on the same inputs (``*_max_err``); the
+  ``done`` line names the cases over ``MAX_ERR`` in ``wrong`` (a wrong kernel's time means nothing).
 - ``sweep`` (``--sweep``; give it ``--budget-s 600``): on four decode shapes (Llama-8B b1 ctx 8192, b16 / b64 ctx
   2048, SmolLM2 b16 ctx 2048) five tilings at the launcher's split choice, split counts and the fused form at the
   default tiling; on three prefill shapes six tilings. Each timed by events (``ms``) and inside a CUDA graph
   (``graph_ms``); a ``sweep_best`` line per shape names the fastest (by ``graph_ms``): what ``DECODE_TILING``,
-  ``PREFILL_TILING`` and ``choose_num_segments`` should become.
+  ``PREFILL_TILING`` and ``choose_num_segments`` should become. Each sweep line has its own ``max_err``.
 
 Cases stop (printed as skipped) once ``--budget-s`` seconds have passed, so the run stays under 4 minutes.
 ``--smoke`` runs tiny shapes on the CPU through Triton's interpreter (sets ``TRITON_INTERPRET=1``): a check of this
@@ -227,6 +229,29 @@ def sdpa_ms(torch: Any, hq: int, hkv: int, d: int, batch: int, new: int, ctx: in
     return {**res, "sdpa_ms": min(res.values()), "sdpa_graph_ms": None if graph is None else round(graph, 4)}
 
 
+# A timed launch whose output is further than this from the float32 reference (bf16 outputs of size ~0.1-1) is
+# reported wrong: its time says nothing. The oracle tests' own limits are tighter; this one only catches a kernel
+# that computes garbage on this GPU.
+MAX_ERR = 5e-2
+
+
+def reference_output(torch: Any, qkv: Any, k: Any, v: Any, positions: Any, tables: Any, qsl: Any, cos_sin: Any,
+                     attrs: Any) -> Any:  # fmt: skip
+    """The op's plain-torch body (float32, the engine's own fallback) on the case's inputs, computed before any
+    timed launch; on copies of the caches, so the timed launches start from the same bytes."""
+    from trtbuild.backends.torch.ops import paged_attention_torch
+
+    out = paged_attention_torch(qkv, k.clone(), v.clone(), positions, tables, qsl, cos_sin, attrs)
+    sync(torch)
+    return out.float()
+
+
+def max_err(torch: Any, out: Any, expected: Any) -> float:
+    """The largest absolute difference of the last timed launch's output from the reference."""
+    sync(torch)
+    return float(f"{(out.float() - expected).abs().max().item():.3g}")
+
+
 def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int, ctx: int) -> dict[str, Any]:
     hq, hkv, d = LAYOUTS[layout]
     qkv, k, v, positions, tables, qsl = paged_inputs(torch, hq, hkv, d, batch, new, ctx)
@@ -234,11 +259,13 @@ def speed_case(torch: Any, tk: Any, ref: Any, layout: str, batch: int, new: int,
     attrs = ref.PagedAttentionAttrs(hq, hkv, d, 1 / math.sqrt(d))
     out = torch.empty(qkv.shape[0], hq * d, device=DEVICE, dtype=qkv.dtype)
     res: dict[str, Any] = {"layout": layout, "batch": batch, "new_tokens": new, "context": ctx}
+    expected = reference_output(torch, qkv, k, v, positions, tables, qsl, cos_sin, attrs)
     for name, fused in (("kernel", False), ("kernel_fused", True)):
         call = lambda f=fused: tk.paged_attention_triton(  # noqa: E731
             qkv, k, v, positions, tables, qsl, cos_sin, attrs, fused=f, out=out
         )
         res.update(three_ways(torch, call, name))
+        res[f"{name}_max_err"] = max_err(torch, out, expected)
     res.update(sdpa_ms(torch, hq, hkv, d, batch, new, ctx))
     kv_bytes = 2 * batch * ctx * hkv * d * k.element_size()
     src = torch.empty(kv_bytes // k.element_size(), device=DEVICE, dtype=k.dtype)
@@ -273,17 +300,20 @@ def sweep_case(torch: Any, tk: Any, ref: Any, case: Case) -> dict[str, Any]:
         qkv, k, v, positions, tables, qsl, cos_sin, attrs, fused=case.fused, out=out, num_kv_splits=case.splits,
         tiling=tiling,
     )  # fmt: skip
+    expected = reference_output(torch, qkv, k, v, positions, tables, qsl, cos_sin, attrs)
     graph = graph_ms(torch, call)
     return {"layout": case.layout, "batch": case.batch, "new_tokens": case.new, "context": case.ctx,
             "tiling": list(case.tiling), "splits": case.splits, "fused": case.fused, "ms": round(bench(torch, call), 4),
-            "graph_ms": None if graph is None else round(graph, 4)}  # fmt: skip
+            "graph_ms": None if graph is None else round(graph, 4),
+            "max_err": max_err(torch, out, expected)}  # fmt: skip
 
 
 def sweep_best(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per swept shape, the fastest launch choice (by ``graph_ms``, else ``ms``): what to set the defaults to."""
+    """Per swept shape, the fastest correct launch choice (by ``graph_ms``, else ``ms``): what to set the defaults
+    to."""
     shapes: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in records:
-        if r.get("kind") == "sweep" and "ms" in r:
+        if r.get("kind") == "sweep" and "ms" in r and r["max_err"] <= MAX_ERR:  # a wrong launch is never best
             shapes.setdefault((r["layout"], r["batch"], r["new_tokens"], r["context"]), []).append(r)
     best = []
     for (layout, batch, new, ctx), rows in shapes.items():
@@ -380,7 +410,8 @@ class Supervisor:
             first = self.one_worker(first)
         for best in sweep_best(self.records):
             self.emit(best)
-        self.emit({"kind": "done", "elapsed_s": round(time.time() - self.start, 1)})
+        wrong = [r["case"] for r in self.records if any(k.endswith("max_err") and v > MAX_ERR for k, v in r.items())]
+        self.emit({"kind": "done", "elapsed_s": round(time.time() - self.start, 1), "wrong": wrong})
 
     def one_worker(self, first: int) -> int:
         """Start a worker at ``cases[first]``; returns the index of the first case it did not finish."""
