@@ -49,6 +49,47 @@ def test_gpu_check_on_the_cpu():
 
 
 @pytest.mark.slow
+def test_gpu_session_on_the_cpu(tmp_path):
+    """benchmarks/gpu_session.py, the one command of a GPU session: it installs the project into a fresh folder and
+    runs the three scripts (their CPU modes here) from there, each line passed through and written to ``$OUT``."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--device", "cpu", "--budget-s", "900"],
+        capture_output=True, text=True, timeout=1200, cwd=ROOT.parent, env={**os.environ, "OUT": str(tmp_path)},
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    session = json.loads(proc.stdout.splitlines()[-1])
+    assert session == json.loads((tmp_path / "gpu_session.json").read_text())
+    steps = {s["step"]: s for s in session["steps"]}
+    assert list(steps) == ["paged_attention", "gpu_check", "aoti_probe"]
+    for step in steps.values():
+        assert step["rc"] == 0 and step["failed"] == [] and step["wrong"] == [] and step["lines"] > 2, step
+    assert steps["gpu_check"]["skipped"] == []  # the CPU's three cases fit its share of 900 s
+    for name in ("paged_attention_gpu", "gpu_check", "aoti_probe"):
+        assert (tmp_path / f"{name}.jsonl").read_text().count("\n") > 2
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert any(line.get("case") == "speed/engine_decode_b1/torch-compile" and line["ok"] for line in lines)
+    assert {"system_gxx", "default/load"} <= set(lines[-2]["loaded_and_ran"])  # aoti_probe's summary
+
+
+@pytest.mark.slow
+def test_gpu_session_cuts_a_step_at_its_share(tmp_path):
+    """A step still running at its share of the budget is killed with the processes it started (exit status 124
+    in the summary), and the session still ends with its summary."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--device", "cpu", "--budget-s", "20",
+         "--only", "aoti_probe"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT.parent, env={**os.environ, "OUT": str(tmp_path)},
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (step,) = json.loads(proc.stdout.splitlines()[-1])["steps"]
+    assert step["step"] == "aoti_probe" and step["rc"] == 124 and step["seconds"] < 25, step
+    left = subprocess.run(["pgrep", "-f", "trtbuild-aoti-probe-"], capture_output=True, text=True, check=False)
+    assert left.stdout.strip() == "", "a probe outlived its step"
+
+
+@pytest.mark.slow
 def test_aoti_probe_cpu_mode():
     lines = run_script("aoti_probe.py", "--device", "cpu", "--jobs", "2", timeout=900)
     summary = lines[-1]
@@ -56,6 +97,23 @@ def test_aoti_probe_cpu_mode():
     assert {"default/load", "in_process", "cpu_package"} <= set(summary["loaded_and_ran"])
     environment = lines[0]
     assert environment["probe"] == "environment" and environment["torch"]
+
+
+def test_gpu_check_only_runs_the_named_cases_in_that_order():
+    """``gpu_check.py --only`` (what a short GPU session asks for): the named cases, in the order named, each once."""
+    import runpy
+
+    script = runpy.run_path(str(ROOT / "benchmarks" / "gpu_check.py"))
+    names = list(script["cases"]())
+    chosen = script["selected"](names, "speed/model,speed/quantized_decode_b1/,speed/model,speed/engine_decode_b1/")
+    assert chosen == [
+        "speed/model", "speed/quantized_decode_b1/int8_wo", "speed/quantized_decode_b1/int4_wo",
+        "speed/engine_decode_b1/torch-compile", "speed/engine_decode_b1/aot-inductor",
+    ]  # fmt: skip
+    assert script["selected"](names, None) == names
+    session = runpy.run_path(str(ROOT / "benchmarks" / "gpu_session.py"))
+    for prefix in session["GPU_CHECK_ORDER"]:  # every case a GPU session asks for exists
+        assert script["selected"](names, prefix), prefix
 
 
 def test_paged_attention_gpu_smoke_mode():
