@@ -208,6 +208,28 @@ def test_padded_decode_steps_match_transformers(torch_engines, runtime):
     assert session._decode.sizes == [2, 8] and 8 in session._decode._static  # (the warm-up may use size 2)
 
 
+def test_padded_decode_rows_a_smaller_batch_leaves_write_nothing(torch_engines):
+    """A decode step padded to a size that a larger batch used before: the rows past the batch are padding again
+    (token 0 at position 0 of the null block), not the departed sequence's, whose block may belong to another
+    sequence by then. Here Y leaves, its block 2 goes to Z, X decodes alone padded to 2, then Z decodes: its
+    logits equal an unpadded session's (Y's stale row wrote into Z's block before: 3.0 apart)."""
+    engine = torch_engines["llama_gqa", TorchRuntime.TORCH_COMPILE][2]
+    steps = [
+        StepBatch.build([[1, 2, 3], [4, 5, 6]], [0, 0], [[1], [2]]),  # X in block 1, Y in block 2
+        StepBatch.build([[7], [8]], [3, 3], [[1], [2]]),  # both decode (size 2): Y writes position 3 of block 2
+        StepBatch.build([[9, 10, 11, 12]], [0], [[2]]),  # Y has finished; Z fills block 2
+        StepBatch.build([[13]], [4], [[1, 3]]),  # X alone, padded to 2
+        StepBatch.build([[14]], [4], [[2, 4]]),  # Z decodes, reading block 2
+    ]
+    logits = {}
+    for sizes in ([2], []):
+        session = TorchSession(engine, kv_cache_memory=1 << 20, decode_batch_sizes=sizes, compile=False)
+        assert session._decode.sizes == sizes
+        logits[len(sizes)] = [session.step(batch) for batch in steps]
+    for step, (padded, plain) in enumerate(zip(logits[1], logits[0], strict=True)):
+        np.testing.assert_allclose(padded, plain, atol=1e-5, rtol=0, err_msg=f"step {step}")
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.value)
 def test_runner_on_the_torch_engine(torch_engines, tiny_engines, runtime):
     """LLM on the torch engine: the same greedy tokens as the onnxruntime engine, batched, chunked, prefix-cached."""

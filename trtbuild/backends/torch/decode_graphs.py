@@ -4,6 +4,7 @@ A pure decode step (every sequence brings one token, logits for each) of ``B`` s
 configured size ``P >= B``: the step's tensors are copied into static buffers of that size and the ``P - B``
 padding sequences each hold one token at position 0 of the null block 0 (the block manager never hands block 0
 out, and a block table reads only its sequence's own positions, so the padding's writes there are never read).
+Invariant: every step rewrites every row of the buffers, the padding's included.
 On CUDA the AOT-compiled step is captured once per size into a CUDA graph (on first use) and replayed, so a small
 batch pays one graph launch instead of one launch per kernel plus the paged-attention op's Python calls. On the
 CPU the same padded path runs without graphs (how the tests check the padding).
@@ -67,13 +68,17 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= b)
         static = self._buffers(size)
         ids, positions, tables, _, logits_idx = static[:5]
+        # Every row is written: the padding rows too, which a larger batch of this size may have left holding a
+        # finished sequence's token, position and blocks (its writes would land in blocks handed out since).
+        ids.zero_()
+        positions.zero_()
         ids[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.input_ids, dtype=np.int64)))
         positions[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.positions, dtype=np.int64)))
         pairs = [(tables, batch.block_tables)]
         if self.sliding and batch.sliding_block_tables is not None:
             pairs.append((static[5], batch.sliding_block_tables))
         for buffer, rows in pairs:
-            buffer[:b].zero_()
+            buffer.zero_()
             buffer[:b, : rows.shape[1]].copy_(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)))
         logits_idx[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.logits_indices, dtype=np.int64)))
         if self.replaying:
