@@ -302,18 +302,26 @@ def quantized_cache(cache: np.ndarray, scale: float, kv: int) -> tuple[np.ndarra
     return q, t.clone()
 
 
-IMPLS = ["op", "native", "torch-code"]
+IMPLS = ["op", "native", "torch-code", "cuda"]
 
 
 def run_op(impl: str, qkv, k_cache, v_cache, positions, tables, qsl, cos_sin, attrs: PagedAttentionAttrs, scales):
     """The op on numpy step arrays (caches: torch tensors, written in place) by one implementation: ``op`` the
     registered op (dispatched to its CPU kernel), ``native`` the native kernel (which must take the call),
-    ``torch-code`` the torch code every device can run."""
+    ``torch-code`` the torch code every device can run, ``cuda`` the CUDA implementation (the Triton kernel, here
+    in Triton's interpreter)."""
     steps = [torch.from_numpy(a) for a in (qkv, positions, tables, qsl)]
     rope = None if cos_sin is None else torch.from_numpy(cos_sin)
     k_scale, v_scale = (None if s is None else torch.tensor(s) for s in scales)
     if impl == "op":
         return torch.ops.trtbuild.paged_attention(
+            steps[0], k_cache, v_cache, *steps[1:], rope, k_scale, v_scale, attrs.num_heads, attrs.num_kv_heads,
+            attrs.head_size, attrs.scale, attrs.rotary_interleaved, attrs.kv_cache_dtype, attrs.sliding_window,
+            attrs.softcap,
+        )  # fmt: skip
+    if impl == "cuda":
+        pytest.importorskip("triton")
+        return ops.paged_attention_cuda(
             steps[0], k_cache, v_cache, *steps[1:], rope, k_scale, v_scale, attrs.num_heads, attrs.num_kv_heads,
             attrs.head_size, attrs.scale, attrs.rotary_interleaved, attrs.kv_cache_dtype, attrs.sliding_window,
             attrs.softcap,

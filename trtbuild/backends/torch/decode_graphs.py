@@ -108,7 +108,10 @@ class DecodeGraphs:
         return self._static[size]
 
     def _capture(self, size: int, static: list[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
-        """Capture the step at ``size`` (after a warm-up run on a side stream); None (graphs off) on failure."""
+        """Capture the step at ``size`` (after a warm-up run on a side stream); None (graphs off) on failure, with the
+        caller's stream current again (``torch.cuda.graph`` leaves its capture stream current when the capture
+        fails to end)."""
+        caller = torch.cuda.current_stream()
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -121,6 +124,7 @@ class DecodeGraphs:
             self._graphs[size] = (graph, out)
             return self._graphs[size]
         except Exception as e:  # the padded path without graphs still runs; say why once
+            torch.cuda.set_stream(caller)
             log.warning("CUDA graph capture of the decode step failed, running without graphs: %s", e)
             self.failed = True
             return None

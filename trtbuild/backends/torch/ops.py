@@ -210,21 +210,18 @@ def paged_attention_cuda(
     qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, k_scale, v_scale,
     num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window=None, softcap=None,
 ):  # fmt: skip
-    """The CUDA implementation: the Triton kernel for float caches (the torch code for quantized ones, which the
-    kernel does not read). Runs on CPU tensors too under ``TRITON_INTERPRET=1`` (how the tests check it)."""
+    """The CUDA implementation: the Triton kernel, float and quantized (int8 / fp8, with their scales) caches alike:
+    no host synchronisation, so a decode step with it can be captured in a CUDA graph. Runs on CPU tensors too under
+    ``TRITON_INTERPRET=1`` (how the tests check it)."""
     attrs = PagedAttentionAttrs(
         num_heads, num_kv_heads, head_size, scale, rotary_interleaved, kv_cache_dtype, sliding_window, softcap
     )
-    if kv_cache_dtype != KV_FLOAT:
-        return paged_attention_torch(
-            qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs, k_scale,
-            v_scale,
-        )  # fmt: skip
     from ...plugins.paged_attention.triton_kernel import paged_attention_triton
 
     return paged_attention_triton(
-        qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs
-    )
+        qkv, key_cache, value_cache, positions, block_tables, query_start_loc, cos_sin_cache, attrs,
+        k_scale=k_scale, v_scale=v_scale,
+    )  # fmt: skip
 
 
 def _paged_attention_fake(

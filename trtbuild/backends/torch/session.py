@@ -64,7 +64,8 @@ class TorchSession(EngineSession):
 
     ``decode_batch_sizes``: pure decode steps of up to the largest of these sizes run padded to the next one, as
     CUDA graphs on a GPU (``decode_graphs.py``); default: ``CUDA_GRAPH_BATCH_SIZES`` up to the engine's
-    ``max_batch_size`` on CUDA, none on the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
+    ``max_batch_size`` on CUDA (for a mixture-of-experts model none: its op's routing reads the device), none on
+    the CPU. ``kv_cache_memory``: the pool's bytes; None sizes it from the
     memory free after loading on a GPU (``memory.default_kv_cache_memory``), or ``DEFAULT_KV_CACHE_MEMORY``.
     ``compile``: a torch-compile engine is compiled (False: its module runs eagerly). ``num_threads``: torch's
     intra-op threads on the CPU (None: as the onnxruntime session, the CPUs this process may use, at most 8).
@@ -125,9 +126,9 @@ class TorchSession(EngineSession):
             for cache in self.caches:  # trace and guard every step (the block count stays symbolic: it is the pool's)
                 for dim in (1, 2, 3):
                     torch._dynamo.mark_static(cache, dim)
-        if decode_batch_sizes is None:
-            on_gpu = self.device.type == "cuda"
-            decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if on_gpu else []
+        if decode_batch_sizes is None:  # (the MoE op routes on the host, which a CUDA graph cannot capture)
+            graphs = self.device.type == "cuda" and model.moe is None
+            decode_batch_sizes = [s for s in CUDA_GRAPH_BATCH_SIZES if s <= build.max_batch_size] if graphs else []
         max_blocks = math.ceil(build.max_seq_len / build.kv_block_size)
         self._decode = DecodeGraphs(
             self._runner, self.caches, decode_batch_sizes, max_blocks, sliding=self.num_sliding_blocks is not None
