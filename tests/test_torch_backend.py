@@ -199,12 +199,18 @@ def test_eager_module_matches_transformers(torch_engines):
     check_prefill_and_decode(session, model, "gpt2")
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES, ids=lambda r: r.value)
-def test_padded_decode_steps_match_transformers(torch_engines, runtime):
-    """Decode steps padded to preset batch sizes (the CUDA-graph path, here without graphs) give the same logits."""
-    model, _, engine = torch_engines["qwen2_bias", runtime]
+@pytest.mark.parametrize(
+    ("name", "runtime"),
+    [("qwen2_bias", runtime) for runtime in RUNTIMES] + [("gemma3", TorchRuntime.TORCH_COMPILE)],
+    ids=lambda v: v.value if isinstance(v, TorchRuntime) else v,
+)
+def test_padded_decode_steps_match_transformers(torch_engines, name, runtime):
+    """Decode steps padded to preset batch sizes (the CUDA-graph path, here without graphs) give the same logits;
+    Gemma 3's sliding layers read block tables of their own (the padded inputs' sixth tensor)."""
+    model, _, engine = torch_engines[name, runtime]
     session = TorchSession(engine, kv_cache_memory=1 << 20, decode_batch_sizes=[2, 8])
-    check_prefill_and_decode(session, model, "qwen2_bias")
+    assert session._decode.sliding == (name == "gemma3")
+    check_prefill_and_decode(session, model, name)
     assert session._decode.sizes == [2, 8] and 8 in session._decode._static  # (the warm-up may use size 2)
 
 

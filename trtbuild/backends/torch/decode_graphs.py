@@ -1,10 +1,10 @@
 """Decode steps on padded, preallocated inputs, replayed as CUDA graphs on a GPU.
 
 A pure decode step (every sequence brings one token, logits for each) of ``B`` sequences runs at the smallest
-configured size ``P >= B``: the step's tensors are copied into static buffers of that size and the ``P - B``
-padding sequences each hold one token at position 0 of the null block 0 (the block manager never hands block 0
-out, and a block table reads only its sequence's own positions, so the padding's writes there are never read).
-Invariant: every step rewrites every row of the buffers, the padding's included.
+configured size ``P >= B``: the step's tensors are copied into static buffers of that size (``PaddedInputs``, one
+copy a step) and the ``P - B`` padding sequences each hold one token at position 0 of the null block 0 (the block
+manager never hands block 0 out, and a block table reads only its sequence's own positions, so the padding's
+writes there are never read).
 On CUDA the AOT-compiled step is captured once per size into a CUDA graph (on first use) and replayed, so a small
 batch pays one graph launch instead of one launch per kernel plus the paged-attention op's Python calls. On the
 CPU the same padded path runs without graphs (how the tests check the padding).
@@ -22,6 +22,60 @@ import torch
 from ...runtime.batch import StepBatch
 
 log = logging.getLogger(__name__)
+
+
+class PaddedInputs:
+    """One padded size's step inputs: ``input_ids [P]``, ``positions [P]``, ``block_tables [P, M]``,
+    ``query_start_loc [P + 1]``, ``logits_indices [P]`` (and the sliding layers' tables ``[P, M]``), all views of
+    one int64 tensor on the device, which a CUDA graph captured once reads at fixed addresses.
+
+    A step is written on the host into a mirror of that tensor (pinned memory on CUDA) and sent in one asynchronous
+    copy, instead of a blocking copy per tensor. Invariants: every step rewrites every row, the padding's included
+    (token 0 at position 0 of the null block: a larger batch of this size may have left a finished sequence's rows
+    there, whose writes would land in blocks handed out since); ``query_start_loc`` is ``0..P`` (one token each),
+    written once; the host mirror is not written again before its last copy has been read (``_sent``)."""
+
+    def __init__(self, size: int, max_blocks: int, sliding: bool, device: torch.device) -> None:
+        self.size, self.max_blocks = size, max_blocks
+        widths = [size, size, size * max_blocks, size + 1, size] + ([size * max_blocks] if sliding else [])
+        self.offsets = np.cumsum([0, *widths])
+        cuda = device.type == "cuda"
+        self.host = torch.zeros(int(self.offsets[-1]), dtype=torch.long, pin_memory=cuda)
+        self.on_device = self.host.to(device) if cuda else self.host
+        self._sent = torch.cuda.Event() if cuda else None
+        self.tensors = [self.on_device[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+        self.tensors[2] = self.tensors[2].view(size, max_blocks)
+        if sliding:
+            self.tensors[5] = self.tensors[5].view(size, max_blocks)
+        host = self.host.numpy()
+        host[self.offsets[3] : self.offsets[4]] = np.arange(size + 1)  # query_start_loc
+        host[self.offsets[4] : self.offsets[5]] = np.arange(size)  # logits_indices (padding rows: their own)
+        if cuda:
+            self.on_device.copy_(self.host)
+
+    def _part(self, host: np.ndarray, index: int) -> np.ndarray:
+        part = host[self.offsets[index] : self.offsets[index + 1]]
+        return part.reshape(self.size, self.max_blocks) if index in (2, 5) else part
+
+    def fill(self, batch: StepBatch) -> None:
+        """Write ``batch`` (``num_seqs <= size`` one-token sequences) into every row, then send it to the device."""
+        if self._sent is not None:
+            self._sent.synchronize()  # the last copy has read the host mirror
+        b = batch.num_seqs
+        host = self.host.numpy()
+        tables = [(2, batch.block_tables)] + ([(5, batch.sliding_block_tables)] if len(self.tensors) > 5 else [])
+        for index, rows in [(0, batch.input_ids), (1, batch.positions), (4, batch.logits_indices)]:
+            part = self._part(host, index)
+            part[:b] = rows
+            part[b:] = 0 if index < 4 else np.arange(b, self.size)
+        for index, rows in tables:
+            part = self._part(host, index)
+            part[:] = 0
+            if rows is not None:
+                part[:b, : rows.shape[1]] = rows
+        if self._sent is not None:
+            self.on_device.copy_(self.host, non_blocking=True)
+            self._sent.record()
 
 
 class DecodeGraphs:
@@ -42,7 +96,7 @@ class DecodeGraphs:
         self.max_blocks = max_blocks
         self.device = caches[0].device
         self.use_graphs = self.device.type == "cuda"
-        self._static: dict[int, list[torch.Tensor]] = {}
+        self._static: dict[int, PaddedInputs] = {}
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # size -> (CUDAGraph, its output)
         self.failed = False  # capture failed once: graphs are off, the padded path stays
 
@@ -66,45 +120,23 @@ class DecodeGraphs:
         """Logits ``[B, vocab]`` of the decode step ``batch`` (``fits(batch)`` must hold)."""
         b = batch.num_seqs
         size = next(s for s in self.sizes if s >= b)
-        static = self._buffers(size)
-        ids, positions, tables, _, logits_idx = static[:5]
-        # Every row is written: the padding rows too, which a larger batch of this size may have left holding a
-        # finished sequence's token, position and blocks (its writes would land in blocks handed out since).
-        ids.zero_()
-        positions.zero_()
-        ids[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.input_ids, dtype=np.int64)))
-        positions[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.positions, dtype=np.int64)))
-        pairs = [(tables, batch.block_tables)]
-        if self.sliding and batch.sliding_block_tables is not None:
-            pairs.append((static[5], batch.sliding_block_tables))
-        for buffer, rows in pairs:
-            buffer.zero_()
-            buffer[:b, : rows.shape[1]].copy_(torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64)))
-        logits_idx[:b].copy_(torch.from_numpy(np.ascontiguousarray(batch.logits_indices, dtype=np.int64)))
+        inputs = self._inputs(size)
+        inputs.fill(batch)
         if self.replaying:
-            graph = self._graphs.get(size) or self._capture(size, static)
+            graph = self._graphs.get(size) or self._capture(size, inputs.tensors)
             if graph is not None:
                 graph[0].replay()
                 return graph[1][:b]
         with torch.inference_mode():
-            return self._call(static)[:b]
+            return self._call(inputs.tensors)[:b]
 
     def _call(self, static: list[torch.Tensor]) -> torch.Tensor:
         """The runner on the static buffers: the five step tensors, the caches, then the sliding tables if any."""
         return self.runner(*static[:5], self.caches, *static[5:])
 
-    def _buffers(self, size: int) -> list[torch.Tensor]:
+    def _inputs(self, size: int) -> PaddedInputs:
         if size not in self._static:
-            long = dict(dtype=torch.long, device=self.device)
-            self._static[size] = [
-                torch.zeros(size, **long),  # input_ids (padding: token 0)
-                torch.zeros(size, **long),  # positions (padding: position 0)
-                torch.zeros((size, self.max_blocks), **long),  # block tables (padding: the null block)
-                torch.arange(size + 1, **long),  # query_start_loc: one token per sequence
-                torch.arange(size, **long),  # logits_indices
-            ]
-            if self.sliding:  # the sliding layers' block tables (padding: the null block)
-                self._static[size].append(torch.zeros((size, self.max_blocks), **long))
+            self._static[size] = PaddedInputs(size, self.max_blocks, self.sliding, self.device)
         return self._static[size]
 
     def _capture(self, size: int, static: list[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:

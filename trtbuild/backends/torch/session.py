@@ -14,6 +14,7 @@ host its token ids, not its logits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -170,12 +171,14 @@ class TorchSession(EngineSession):
 
     def step_logits(self, batch: StepBatch) -> torch.Tensor:
         """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``)."""
+        if self.num_sliding_blocks is not None and batch.sliding_block_tables is None:  # a caller of one table
+            batch = dataclasses.replace(batch, sliding_block_tables=step_tables(batch, self.num_sliding_blocks)[1])
         if self._decode.fits(batch):
             return self._decode.run(batch)
         arrays = [batch.input_ids, batch.positions, _wide(batch.block_tables), batch.query_start_loc]
         arrays.append(batch.logits_indices)
-        if self.num_sliding_blocks is not None:
-            arrays.append(_wide(step_tables(batch, self.num_sliding_blocks)[1]))
+        if self.num_sliding_blocks is not None and batch.sliding_block_tables is not None:  # (never None here)
+            arrays.append(_wide(batch.sliding_block_tables))
         tensors = [
             torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(self.device, non_blocking=True) for a in arrays
         ]
