@@ -169,3 +169,58 @@ def test_cpu_kv_pool_fits_the_engines_limits_within_a_share_of_memory():
     assert default_cpu_kv_cache_memory(model, build, None) == DEFAULT_KV_CACHE_MEMORY
     small = BuildConfig(max_batch_size=2, max_seq_len=64)
     assert default_cpu_kv_cache_memory(model, small, 64 << 30) == 9 * bytes_per_block(model, 16)  # 2 x 4 + null
+
+
+class FixedDraw:
+    """A generator whose every draw is ``u`` (what ``rng.random()`` returns about once in 33 million draws for u
+    within 2**-25 of 1)."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize("u", [1 - 2**-24, 1 - 2**-25, 1 - 2**-40])
+def test_a_draw_next_to_one_keeps_to_the_tokens_the_filters_kept(u):
+    """A draw that rounds to 1 in float32 (the device's cdf) takes the last token some filter kept, as the host
+    does, not the vocabulary's last token (before: a top-k row and a grammar-masked row both drew id V-1)."""
+    vocab = 4096
+    rows = torch.from_numpy(logits(2, vocab, seed=3).astype(np.float32)) * 3
+    rows[1, 1000:] = -torch.inf  # a grammar mask: only ids < 1000
+    requests = [Request(SamplingParams(temperature=0.7, top_k=40)), Request(SamplingParams(temperature=1.0))]
+    for request in requests:
+        request.generator = FixedDraw(u)
+    device = DeviceSampler().sample(rows, requests).token_ids
+    host = Sampler().sample(rows.numpy(), requests).token_ids
+    for tokens in (device, host):  # (which kept token: up to float32 rounding against the host's float64)
+        assert tokens[0] in set(torch.topk(rows[0], 40).indices.tolist()) and tokens[1] < 1000, tokens
+
+
+def test_unseeded_draws_follow_the_rows_order_whichever_sampler_takes_them():
+    """Unseeded requests draw from the sampler's one generator in row order, on the device as on the host: a
+    penalised row (sampled on the host) before a plain one (on the device) gets the host sampler's tokens."""
+    rows = logits(4, 300, seed=5)
+    params = [
+        SamplingParams(temperature=1.0, repetition_penalty=1.2),
+        SamplingParams(temperature=0.9),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.1, logprobs=1),
+    ]
+    assert [on_device(p) for p in params] == [False, True, True, False]
+    for seed in range(5):
+        device = DeviceSampler(seed).sample(torch.from_numpy(rows), [Request(p) for p in params]).token_ids
+        assert device == Sampler(seed).sample(rows, [Request(p) for p in params]).token_ids
+
+
+def test_a_tiny_temperature_is_sampled_where_it_does_not_overflow():
+    """A temperature too small to divide float32 logits by (inf - inf is NaN) is sampled on the host in float64,
+    as the host sampler does (before: the device drew the vocabulary's last token)."""
+    rows = torch.from_numpy(logits(1, 1000, seed=7).astype(np.float32)) * 5
+    top = set(torch.topk(rows[0], 2).indices.tolist())  # (the row's maximum is a tie of two tokens)
+    for temperature in (1e-5, 1e-30, 1e-37, 1e-39):
+        params = SamplingParams(temperature=temperature, seed=0)
+        assert on_device(params) == (temperature >= 1e-30)
+        device = DeviceSampler().sample(rows, [Request(params)]).token_ids
+        assert device == Sampler().sample(rows.numpy(), [Request(params)]).token_ids and device[0] in top

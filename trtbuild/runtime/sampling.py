@@ -244,11 +244,15 @@ class Sampler:
             apply_top_p(row, params.top_p)
         return row
 
-    def sample(self, logits: np.ndarray, requests: Sequence[SamplingRequest]) -> SamplerOutput:
+    def sample(
+        self, logits: np.ndarray, requests: Sequence[SamplingRequest], draws: Sequence[float | None] | None = None
+    ) -> SamplerOutput:
         """Pick a token for each row of float32 ``logits [B, V]``; row b belongs to ``requests[b]``.
 
         Greedy rows take the exact argmax (lowest id on ties). Random rows make one uniform draw from the request's
-        generator (or the sampler's own when unseeded) and invert the cumulative distribution.
+        generator (or the sampler's own when unseeded) and invert the cumulative distribution; ``draws[b]``, where
+        given, is row b's draw already made (``uniform``; a sampler that splits a batch draws for all its rows in
+        row order).
         """
         if logits.ndim != 2 or logits.shape[0] != len(requests):
             raise ValueError(f"logits {logits.shape} do not match {len(requests)} requests")
@@ -271,7 +275,9 @@ class Sampler:
                 token = int(np.argmax(row))
             else:
                 cdf = np.cumsum(np.exp(row - row.max()))
-                token = min(int(np.searchsorted(cdf, self.uniform(request) * cdf[-1], side="right")), row.shape[0] - 1)
+                u = draws[b] if draws is not None and draws[b] is not None else self.uniform(request)
+                target = min(u * cdf[-1], np.nextafter(cdf[-1], 0.0))  # below the total (u * total may round up)
+                token = min(int(np.searchsorted(cdf, target, side="right")), row.shape[0] - 1)
             token_ids[b] = token
             logprobs[b] = None if params.logprobs is None else token_logprobs(log_softmax(row), token, params.logprobs)
         return SamplerOutput(token_ids, logprobs)

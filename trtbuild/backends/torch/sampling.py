@@ -20,14 +20,20 @@ import torch
 
 from ...runtime.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRequest, TokenLogprobs
 
+# The smallest temperature sampled on the device: logits divided by a smaller one can overflow float32 (inf - inf
+# is NaN: the row would draw its last token). Such rows go to the host sampler, whose float64 keeps them exact.
+MIN_DEVICE_TEMPERATURE = 1e-30
+
 
 def on_device(params: SamplingParams) -> bool:
-    """Whether a request's rows can be sampled on the device (no penalties, no logprobs)."""
+    """Whether a request's rows can be sampled on the device (no penalties, no logprobs, a temperature of 0 or one
+    float32 can divide by)."""
     return (
         params.logprobs is None
         and params.repetition_penalty == 1.0
         and params.frequency_penalty == 0.0
         and params.presence_penalty == 0.0
+        and (params.greedy or params.temperature >= MIN_DEVICE_TEMPERATURE)
     )
 
 
@@ -45,17 +51,18 @@ class DeviceSampler:
         host_rows = [b for b, r in enumerate(requests) if not on_device(r.sampling_params)]
         token_ids = [0] * len(requests)
         logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        # Every random row's draw in row order, as the host sampler makes them: an unseeded request's token then
+        # does not depend on which of its neighbours are sampled where.
+        draws = [None if r.sampling_params.greedy else self.host.uniform(r) for r in requests]
         if device_rows:
             params = [requests[b].sampling_params for b in device_rows]
-            uniforms = [
-                0.0 if p.greedy else self.host.uniform(requests[b]) for b, p in zip(device_rows, params, strict=True)
-            ]
+            uniforms = [draws[b] or 0.0 for b in device_rows]
             rows = logits if len(device_rows) == len(requests) else logits[device_rows]
             for b, t in zip(device_rows, sample_rows(rows, params, uniforms).tolist(), strict=True):
                 token_ids[b] = int(t)
         if host_rows:
             host = logits[host_rows].float().cpu().numpy()
-            out = self.host.sample(host, [requests[b] for b in host_rows])
+            out = self.host.sample(host, [requests[b] for b in host_rows], [draws[b] for b in host_rows])
             for b, t, lp in zip(host_rows, out.token_ids, out.logprobs, strict=True):
                 token_ids[b], logprobs[b] = t, lp
         return SamplerOutput(token_ids, logprobs)
@@ -87,7 +94,11 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms
         x = _top_k_top_p(x, top_k, top_p)
     weights = torch.exp(x - x.max(dim=-1, keepdim=True).values)
     cdf = torch.cumsum(weights, dim=-1)
-    target = torch.tensor(uniforms, device=device, dtype=cdf.dtype)[:, None] * cdf[:, -1:]
+    total = cdf[:, -1:]
+    target = torch.tensor(uniforms, device=device, dtype=cdf.dtype)[:, None] * total
+    # below the total: a draw within 2**-25 of 1 rounds to it in float32, and the search would then run past the
+    # last token some filter kept (to the vocabulary's last token, whatever its weight)
+    target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     drawn = torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=vocab - 1)
     return torch.where(greedy, tokens, drawn)
 
