@@ -214,6 +214,30 @@ def test_padded_decode_steps_match_transformers(torch_engines, name, runtime):
     assert session._decode.sizes == [2, 8] and 8 in session._decode._static  # (the warm-up may use size 2)
 
 
+@pytest.mark.parametrize("sliding", [False, True])
+def test_padded_inputs_are_aligned_views_rewritten_whole(sliding):
+    """A padded size's inputs are views of one tensor, each 16 bytes in (an AOTInductor package copies a misaligned
+    input before every call); a step writes all of every view: its rows, then padding (token 0, position 0, the
+    null block, each padding row's own logits index)."""
+    from trtbuild.backends.torch.decode_graphs import PaddedInputs
+
+    for size in (1, 2, 3, 4):
+        inputs = PaddedInputs(size, 3, sliding, torch.device("cpu"))
+        base = inputs.on_device.data_ptr()
+        assert len(inputs.tensors) == 5 + sliding
+        assert all((t.data_ptr() - base) % 16 == 0 and t.is_contiguous() for t in inputs.tensors)
+        assert [tuple(t.shape) for t in inputs.tensors[:5]] == [(size,), (size,), (size, 3), (size + 1,), (size,)]
+        inputs.tensors[0].fill_(7), inputs.tensors[1].fill_(7), inputs.tensors[2].fill_(7)  # a larger batch's rows
+        tables = [[1, 2]]
+        inputs.fill(StepBatch.build([[5]], [9], tables, sliding_block_tables=tables if sliding else None))
+        ids, positions, table, qsl, logits_idx = (t.tolist() for t in inputs.tensors[:5])
+        assert ids == [5] + [0] * (size - 1) and positions == [9] + [0] * (size - 1)
+        assert table == [[1, 2, 0]] + [[0, 0, 0]] * (size - 1)
+        assert qsl == list(range(size + 1)) and logits_idx == list(range(size))
+        if sliding:
+            assert inputs.tensors[5].tolist() == table
+
+
 def test_padded_decode_rows_a_smaller_batch_leaves_write_nothing(torch_engines):
     """A decode step padded to a size that a larger batch used before: the rows past the batch are padding again
     (token 0 at position 0 of the null block), not the departed sequence's, whose block may belong to another

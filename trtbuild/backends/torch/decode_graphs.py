@@ -38,23 +38,26 @@ class PaddedInputs:
     def __init__(self, size: int, max_blocks: int, sliding: bool, device: torch.device) -> None:
         self.size, self.max_blocks = size, max_blocks
         widths = [size, size, size * max_blocks, size + 1, size] + ([size * max_blocks] if sliding else [])
-        self.offsets = np.cumsum([0, *widths])
+        # each part starts 16 bytes in (an even number of int64s): Inductor assumes the alignment its inputs had
+        # when compiled, and an AOTInductor package copies a misaligned input before every call
+        self.starts = np.cumsum([0, *(w + w % 2 for w in widths)])
+        self.ends = self.starts[:-1] + widths
         cuda = device.type == "cuda"
-        self.host = torch.zeros(int(self.offsets[-1]), dtype=torch.long, pin_memory=cuda)
+        self.host = torch.zeros(int(self.starts[-1]), dtype=torch.long, pin_memory=cuda)
         self.on_device = self.host.to(device) if cuda else self.host
         self._sent = torch.cuda.Event() if cuda else None
-        self.tensors = [self.on_device[a:b] for a, b in zip(self.offsets[:-1], self.offsets[1:], strict=True)]
+        self.tensors = [self.on_device[a:b] for a, b in zip(self.starts[:-1], self.ends, strict=True)]
         self.tensors[2] = self.tensors[2].view(size, max_blocks)
         if sliding:
             self.tensors[5] = self.tensors[5].view(size, max_blocks)
         host = self.host.numpy()
-        host[self.offsets[3] : self.offsets[4]] = np.arange(size + 1)  # query_start_loc
-        host[self.offsets[4] : self.offsets[5]] = np.arange(size)  # logits_indices (padding rows: their own)
+        host[self.starts[3] : self.ends[3]] = np.arange(size + 1)  # query_start_loc
+        host[self.starts[4] : self.ends[4]] = np.arange(size)  # logits_indices (padding rows: their own)
         if cuda:
             self.on_device.copy_(self.host)
 
     def _part(self, host: np.ndarray, index: int) -> np.ndarray:
-        part = host[self.offsets[index] : self.offsets[index + 1]]
+        part = host[self.starts[index] : self.ends[index]]
         return part.reshape(self.size, self.max_blocks) if index in (2, 5) else part
 
     def fill(self, batch: StepBatch) -> None:
