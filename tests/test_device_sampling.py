@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trtbuild.backends.torch.sampling import DeviceSampler, on_device
+from trtbuild.errors import EngineError
 from trtbuild.runtime.sampling import Sampler, SamplingParams
 
 
@@ -134,7 +135,8 @@ def test_gpu_kv_pool_is_the_free_memory_less_one_step():
     assert 1 << 30 < reserve < 4 << 30  # 8k tokens of 1B activations and 256 sampled rows: a few GiB, not tens
     free = 130 << 30  # an H200 after loading 2.5 GB of weights
     assert default_kv_cache_memory(free, model, build, 2) == int(KV_FREE_FRACTION * free) - reserve
-    with pytest.raises(ValueError, match="no room for a KV cache"):
+    # an EngineError, not a ValueError: LLM words those as too small a kv_cache_memory, which the user never gave
+    with pytest.raises(EngineError, match="no room for a KV cache"):
         default_kv_cache_memory(reserve, model, build, 2)
 
 

@@ -561,21 +561,33 @@ def test_isolated_run_reports_a_segfault_and_goes_on():
     assert not slow.ok and slow.rc == 124 and slow.summary().startswith("timed out")
 
 
-def test_aoti_package_that_does_not_run_falls_back_to_torch_compile(tiny_engines, tmp_path, monkeypatch):
-    """Where the package's child-process check fails (here: the child really segfaults), the build writes the
+@pytest.mark.parametrize("failure", ["load", "compile"])
+def test_aoti_package_that_does_not_run_falls_back_to_torch_compile(tiny_engines, tmp_path, monkeypatch, failure):
+    """Where the package's child-process check fails (here: the child really segfaults), or Inductor cannot compile
+    the package on this machine (here: its compile raises as a C++ compiler error would), the build writes the
     torch-compile engine instead and says so in one warning line; the engine it leaves runs."""
     from trtbuild.backends.torch.build import isolate, writer
 
     def crashing_check(*args, **kwargs):
         return isolate.run_isolated("import ctypes\nctypes.string_at(0)", timeout=60)
 
-    monkeypatch.setattr(writer, "aoti_load_check", crashing_check)
+    def failing_compile(*args, **kwargs):
+        raise RuntimeError("C++ compile error\nsecond line")
+
+    if failure == "load":
+        monkeypatch.setattr(writer, "aoti_load_check", crashing_check)
+    else:
+        monkeypatch.setattr(torch._inductor, "aot_compile", failing_compile)
     model, ckpt, _ = tiny_engines["gpt2"]
     out = tmp_path / "engine"
     cfg = TorchConfig(TorchDevice.CPU, torch_runtime=TorchRuntime.AOT_INDUCTOR)
     result = build_engine(ckpt, out, TINY_BUILD, torch=cfg)
     (warning,) = result.warnings
-    assert warning.startswith("the AOTInductor package does not run on this machine (segmentation fault")
+    expected = {
+        "load": "the AOTInductor package: it does not run on this machine (segmentation fault",
+        "compile": "the AOTInductor package: it does not build on this machine (RuntimeError: C++ compile error):",
+    }
+    assert warning.startswith(expected[failure]), warning
     assert warning.endswith("the engine uses the torch-compile runtime instead (docs/gpu.md)")
     (entry,) = json.loads((out / "manifest.json").read_text())["engines"]
     assert entry["torch_runtime"] == "torch-compile" and not list(out.rglob("*.pt2"))

@@ -94,7 +94,9 @@ class LLM(EngineLoop):
                 verify=verify,
                 profile_kernels=profile_kernels,
             )
-        except ValueError as e:  # too few blocks for the memory given
+        except ValueError as e:  # too few blocks for the memory given (a size the caller did not give is not)
+            if kv_cache_memory is None:
+                raise
             raise ConfigError(f"kv_cache_memory ({kv_cache_memory} bytes) is too small: {e}") from None
         self.profile_kernels = profile_kernels
         tokenizer = Tokenizer.from_engine_dir(engine_dir)

@@ -9,6 +9,7 @@ pool, so a large default would take its pages at once).
 from __future__ import annotations
 
 from ...config import BuildConfig, ModelConfig
+from ...errors import EngineError
 
 KV_FREE_FRACTION = 0.9  # of the device memory free after loading; the rest is headroom for other allocations
 CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' private pools (one per padded batch size), bounded
@@ -29,12 +30,13 @@ def step_reserve(model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
 def default_kv_cache_memory(free_bytes: int, model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
     """The KV pool's size on a GPU with ``free_bytes`` free after loading: ``KV_FREE_FRACTION`` of it less a step.
 
-    ``ValueError`` (one line, with the figures) when nothing is left for the pool.
+    ``EngineError`` (one line, with the figures) when nothing is left for the pool: the machine's state, not a value
+    the caller gave (``LLM`` words a ``ValueError`` from opening a session as its ``kv_cache_memory`` too small).
     """
     reserve = step_reserve(model, build, elem_size)
     budget = int(KV_FREE_FRACTION * free_bytes) - reserve
     if budget <= 0:
-        raise ValueError(
+        raise EngineError(
             f"the GPU has {free_bytes / 2**30:.2f} GiB free after loading the engine and one step may need "
             f"{reserve / 2**30:.2f} GiB: no room for a KV cache (lower "
             "max_num_tokens / max_batch_size at build time, or free the GPU)"

@@ -57,7 +57,9 @@ def run_isolated(
     what the child does: a crash, a non-zero exit or the ``timeout`` are the returned ``IsolatedRun``.
     """
     child_env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **(env or {})}
-    cmd = [sys.executable, "-X", "faulthandler", "-c", code, *args]
+    # -P: not the current folder first on sys.path (a source tree there has no trtbuild.plugins: the installed
+    # package maps plugins/ into it), so the child imports what this process imports
+    cmd = [sys.executable, "-X", "faulthandler", "-P", "-c", code, *args]
     start = time.perf_counter()
     try:
         proc = subprocess.run(

@@ -7,16 +7,18 @@
   target ``cuda-sm90``, ``cpu-avx512``, see ``target.py``). Building for CUDA needs a GPU of the architecture it
   builds for. The package is then loaded and run once in a child process
   (``isolate.py``, a few seconds): a package that crashes or fails there (every CUDA package segfaulted at load on
-  the H200 image of docs/gpu.md) is replaced by the torch-compile form, with one warning line, instead of handed
-  to users.
+  the H200 image of docs/gpu.md), or one Inductor cannot compile on the machine, is replaced by the torch-compile
+  form, with one warning line, instead of handed to users.
 
 The manifest entry records the runtime, the target and the torch / Triton versions.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import json
+import logging
 import math
 import os
 import shutil
@@ -40,6 +42,8 @@ from ..ops import cache_dtype
 from ..row_products import RowProducts, default_row_products
 from ..target import compile_target, local_target
 from .isolate import IsolatedRun, run_isolated
+
+log = logging.getLogger(__name__)
 
 MAX_NUM_BLOCKS = 1 << 24
 
@@ -120,15 +124,21 @@ def write_torch_engine(
     """Write ``portable`` under ``out_dir/engines/`` in the form ``cfg.torch_runtime`` runs (module docstring)."""
     if cfg.torch_runtime is TorchRuntime.TORCH_COMPILE:
         return WrittenEngine(write_compile_engine(portable, cfg, out_dir))
-    entry = write_aoti_package(portable, model, build, io, cfg, out_dir)
-    check = aoti_load_check(out_dir / entry.path, model, build.kv_block_size, cfg)
-    if check.ok:
-        return WrittenEngine(entry)
-    shutil.rmtree(out_dir / "engines")
-    warning = (
-        f"the AOTInductor package does not run on this machine ({check.summary()}): the engine uses the "
-        "torch-compile runtime instead (docs/gpu.md)"
-    )
+    try:
+        entry = write_aoti_package(portable, model, build, io, cfg, out_dir)
+    except Exception as e:  # Inductor's C++ / CUDA compile failing on this machine (e.g. no CUDA toolkit headers)
+        log.debug("AOTInductor build failed", exc_info=True)
+        why = f"it does not build on this machine ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]})"
+    else:
+        gc.collect()  # the export's device copies of the weights: the check's child loads its own
+        if cfg.device is TorchDevice.CUDA:
+            torch.cuda.empty_cache()
+        check = aoti_load_check(out_dir / entry.path, model, build.kv_block_size, cfg)
+        if check.ok:
+            return WrittenEngine(entry)
+        why = f"it does not run on this machine ({check.summary()})"
+    shutil.rmtree(out_dir / "engines", ignore_errors=True)
+    warning = f"the AOTInductor package: {why}: the engine uses the torch-compile runtime instead (docs/gpu.md)"
     return WrittenEngine(write_compile_engine(portable, cfg, out_dir), (warning,))
 
 
