@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,31 +50,40 @@ CPU_GPU_CHECK_ORDER = ["environment", "speed/model", "speed/engine_decode_b1/tor
 AOTI_PROBES = "default/compile,system_gxx,preload_compiler_libstdcxx"
 
 
+# Each step's script arguments for a device and the seconds it has: each script starts no case after its budget;
+# one still running at the limit is killed with the step.
+def paged_attention_args(device: str, limit_s: float) -> list[str]:
+    """A case takes ~5-30 s on the H200 (a new launch configuration compiles)."""
+    return ["--smoke"] if device == "cpu" else ["--budget-s", f"{max(limit_s - 30, 10):.0f}", "--case-timeout", "90"]
+
+
+def gpu_check_args(device: str, limit_s: float) -> list[str]:
+    """A case (a child compiling an engine) takes ~35-60 s on the H200."""
+    only = ",".join(CPU_GPU_CHECK_ORDER if device == "cpu" else GPU_CHECK_ORDER)
+    return ["--device", device, "--only", only, "--budget", f"{max(limit_s - 60, 5):.0f}",
+            "--case-timeout", f"{min(150.0, max(limit_s - 10, 30)):.0f}"]  # fmt: skip
+
+
+def aoti_probe_args(device: str, limit_s: float) -> list[str]:
+    """Three probes compiling at once (~1 minute on the H200's 16 cores)."""
+    return ["--device", device, "--only", AOTI_PROBES, "--jobs", "3"]
+
+
 @dataclass(frozen=True)
 class Step:
-    """One script of the session: its share of the budget and its command line for a given time limit."""
+    """One script of the session: its share of the budget and its arguments (``args(device, limit_s)``: so that it
+    starts no work it cannot finish in ``limit_s`` seconds)."""
 
     name: str
     script: str
     share: float
-
-    def args(self, device: str, limit_s: float) -> list[str]:
-        """The script's arguments so that it starts no work it cannot finish in ``limit_s`` seconds."""
-        cpu = device == "cpu"
-        # Each script starts no case after its budget; one still running at ``limit_s`` is killed with the step.
-        if self.name == "paged_attention":  # a case takes ~5-30 s on the H200 (a new launch configuration compiles)
-            return ["--smoke"] if cpu else ["--budget-s", f"{max(limit_s - 30, 10):.0f}", "--case-timeout", "90"]
-        if self.name == "gpu_check":  # a case (a child compiling an engine) takes ~35-60 s on the H200
-            only = ",".join(CPU_GPU_CHECK_ORDER if cpu else GPU_CHECK_ORDER)
-            return ["--device", device, "--only", only, "--budget", f"{max(limit_s - 60, 5):.0f}",
-                    "--case-timeout", f"{min(150.0, max(limit_s - 10, 30)):.0f}"]  # fmt: skip
-        return ["--device", device, "--only", AOTI_PROBES, "--jobs", "3"]
+    args: Callable[[str, float], list[str]]
 
 
 STEPS = [
-    Step("paged_attention", "paged_attention_gpu.py", 0.35),
-    Step("gpu_check", "gpu_check.py", 0.45),
-    Step("aoti_probe", "aoti_probe.py", 0.2),
+    Step("paged_attention", "paged_attention_gpu.py", 0.35, paged_attention_args),
+    Step("gpu_check", "gpu_check.py", 0.45, gpu_check_args),
+    Step("aoti_probe", "aoti_probe.py", 0.2, aoti_probe_args),
 ]
 
 
