@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -10,12 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from tiny_models import make_hf_model
 
 from trtbuild.artifacts.engine_select import local_compute_capability
 from trtbuild.artifacts.inspect import inspect_path, render_text
 from trtbuild.artifacts.manifest import cpu_target, manifest_digest, package_versions
+from trtbuild.artifacts.torch_select import TorchFacts
 from trtbuild.artifacts.verify import LocalVersions, verify_artifacts, verify_engine_dir
 from trtbuild.errors import TrtbuildError
 from trtbuild.pipeline.plan import make_plan
@@ -153,6 +156,55 @@ def test_tensorrt_engines_are_checked_against_this_machine(artifacts, tmp_path):
     resign(engine, manifest)
     problems = verify_engine_dir(engine).problems
     assert problems == ["tensorrt sm90, TensorRT 10.9.0, plugin 1: needs an NVIDIA GPU, this machine has none"]
+
+
+def torch_entry(target: str, runtime: str, torch_version: str = "1.0.0") -> dict:
+    return {
+        "backend": "torch",
+        "target": target,
+        "path": f"engines/torch-{target}/model.pt2",
+        "torch_version": torch_version,
+        "torch_runtime": runtime,
+    }
+
+
+def test_torch_engines_are_checked_against_this_machine(artifacts, tmp_path):
+    """As opening the engine does: an AOTInductor package needs its target and torch major.minor, a torch-compile
+    engine its device type; each refused engine is one line with every reason, and one engine that runs suffices."""
+    engine = copy(artifacts / ENGINE, tmp_path / "engine")
+    manifest = json.loads((engine / "manifest.json").read_text())
+    here = LocalVersions.detect()
+    facts = here.torch_facts()
+    assert facts.torch_version == torch.__version__ and facts.cpu_target.startswith("cpu-")
+
+    def problems(*entries: dict, local: LocalVersions = here) -> list[str]:
+        resign(engine, {**manifest, "engines": list(entries)})
+        return verify_engine_dir(engine, local).problems
+
+    package = torch_entry("cpu-sse9", "aot-inductor")
+    assert problems(package) == [
+        f"torch cpu-sse9 (aot-inductor), torch 1.0.0: built for cpu-sse9, this machine is {facts.cpu_target}; "
+        f"built with torch 1.0.0, installed is {torch.__version__}"
+    ]
+    assert problems(package, torch_entry("compile-cpu", "torch-compile")) == []
+    assert problems(torch_entry(facts.cpu_target, "aot-inductor", torch.__version__.split("+")[0])) == []
+    without_torch = dataclasses.replace(here, torch=TorchFacts(None, None, None))
+    assert problems(torch_entry("compile-cpu", "torch-compile"), local=without_torch) == [
+        "torch compile-cpu (torch-compile), torch 1.0.0: torch is not installed on this machine"
+    ]
+    without_gpu = dataclasses.replace(here, torch=dataclasses.replace(facts, cuda_target=None))
+    assert problems(torch_entry("compile-cuda", "torch-compile"), local=without_gpu) == [
+        "torch compile-cuda (torch-compile), torch 1.0.0: this machine has no NVIDIA GPU"
+    ]
+    with_gpu = dataclasses.replace(here, torch=dataclasses.replace(facts, cuda_target="cuda-sm90"))
+    assert problems(torch_entry("cuda-sm80", "aot-inductor", torch.__version__), local=with_gpu) == [
+        f"torch cuda-sm80 (aot-inductor), torch {torch.__version__}: built for cuda-sm80, this machine is cuda-sm90"
+    ]
+
+    resign(engine, {**manifest, "engines": [package]})  # and through the CLI, with this machine's facts
+    proc = subprocess.run([*TRTBUILD, "verify", str(engine)], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[0].startswith("problem: torch cpu-sse9 (aot-inductor), torch 1.0.0: built for")
 
 
 def test_inspect_checkpoint_and_engine(artifacts):

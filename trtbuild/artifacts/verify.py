@@ -6,7 +6,9 @@ Checks, each failure one line:
 - every file the manifest lists exists with its recorded size and sha256, and no other file is there;
 - ``runtime_config.json`` loads (engine format version);
 - onnxruntime engines: the installed onnxruntime has the builder's major.minor, and the engine's CPU target is
-  this machine's; TensorRT engines: the GPU arch, TensorRT and plugin versions fit (``engine_select``);
+  this machine's; TensorRT engines: the GPU arch, TensorRT and plugin versions fit (``engine_select``); torch
+  engines: one of them runs here, its device and target, and for an AOTInductor package the torch major.minor,
+  as opening it requires (``torch_select``);
 - when the directory sits in a pipeline's ARTIFACTS_DIR, its files (``manifest.json`` included) match the
   sha256s in ``index.json`` too.
 
@@ -19,10 +21,13 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .manifest import MANIFEST, MANIFEST_VERSION, cpu_target, manifest_digest, package_versions, sha256_file
+
+if TYPE_CHECKING:
+    from .torch_select import TorchFacts
 
 INDEX = "index.json"  # written by ``trtbuild pipeline`` (trtbuild.pipeline.index)
 _INDEX_SEARCH_DEPTH = 6  # <model>/<format>/<backend>/<target> sits four levels below ARTIFACTS_DIR
@@ -49,10 +54,16 @@ class LocalVersions:
 
     packages: Mapping[str, str]
     cpu_target: str
+    torch: TorchFacts | None = None  # None: detected when an engine needs it (it imports torch)
 
     @classmethod
     def detect(cls) -> LocalVersions:
         return cls(package_versions(), cpu_target())
+
+    def torch_facts(self) -> TorchFacts:
+        from .torch_select import TorchFacts
+
+        return self.torch or TorchFacts.detect()
 
 
 def check_file(path: Path, meta: Any, report: Report, *, hashes: bool = True) -> None:
@@ -255,6 +266,14 @@ def _check_versions_and_target(manifest: dict[str, Any], local: LocalVersions, r
         elif not any(not mismatches(e, facts) for e in trt):
             for e in trt:
                 report.problems.append(f"{e.describe()}: " + "; ".join(mismatches(e, facts)))
+    torch_engines = [e for e in entries if e.backend == "torch"]
+    if torch_engines:
+        from .torch_select import torch_mismatches
+
+        facts = local.torch_facts()
+        why = {e: torch_mismatches(e, facts) for e in torch_engines}
+        if all(why.values()):
+            report.problems += [f"{e.describe()}: " + "; ".join(reasons) for e, reasons in why.items()]
     for name, want in sorted(built.items()):
         have = local.packages.get(name)
         if name != "onnxruntime" and have != want:

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ...artifacts.manifest import read_manifest
+from ...artifacts.torch_select import TorchFacts, entry_device, entry_runtime, select_torch_engine
 from ...checkpoint.dtypes import torch_dtype
 from ...config import RuntimeConfig, TorchConfig, TorchRuntime
 from ...configio import from_dict
@@ -46,7 +47,6 @@ from .memory import default_kv_cache_memory
 from .row_products import RowProducts, default_row_products
 from .runners import load_aoti, load_compiled
 from .sampling import DeviceSampler
-from .target import entry_device, entry_runtime, select_torch_engine
 
 CUDA_GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 log = logging.getLogger(__name__)
@@ -93,7 +93,7 @@ class TorchSession(EngineSession):
             torch_cfg = from_dict(TorchConfig, manifest["build_options"]["torch"], "manifest torch options")
         except Exception as e:
             raise EngineError(f"{engine_dir}: not a loadable torch engine directory ({e})") from None
-        self.entry = select_torch_engine(manifest, str(engine_dir))
+        self.entry = select_torch_engine(manifest, str(engine_dir), TorchFacts.detect())
         self.runtime = entry_runtime(self.entry)
         self.device = torch.device(entry_device(self.entry).value)
         if self.device.type == "cpu":
