@@ -138,6 +138,20 @@ def test_gpu_kv_pool_is_the_free_memory_less_one_step():
     # an EngineError, not a ValueError: LLM words those as too small a kv_cache_memory, which the user never gave
     with pytest.raises(EngineError, match="no room for a KV cache"):
         default_kv_cache_memory(reserve, model, build, 2)
+    # a prompt-logprobs step returns a row for every token: 8192 bf16 rows of 128k logits, whatever few it samples
+    few_rows = BuildConfig(max_num_tokens=8192, max_batch_size=1)
+    grown = step_reserve(model, few_rows, 2) - step_reserve(model, BuildConfig(max_num_tokens=1, max_batch_size=1), 2)
+    assert grown > 8191 * 128256 * 2 + 8191 * 2 * (3 * 8192 + 6 * 2048)
+
+
+def test_prompt_rows_reach_the_host_in_float32_a_slice_at_a_time():
+    """``to_host`` widens at most ``HOST_COPY_ROWS`` rows at once on the device, and gives exactly the whole copy."""
+    from trtbuild.runtime.prompt_logprobs import HOST_COPY_ROWS, to_host
+
+    logits = torch.randn(2 * HOST_COPY_ROWS + 17, 33).to(torch.bfloat16)
+    got = to_host(logits)
+    assert got.dtype == np.float32 and np.array_equal(got, logits.float().numpy())
+    assert to_host(logits[:0]).shape == (0, 33)
 
 
 def test_cpu_kv_pool_fits_the_engines_limits_within_a_share_of_memory():

@@ -54,7 +54,17 @@ def record(scores: list[TokenLogprobs | None], seq: Sequence, rows: range, logit
         scores[p] = token_logprobs(lp[i], prompt[p], k)
 
 
+# Rows a device tensor is widened to float32 at a time on its way to the host: that copy is bounded whatever the
+# step's row count (a GPU engine reserves room for it: ``backends.torch.memory.step_reserve``).
+HOST_COPY_ROWS = 256
+
+
 def to_host(logits: Any) -> np.ndarray:
     """Rows of a session's ``step_logits`` as float32 numpy: a device tensor (the torch and TensorRT sessions',
-    duck-typed: the runner imports no torch) is copied to the host."""
-    return logits if isinstance(logits, np.ndarray) else logits.float().cpu().numpy()
+    duck-typed: the runner imports no torch) is copied to the host ``HOST_COPY_ROWS`` rows at a time."""
+    if isinstance(logits, np.ndarray):
+        return logits
+    out = np.empty(tuple(logits.shape), dtype=np.float32)
+    for start in range(0, out.shape[0], HOST_COPY_ROWS):
+        out[start : start + HOST_COPY_ROWS] = logits[start : start + HOST_COPY_ROWS].float().cpu().numpy()
+    return out

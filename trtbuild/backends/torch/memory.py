@@ -10,21 +10,25 @@ from __future__ import annotations
 
 from ...config import BuildConfig, ModelConfig
 from ...errors import EngineError
+from ...runtime.prompt_logprobs import HOST_COPY_ROWS
 
 KV_FREE_FRACTION = 0.9  # of the device memory free after loading; the rest is headroom for other allocations
 CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' private pools (one per padded batch size), bounded
 
 
 def step_reserve(model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
-    """Bytes one step of ``max_num_tokens`` tokens and ``max_batch_size`` logits rows can hold at once.
+    """Bytes one step of ``max_num_tokens`` tokens can hold at once.
 
     Activations: a token's widest live tensors are the MLP's (gate|up then the product: 3 x intermediate) next to
     the residual stream and the attention's q|k|v and output (~6 x hidden), doubled for the allocator's slack.
-    Logits: float32 rows plus the device sampler's sort (values and int64 indices) and cumulative sum (~6 copies).
+    Logits, the larger of: ``max_batch_size`` sampled rows in float32 plus the device sampler's sort (values and
+    int64 indices) and cumulative sum (~6 copies); or a prompt-logprobs step's row for every token (in the compute
+    dtype) plus the float32 copy of ``HOST_COPY_ROWS`` of them on their way to the host.
     """
     per_token = (3 * model.intermediate_size + 6 * model.hidden_size) * elem_size * 2
-    logits = build.max_batch_size * model.vocab_size * 4 * 6
-    return build.max_num_tokens * per_token + logits + CUDA_GRAPH_POOLS
+    sampled = build.max_batch_size * model.vocab_size * 4 * 6
+    prompt = (build.max_num_tokens * elem_size + HOST_COPY_ROWS * 4) * model.vocab_size
+    return build.max_num_tokens * per_token + max(sampled, prompt) + CUDA_GRAPH_POOLS
 
 
 def default_kv_cache_memory(free_bytes: int, model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
