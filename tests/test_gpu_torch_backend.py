@@ -87,7 +87,8 @@ def hf_logits(model: Any, ids: list[int], device: str) -> Any:
 
 def paged_run(session: Any, vocab: int, reference: Callable[[list[int]], Any], seed: int = 1) -> float:
     """Max abs logits error vs ``reference(ids) -> [len, vocab]`` over a ragged prefill (sequence 2 chunked), then
-    the rest of its prompt beside decodes, then 8 decode steps for all."""
+    the rest of its prompt beside decodes, then 8 decode steps for all, then decode steps of changing subsets (3 of
+    4, 1, 2, 4 again: padded sizes 4, 1, 2, 4, a batch smaller than its size, each size's CUDA graph in turn)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -110,9 +111,10 @@ def paged_run(session: Any, vocab: int, reference: Callable[[list[int]], Any], s
         worst = max(worst, float(np.abs(logits[offset : offset + len(toks)] - reference(toks)).max()))
         offset += len(toks)
     done = {0: len(seqs[0]), 1: 1, 2: 11, 3: len(seqs[3])}
-    for step in range(9):
+    subsets = [range(4)] * 9 + [[0, 2, 3], [1], [3, 0], range(4)]
+    for step, subset in enumerate(subsets):
         new = {}
-        for s in range(4):
+        for s in subset:
             if step == 0 and s == 2:
                 new[s] = seqs[2][11:]
             else:

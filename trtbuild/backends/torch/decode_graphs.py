@@ -5,9 +5,10 @@ configured size ``P >= B``: the step's tensors are copied into static buffers of
 copy a step) and the ``P - B`` padding sequences each hold one token at position 0 of the null block 0 (the block
 manager never hands block 0 out, and a block table reads only its sequence's own positions, so the padding's
 writes there are never read).
-On CUDA the AOT-compiled step is captured once per size into a CUDA graph (on first use) and replayed, so a small
-batch pays one graph launch instead of one launch per kernel plus the paged-attention op's Python calls. On the
-CPU the same padded path runs without graphs (how the tests check the padding).
+On CUDA the compiled step is captured once per size into a CUDA graph (on first use; all sizes share one memory
+pool) and replayed, so a small batch pays one graph launch instead of one launch per kernel plus the
+paged-attention op's Python calls. On the CPU the same padded path runs without graphs (how the tests check the
+padding).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class DecodeGraphs:
         self.use_graphs = self.device.type == "cuda"
         self._static: dict[int, PaddedInputs] = {}
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # size -> (CUDAGraph, its output)
+        # One memory pool for every size's graph (vLLM's): a capture reuses what earlier captures freed (their
+        # intermediates), never an output, which ``_graphs`` keeps alive (a size's output is overwritten by its own
+        # next replay only). Safe because replays never overlap: one stream, one step at a time.
+        self._pool: Any = None
         self.failed = False  # capture failed once: graphs are off, the padded path stays
 
     @property
@@ -154,8 +159,9 @@ class DecodeGraphs:
                 self._call(static)  # warm-up: lazy initialisation outside the capture
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.inference_mode(), torch.cuda.graph(graph):
+            with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
                 out = self._call(static)
+            self._pool = self._pool or graph.pool()
             self._graphs[size] = (graph, out)
             return self._graphs[size]
         except Exception as e:  # the padded path without graphs still runs; say why once

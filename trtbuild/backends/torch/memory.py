@@ -13,7 +13,7 @@ from ...errors import EngineError
 from ...runtime.prompt_logprobs import HOST_COPY_ROWS
 
 KV_FREE_FRACTION = 0.9  # of the device memory free after loading; the rest is headroom for other allocations
-CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' private pools (one per padded batch size), bounded
+CUDA_GRAPH_POOLS = 512 * 2**20  # the captured decode steps' memory pool (one for every padded batch size), bounded
 
 
 def step_reserve(model: ModelConfig, build: BuildConfig, elem_size: int) -> int:
