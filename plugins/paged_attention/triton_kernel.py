@@ -82,7 +82,10 @@ def _kernels() -> ModuleType:
     try:
         from . import _triton_kernels
     except ImportError as e:
-        raise ImportError(f"the Triton paged-attention kernel needs triton: pip install 'triton==3.9.0' ({e})") from e
+        raise ImportError(
+            "the Triton paged-attention kernel needs triton: the version your torch depends on (a CUDA torch wheel "
+            f"brings it; tested with 3.6 and 3.9), or `pip install 'trtbuild[kernels]'` ({e})"
+        ) from e
     return _triton_kernels
 
 

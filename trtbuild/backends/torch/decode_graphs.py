@@ -103,8 +103,9 @@ class DecodeGraphs:
         self._static: dict[int, PaddedInputs] = {}
         self._graphs: dict[int, tuple[Any, torch.Tensor]] = {}  # size -> (CUDAGraph, its output)
         # One memory pool for every size's graph (vLLM's): a capture reuses what earlier captures freed (their
-        # intermediates), never an output, which ``_graphs`` keeps alive (a size's output is overwritten by its own
-        # next replay only). Safe because replays never overlap: one stream, one step at a time.
+        # intermediates), never an output ``_graphs`` keeps alive. So one size's output may lie in another size's
+        # intermediates: the logits ``run`` returns are valid until the next replay of any size (callers consume
+        # or copy a step's logits before the next step). Replays never overlap: one stream, one step at a time.
         self._pool: Any = None
         self.failed = False  # capture failed once: graphs are off, the padded path stays
 
@@ -125,7 +126,8 @@ class DecodeGraphs:
         )
 
     def run(self, batch: StepBatch) -> torch.Tensor:
-        """Logits ``[B, vocab]`` of the decode step ``batch`` (``fits(batch)`` must hold)."""
+        """Logits ``[B, vocab]`` of the decode step ``batch`` (``fits(batch)`` must hold); a view of a graph's
+        output when replayed: valid until the next step."""
         b = batch.num_seqs
         size = next(s for s in self.sizes if s >= b)
         inputs = self._inputs(size)

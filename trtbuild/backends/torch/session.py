@@ -170,7 +170,9 @@ class TorchSession(EngineSession):
         return self.step_logits(batch).float().cpu().numpy()
 
     def step_logits(self, batch: StepBatch) -> torch.Tensor:
-        """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``)."""
+        """``step`` with the logits left on the engine's device, in its compute dtype (for ``DeviceSampler``).
+
+        On a GPU they may be a CUDA graph's output, which the next step overwrites: read or copy them first."""
         if self.num_sliding_blocks is not None and batch.sliding_block_tables is None:  # a caller of one table
             batch = dataclasses.replace(batch, sliding_block_tables=step_tables(batch, self.num_sliding_blocks)[1])
         if self._decode.fits(batch):
