@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -289,26 +290,32 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: the probes on CPU packages")
     parser.add_argument("--jobs", type=int, default=6, help="probes compiling at once")
     parser.add_argument("--only", default=None, help="comma-separated probe names to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=240.0,
+                        help="seconds a probe's child may take (one cut reports its last stage); under a caller's "
+                             "limit, less than that limit")  # fmt: skip
     args = parser.parse_args()
+    timeout = args.timeout
     device = args.device
     work = Path(tempfile.mkdtemp(prefix="trtbuild-aoti-probe-"))
     out_file = Path(os.environ["OUT"]) / "aoti_probe.jsonl" if os.environ.get("OUT") else None
     lines: list[dict[str, Any]] = []
+    lock = threading.Lock()  # the default chain emits from its worker thread
 
     def emit(entry: dict[str, Any]) -> None:
-        entry = {"t": round(time.perf_counter() - START, 1), **entry}
-        lines.append(entry)
-        text = json.dumps(entry, default=str)
-        print(text, flush=True)
-        if out_file is not None:
-            with out_file.open("a") as f:
-                f.write(text + "\n")
+        with lock:
+            entry = {"t": round(time.perf_counter() - START, 1), **entry}
+            lines.append(entry)
+            text = json.dumps(entry, default=str)
+            print(text, flush=True)
+            if out_file is not None:
+                with out_file.open("a") as f:
+                    f.write(text + "\n")
 
     emit({"probe": "environment", **environment(device)})
     default = work / "default.pt2"
     parallel: list[tuple[str, Any]] = [  # (name, a thunk returning its line); default/compile: default_chain
-        ("in_process", lambda: probe("in_process", device, work, "both", {})),
-        ("cpu_package", lambda: probe("cpu_package", "cpu", work, "both", {})),
+        ("in_process", lambda: probe("in_process", device, work, "both", {}, timeout=timeout)),
+        ("cpu_package", lambda: probe("cpu_package", "cpu", work, "both", {}, timeout=timeout)),
     ]
     if device == "cuda":
         homes = {"cuda_home_torch_wheels": torch_wheel_cuda_home, "cuda_home_triton": triton_cuda_home}
@@ -317,7 +324,8 @@ def main() -> None:
             if home is None:
                 emit({"probe": name, "ok": None, "skipped": where})
             else:
-                parallel.append((name, lambda n=name, h=home: probe(n, device, work, "both", {}, env={"CUDA_HOME": h})))
+                parallel.append((name, lambda n=name, h=home: probe(n, device, work, "both", {}, env={"CUDA_HOME": h},
+                                                                   timeout=timeout)))  # fmt: skip
         variants = {
             "no_embedded_kernels": {"aot_inductor.embed_kernel_binary": False},
             "weights_outside_so": {"aot_inductor.package_constants_in_so": False},
@@ -325,17 +333,18 @@ def main() -> None:
             "multi_arch": {"aot_inductor.emit_multi_arch_kernel": True},
         }
         for name, opts in variants.items():
-            parallel.append((name, lambda n=name, o=opts: probe(n, device, work, "both", o)))
+            parallel.append((name, lambda n=name, o=opts: probe(n, device, work, "both", o, timeout=timeout)))
     for name, env in libstdcxx_probes().items():
-        parallel.append((name, lambda n=name, e=env: probe(n, device, work, "both", {}, env=e)))
+        parallel.append((name, lambda n=name, e=env: probe(n, device, work, "both", {}, env=e, timeout=timeout)))
 
     def default_chain() -> list[dict[str, Any]]:
-        """Compile with the defaults, load in a fresh process, then the same load under cuda-gdb."""
-        out = [probe("default/compile", device, work, "compile", {}, package=default)]
+        """Compile with the defaults, load in a fresh process, then the same load under cuda-gdb: each line as soon
+        as its probe ends (on the H200 the chain takes ~3.5 minutes, more than a session's share)."""
+        emit(probe("default/compile", device, work, "compile", {}, package=default, timeout=timeout))
         if not default.exists():
-            return [*out, {"probe": "default/load", "ok": None, "skipped": "default/compile built no package"}]
-        out.append(probe("default/load", device, work, "load", {}, package=default, timeout=120))
-        return [*out, cuda_gdb_backtrace(device, default)]
+            return [{"probe": "default/load", "ok": None, "skipped": "default/compile built no package"}]
+        emit(probe("default/load", device, work, "load", {}, package=default, timeout=min(120.0, timeout)))
+        return [cuda_gdb_backtrace(device, default)]
 
     chains = [("default/compile", default_chain)] + [(name, lambda f=fn: [f()]) for name, fn in parallel]
     if args.only:

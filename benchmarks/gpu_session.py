@@ -47,7 +47,11 @@ GPU_CHECK_ORDER = [  # gpu_check.py cases, most needed first (prefixes; see its 
     "speed/llm_decode_b1", "speed/default_kv_pool",
 ]  # fmt: skip
 CPU_GPU_CHECK_ORDER = ["environment", "speed/model", "speed/engine_decode_b1/torch-compile"]
-AOTI_PROBES = "default/compile,system_gxx,preload_compiler_libstdcxx"
+AOTI_PROBES = "default/compile,system_gxx,preload_compiler_libstdcxx"  # the CPU check's
+# On the GPU machine: not preload_compiler_libstdcxx, a no-op there (its g++'s libstdc++ is the one the process maps
+# already, /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.33: aoti_probe-2026-12-04-h200-run2.jsonl); the fix candidate
+# first, the default (the known fault) as the control
+GPU_AOTI_PROBES = "system_gxx,default/compile"
 
 
 # Each step's script arguments for a device and the seconds it has: each script starts no case after its budget;
@@ -58,15 +62,19 @@ def paged_attention_args(device: str, limit_s: float) -> list[str]:
 
 
 def gpu_check_args(device: str, limit_s: float) -> list[str]:
-    """A case (a child compiling an engine) takes ~35-60 s on the H200."""
+    """A 1B case (a child building or opening the 1B engine) took 108-122 s on the H200 (2026-12-04, cold Inductor
+    cache): no case starts later than 130 s before the step's end (one started later is killed with the step, its
+    line and gpu_check's summary lost, and its seconds taken from the next step)."""
     only = ",".join(CPU_GPU_CHECK_ORDER if device == "cpu" else GPU_CHECK_ORDER)
-    return ["--device", device, "--only", only, "--budget", f"{max(limit_s - 60, 5):.0f}",
-            "--case-timeout", f"{min(150.0, max(limit_s - 10, 30)):.0f}"]  # fmt: skip
+    return ["--device", device, "--only", only, "--budget", f"{max(limit_s - 130, 5):.0f}",
+            "--case-timeout", f"{min(200.0, max(limit_s - 10, 30)):.0f}"]  # fmt: skip
 
 
 def aoti_probe_args(device: str, limit_s: float) -> list[str]:
-    """Three probes compiling at once (~1 minute on the H200's 16 cores)."""
-    return ["--device", device, "--only", AOTI_PROBES, "--jobs", "3"]
+    """Probes compiling at once (84-97 s each on the H200, 2026-12-04); each child is cut before the step is, so a
+    probe the share cannot finish still reports the stage it reached."""
+    only = AOTI_PROBES if device == "cpu" else GPU_AOTI_PROBES
+    return ["--device", device, "--only", only, "--jobs", "3", "--timeout", f"{max(limit_s - 30, 20):.0f}"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +149,8 @@ def run_step(step: Step, device: str, limit_s: float, env: dict[str, str], cwd: 
     return {"step": step.name, "rc": rc, "seconds": round(time.perf_counter() - t0, 1), "limit_s": round(limit_s),
             "lines": len(records), "failed": failed,
             "skipped": [n for r, n in zip(records, names, strict=True) if r.get("skipped")],
-            "wrong": next((r["wrong"] for r in records if r.get("kind") == "done"), []),
+            # None: the step ended without its done line (killed, crashed), so which outputs were wrong is unknown
+            "wrong": next((r["wrong"] for r in records if r.get("kind") == "done"), [] if rc == 0 else None),
             "tail": tail[-8:] if rc else []}  # fmt: skip
 
 

@@ -410,7 +410,8 @@ class Supervisor:
             first = self.one_worker(first)
         for best in sweep_best(self.records):
             self.emit(best)
-        wrong = [r["case"] for r in self.records if any(k.endswith("max_err") and v > MAX_ERR for k, v in r.items())]
+        wrong = [r["case"] for r in self.records  # a NaN error is wrong too (NaN > MAX_ERR is False)
+                 if any(k.endswith("max_err") and not v <= MAX_ERR for k, v in r.items())]  # fmt: skip
         self.emit({"kind": "done", "elapsed_s": round(time.time() - self.start, 1), "wrong": wrong})
 
     def one_worker(self, first: int) -> int:
