@@ -193,8 +193,16 @@ def test_torch_engines_are_checked_against_this_machine(artifacts, tmp_path):
         "torch compile-cpu (torch-compile), torch 1.0.0: torch is not installed on this machine"
     ]
     without_gpu = dataclasses.replace(here, torch=dataclasses.replace(facts, cuda_target=None))
-    assert problems(torch_entry("compile-cuda", "torch-compile"), local=without_gpu) == [
-        "torch compile-cuda (torch-compile), torch 1.0.0: this machine has no NVIDIA GPU"
+    resign(engine, {**manifest, "engines": [torch_entry("compile-cuda", "torch-compile")]})
+    report = verify_engine_dir(engine, without_gpu)  # a GPU engine on the CPU host that built it: a note
+    assert report.ok and report.notes[0] == (
+        "torch compile-cuda (torch-compile), torch 1.0.0: this machine has no NVIDIA GPU (checked again when opened "
+        "on a GPU machine)"
+    )
+    assert problems(torch_entry("cuda-sm90", "aot-inductor"), package, local=without_gpu) == [
+        "torch cuda-sm90 (aot-inductor), torch 1.0.0: this machine has no NVIDIA GPU",
+        f"torch cpu-sse9 (aot-inductor), torch 1.0.0: built for cpu-sse9, this machine is {facts.cpu_target}; "
+        f"built with torch 1.0.0, installed is {torch.__version__}",
     ]
     with_gpu = dataclasses.replace(here, torch=dataclasses.replace(facts, cuda_target="cuda-sm90"))
     assert problems(torch_entry("cuda-sm80", "aot-inductor", torch.__version__), local=with_gpu) == [

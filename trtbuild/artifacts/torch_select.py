@@ -20,6 +20,8 @@ from ..config import TorchDevice, TorchRuntime
 from ..errors import EngineError
 from .engine_select import EngineEntry, arch_name, entries_from_manifest
 
+NO_GPU = "this machine has no NVIDIA GPU"  # the one reason ``trtbuild verify`` notes rather than fails (a build host)
+
 
 @dataclass(frozen=True)
 class TorchFacts:
@@ -63,7 +65,7 @@ def torch_mismatches(entry: EngineEntry, facts: TorchFacts) -> list[str]:
         return ["torch is not installed on this machine"]
     here = facts.target(entry_device(entry))
     if here is None:
-        return ["this machine has no NVIDIA GPU"]
+        return [NO_GPU]
     if entry_runtime(entry) is TorchRuntime.TORCH_COMPILE:
         return []  # compiled at load for whatever this device is
     why = []
