@@ -14,7 +14,7 @@ import torch
 
 from trtbuild.backends.torch.sampling import DeviceSampler, on_device
 from trtbuild.errors import EngineError
-from trtbuild.runtime.sampling import Sampler, SamplingParams
+from trtbuild.runtime.sampling import TOP_P_CANDIDATES, Sampler, SamplingParams
 
 
 class Request:
@@ -71,6 +71,60 @@ def test_float32_tokens_agree_with_the_host_samplers():
     dev = np.array(device_tokens(torch.from_numpy(x.astype(np.float32)), PARAMS, steps))
     assert (dev[:, 0] == host[:, 0]).all()
     assert (dev == host).mean() >= 0.98
+
+
+WIDE_PARAMS = [
+    SamplingParams(temperature=0.0, top_p=0.9),
+    SamplingParams(temperature=0.8, top_p=0.9, seed=1),
+    SamplingParams(temperature=6.0, top_p=0.95, seed=2),  # nearly flat: the 1024 candidates hold too little mass
+    SamplingParams(temperature=1.0, seed=3),  # top_p 1 beside top-p rows: every token stays
+    SamplingParams(temperature=1.0, top_k=2000, top_p=0.99, seed=4),
+    SamplingParams(temperature=1.5, top_k=50, seed=5),
+]
+
+
+def wide_logits(rows: int, vocab: int, seed: int) -> np.ndarray:
+    """``logits`` over a vocabulary wider than ``TOP_P_CANDIDATES``, with a block of tokens tied at the value of the
+    1024th largest: the candidates' boundary cuts through a tie."""
+    x = logits(rows, vocab, seed)
+    x[:, 3000:3500] = np.sort(x, axis=1)[:, -TOP_P_CANDIDATES][:, None]
+    return x
+
+
+def test_wide_vocabulary_tokens_equal_the_host_samplers():
+    """Past ``TOP_P_CANDIDATES`` tokens top-p sorts only the candidates (or the whole row when they fall short):
+    float64 tokens still equal the host sampler's, greedy, top_p 1 and top-k-only rows beside them."""
+    steps, vocab = 30, 5000
+    x = wide_logits(steps * len(WIDE_PARAMS), vocab, seed=4)
+    host = host_tokens(x, WIDE_PARAMS, steps)
+    assert device_tokens(torch.from_numpy(x), WIDE_PARAMS, steps) == host
+    assert len({row[2] for row in host}) > 10  # the flat rows draw far and wide
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 6.0])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.999])
+def test_top_p_over_the_candidates_is_the_whole_sorts(temperature, top_p):
+    """``_top_p`` keeps exactly the tokens a stable sort of the whole row keeps: on peaked rows (the cut among the
+    candidates) and flat ones (the whole row sorted), with a tie across the candidates' boundary."""
+    from trtbuild.backends.torch.sampling import _top_p, _top_p_sorted
+
+    x = torch.from_numpy(wide_logits(16, 5000, seed=5) / temperature)
+    p = torch.full((16,), top_p, dtype=x.dtype)
+    assert torch.equal(_top_p(x, p), _top_p_sorted(x, p))
+    top = torch.topk(x, TOP_P_CANDIDATES).values
+    above = (torch.softmax(x, dim=-1) * (x > top[:, -1:])).sum(dim=-1)
+    settled = (above >= top_p).float().mean()  # which path the rows took
+    assert settled == (0.0 if temperature > 1 or (temperature == 1 and top_p > 0.99) else 1.0)  # both paths run
+
+
+def test_candidates_in_any_order_come_out_by_value_then_token_id():
+    """``torch.topk`` on a GPU returns tied values in no defined order: the candidates are put in sampling order."""
+    from trtbuild.backends.torch.sampling import _in_sampling_order
+
+    values = torch.tensor([[2.0, 5.0, 2.0, 5.0, 1.0, 2.0]])
+    ids = torch.tensor([[9, 4, 3, 1, 0, 6]])
+    got_values, got_ids = _in_sampling_order(values, ids)
+    assert got_values.tolist() == [[5.0, 5.0, 2.0, 2.0, 2.0, 1.0]] and got_ids.tolist() == [[1, 4, 3, 6, 9, 0]]
 
 
 def test_filters_keep_only_allowed_tokens():

@@ -18,7 +18,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ...runtime.sampling import Sampler, SamplerOutput, SamplingParams, SamplingRequest, TokenLogprobs
+from ...runtime.sampling import (
+    TOP_P_CANDIDATES,
+    Sampler,
+    SamplerOutput,
+    SamplingParams,
+    SamplingRequest,
+    TokenLogprobs,
+)
 
 # The smallest temperature sampled on the device: logits divided by a smaller one can overflow float32 (inf - inf
 # is NaN: the row would draw its last token). Such rows go to the host sampler, whose float64 keeps them exact.
@@ -88,10 +95,15 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms
         probs = torch.exp(x - x.max(dim=-1, keepdim=True).values)  # the largest is 1
         x = x.masked_fill(probs < min_p[:, None], -torch.inf)
     k = [min(p.top_k or vocab, vocab) for p in params]
-    if any(n < vocab for n in k) or any(p.top_p < 1 for p in params):
-        top_k = torch.tensor(k, device=device)
-        top_p = torch.tensor([p.top_p for p in params], device=device, dtype=x.dtype)
-        x = _top_k_top_p(x, top_k, top_p)
+    if any(n < vocab for n in k):
+        x = _top_k(x, k)
+    nucleus = [b for b, p in enumerate(params) if p.top_p < 1]  # rows of top_p 1 keep every token: left alone
+    if nucleus:
+        top_p = torch.tensor([params[b].top_p for b in nucleus], device=device, dtype=x.dtype)
+        if len(nucleus) == len(params):
+            x = _top_p(x, top_p)
+        else:
+            x[nucleus] = _top_p(x[nucleus], top_p)
     weights = torch.exp(x - x.max(dim=-1, keepdim=True).values)
     cdf = torch.cumsum(weights, dim=-1)
     total = cdf[:, -1:]
@@ -103,14 +115,58 @@ def sample_rows(logits: torch.Tensor, params: Sequence[SamplingParams], uniforms
     return torch.where(greedy, tokens, drawn)
 
 
-def _top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask to -inf all but each row's top-k (ties with the k-th kept), then all but its top-p mass."""
-    values, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties stay in token-id order
-    kth = values.gather(1, (top_k - 1)[:, None])
-    values = values.masked_fill(values < kth, -torch.inf)
-    probs = torch.softmax(values, dim=-1)
+def _top_k(x: torch.Tensor, k: Sequence[int]) -> torch.Tensor:
+    """Mask to -inf all but each row's ``k[b]`` largest (ties with the k-th kept; ``k[b]`` >= the vocabulary: all).
+
+    The k-th largest comes from a partial selection (``torch.topk``) of the largest ``k``, not a sort of the row."""
+    vocab = x.shape[-1]
+    most = max(n for n in k if n < vocab)
+    largest = torch.topk(x, most, dim=-1).values  # descending
+    at = torch.tensor([min(n, most) - 1 for n in k], device=x.device)
+    kth = largest.gather(1, at[:, None])
+    kth = kth.masked_fill(torch.tensor([n >= vocab for n in k], device=x.device)[:, None], -torch.inf)
+    return x.masked_fill(x < kth, -torch.inf)
+
+
+def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mask to -inf all but the smallest set of each row's most likely tokens whose mass reaches ``top_p[b]``
+    (ties ordered by token id, the most likely token always kept; tokens of probability 0 never kept).
+
+    As the host's ``apply_top_p``: only the ``TOP_P_CANDIDATES`` most likely tokens are sorted. The candidates'
+    order is exact for every token above the smallest candidate value t (ties by id: sorted by id, then stably by
+    value), so a row whose tokens above t hold a mass of at least ``top_p`` has its cut among them, whatever order
+    tokens tied at t would take; the rare rows where they fall short are sorted whole (one host sync)."""
+    vocab = x.shape[-1]
+    m = min(TOP_P_CANDIDATES, vocab)
+    values, ids = _in_sampling_order(*torch.topk(x, m, dim=-1))  # the m largest (topk orders ties arbitrarily)
+    probs = torch.exp(values - torch.logsumexp(x, dim=-1, keepdim=True))  # of the whole row
+    out = torch.full_like(x, -torch.inf).scatter_(1, ids, _nucleus(values, probs, top_p))
+    if m < vocab:
+        above = (probs * (values > values[:, -1:])).sum(dim=-1)  # the mass above the smallest candidate value
+        short = torch.nonzero(above < top_p)[:, 0].tolist()
+        if short:
+            out[short] = _top_p_sorted(x[short], top_p[short])
+    return out
+
+
+def _in_sampling_order(values: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``values`` and their token ``ids`` sorted by value descending, ties by token id."""
+    by_id = torch.argsort(ids, dim=-1)
+    values, ids = values.gather(1, by_id), ids.gather(1, by_id)
+    by_value = torch.sort(values, dim=-1, descending=True, stable=True).indices  # ties stay in token-id order
+    return values.gather(1, by_value), ids.gather(1, by_value)
+
+
+def _nucleus(values: torch.Tensor, probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``values`` (each row sorted descending, ties by token id; ``probs`` their probabilities in the whole row)
+    with those past the row's top-p cut set to -inf."""
     before = torch.cumsum(probs, dim=-1) - probs  # the mass of the strictly more likely tokens
     drop = (before >= top_p[:, None]) | (probs <= 0)  # masked (or underflowed) tokens are never kept
     drop[:, 0] = False  # the most likely token always stays
-    values = values.masked_fill(drop, -torch.inf)
-    return torch.empty_like(x).scatter_(1, order, values)
+    return values.masked_fill(drop, -torch.inf)
+
+
+def _top_p_sorted(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``_top_p`` by a sort of the whole row."""
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)  # ties stay in token-id order
+    return torch.empty_like(x).scatter_(1, order, _nucleus(values, torch.softmax(values, dim=-1), top_p))
