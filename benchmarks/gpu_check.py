@@ -11,8 +11,10 @@ are built by ``tests/gpu_engines.py``.
 Every case runs in a child process of its own (``python -X faulthandler``,
 ``trtbuild.backends.torch.build.isolate``): loading compiled code, capturing CUDA graphs and launching custom
 kernels can kill a process, and then the case is one JSON line (``"ok": false, "rc": -11, "trace": [...]``) and the
-run goes on. Cases are skipped (a JSON line says
-so) once ``--budget`` seconds (default 450) have passed; each child has ``--case-timeout`` seconds. The last lines
+run goes on. A case starts only if its estimate fits what is left of ``--budget`` seconds (default 450): ~130 s
+for one that builds a 1B engine no earlier case built, ~60 s for the others (``Case.estimate_s``, from the H200's
+run of 2026-12-04); one that does not fit is skipped (a JSON line says so) and the next is tried. Each child has
+``--case-timeout`` seconds. The last lines
 are a summary table and a ``summary`` JSON line. With ``$OUT`` set, the lines also go to ``$OUT/gpu_check.jsonl``.
 ``--device cpu`` runs every case's code on the CPU with a tiny model (how the script is checked without a GPU; its
 figures mean nothing).
@@ -43,6 +45,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -299,33 +302,62 @@ def speed_default_kv_pool(work: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- the run
 
 
-def cases() -> dict[str, Callable[[Path], dict[str, Any]]]:
+# What a case takes on the H200 (2026-12-04 run 1, cold Inductor cache): one that first builds and compiles its 1B
+# engine 108-122 s; one that opens an engine an earlier case built, or runs transformers, 30-63 s.
+BUILD_S, CASE_S = 130.0, 60.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """A case: what it runs, and the 1B engine directory (under the work folder) it builds when no earlier case
+    has (None: it builds none). The parent starts it only when its estimate fits the budget left."""
+
+    run: Callable[[Path], dict[str, Any]]
+    engine: str | None = None
+
+    def estimate_s(self, work: Path) -> float:
+        return BUILD_S if self.engine is not None and not (work / self.engine).exists() else CASE_S
+
+
+def engine_dir(runtime: str, qformat: str | None = None) -> str:
+    """The 1B engine directory ``build_1b`` writes (``tests/gpu_engines.convert_and_build``'s naming)."""
+    return f"1b{'-' + qformat if qformat else ''}-{runtime}-engine"
+
+
+def cases() -> dict[str, Case]:
     """Name -> case, in the order they run: the speed cases by importance (the figures no run has produced yet),
     the AOTInductor 1B build last (minutes)."""
-    out: dict[str, Callable[[Path], dict[str, Any]]] = {"environment": case_environment}
-    out["speed/model"] = speed_model
+    bf16 = engine_dir("torch-compile")
+    out: dict[str, Case] = {"environment": Case(case_environment)}
+    out["speed/model"] = Case(speed_model)
     if DEVICE == "cuda":
-        out["speed/weight_read_ceiling"] = speed_ceiling
-    out["speed/engine_decode_b1/torch-compile"] = lambda w: speed_engine_decode_b1(w, "torch-compile", True)
-    out["speed/engine_decode_b1_no_graphs/torch-compile"] = lambda w: speed_engine_decode_b1(w, "torch-compile", False)
-    out["speed/transformers_eager"] = speed_hf_eager
-    out["speed/engine_64x512x128_and_ttft"] = speed_engine_llm
-    out["speed/transformers_static_compiled"] = speed_hf_static_compiled
+        out["speed/weight_read_ceiling"] = Case(speed_ceiling)
+    out["speed/engine_decode_b1/torch-compile"] = Case(lambda w: speed_engine_decode_b1(w, "torch-compile", True), bf16)
+    out["speed/engine_decode_b1_no_graphs/torch-compile"] = Case(
+        lambda w: speed_engine_decode_b1(w, "torch-compile", False), bf16
+    )
+    out["speed/transformers_eager"] = Case(speed_hf_eager)
+    out["speed/engine_64x512x128_and_ttft"] = Case(speed_engine_llm, bf16)
+    out["speed/transformers_static_compiled"] = Case(speed_hf_static_compiled)
     for qformat in ("int8_wo", "int4_wo"):
-        out[f"speed/quantized_decode_b1/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
-            w, "torch-compile", True, q
+        out[f"speed/quantized_decode_b1/{qformat}"] = Case(
+            lambda w, q=qformat: speed_engine_decode_b1(w, "torch-compile", True, q),
+            engine_dir("torch-compile", qformat),
         )
-    out["speed/llm_decode_b1"] = speed_llm_decode_b1
+    out["speed/llm_decode_b1"] = Case(speed_llm_decode_b1, bf16)
     if DEVICE == "cuda":
-        out["speed/default_kv_pool"] = speed_default_kv_pool
-    out["speed/engine_decode_b1/aot-inductor"] = lambda w: speed_engine_decode_b1(w, "aot-inductor", True)
+        out["speed/default_kv_pool"] = Case(speed_default_kv_pool, bf16)
+    out["speed/engine_decode_b1/aot-inductor"] = Case(
+        lambda w: speed_engine_decode_b1(w, "aot-inductor", True), engine_dir("aot-inductor")
+    )
     # one-row products as fused reductions: every weight's (the CPU's default) vs the GPU default's quantized ones
-    out["speed/engine_decode_b1_row_products/torch-compile"] = lambda w: speed_engine_decode_b1(
-        w, "torch-compile", True, row_products="all"
+    out["speed/engine_decode_b1_row_products/torch-compile"] = Case(
+        lambda w: speed_engine_decode_b1(w, "torch-compile", True, row_products="all"), bf16
     )
     for qformat in ("int8_wo", "int4_wo"):  # the quantized weights as matmuls of a dequantized copy (the old default)
-        out[f"speed/quantized_decode_b1_matmuls/{qformat}"] = lambda w, q=qformat: speed_engine_decode_b1(
-            w, "torch-compile", True, q, row_products="none"
+        out[f"speed/quantized_decode_b1_matmuls/{qformat}"] = Case(
+            lambda w, q=qformat: speed_engine_decode_b1(w, "torch-compile", True, q, row_products="none"),
+            engine_dir("torch-compile", qformat),
         )
     return out
 
@@ -345,7 +377,7 @@ def run_child(args: argparse.Namespace) -> None:
     """In the child: run ``args.case`` and print its result (``isolate.report``)."""
     from trtbuild.backends.torch.build.isolate import report
 
-    fn = cases()[args.case]
+    fn = cases()[args.case].run
     try:
         fields = fn(Path(args.work))
     except Exception as e:
@@ -418,7 +450,9 @@ def summary_table(results: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=450.0, help="start no case after this many seconds")
+    parser.add_argument(
+        "--budget", type=float, default=450.0, help="seconds the run may take: a case starts if its estimate fits"
+    )
     parser.add_argument("--case-timeout", type=float, default=240.0, help="seconds one case's child may take")
     parser.add_argument(
         "--device",
@@ -445,9 +479,12 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     flags = ["--device", DEVICE]
     launcher = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-    for name in selected(list(cases()), args.only):
-        if time.perf_counter() - START > args.budget:
-            emit({"case": name, "ok": False, "skipped": f"time budget of {args.budget:.0f}s used"}, results)
+    table = cases()
+    for name in selected(list(table), args.only):
+        left, need = args.budget - (time.perf_counter() - START), table[name].estimate_s(work)
+        if need > left:  # a later, shorter case (one reusing a built engine) may still fit
+            emit({"case": name, "ok": False, "skipped": f"needs ~{need:.0f}s, {max(left, 0):.0f}s of the budget left"},
+                 results)  # fmt: skip
             continue
         child_args = [str(Path(__file__).resolve()), "--case", name, "--work", str(work), *flags]
         run = run_isolated(launcher, args=child_args, timeout=args.case_timeout)

@@ -116,6 +116,18 @@ def test_gpu_check_only_runs_the_named_cases_in_that_order():
         assert script["selected"](names, prefix), prefix
 
 
+def test_gpu_check_skips_a_case_that_does_not_fit_and_runs_a_later_one_that_does():
+    """With 100 s of budget, a case that first builds the 1B engine (~130 s on the H200) is skipped with what it
+    needs, and the case after it (~60 s) still runs: a short GPU session gets every figure that fits."""
+    only = "environment,speed/engine_decode_b1/torch-compile,speed/model"
+    lines = run_script("gpu_check.py", "--device", "cpu", "--budget", "100", "--only", only, timeout=300)
+    by_case = {line["case"]: line for line in lines}
+    assert by_case["environment"]["ok"] and by_case["speed/model"]["ok"]
+    skipped = by_case["speed/engine_decode_b1/torch-compile"]["skipped"]
+    assert skipped.startswith("needs ~130s,") and skipped.endswith("s of the budget left"), skipped
+    assert by_case["summary"]["skipped"] == ["speed/engine_decode_b1/torch-compile"]
+
+
 def test_paged_attention_gpu_smoke_mode():
     """benchmarks/paged_attention_gpu.py runs on a GPU machine later: its code paths (timing against SDPA and a
     copy, the sweep, the supervisor and its worker process) run here on tiny CPU shapes through the interpreter."""
