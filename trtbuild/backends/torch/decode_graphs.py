@@ -107,7 +107,8 @@ class DecodeGraphs:
         # intermediates: the logits ``run`` returns are valid until the next replay of any size (callers consume
         # or copy a step's logits before the next step). Replays never overlap: one stream, one step at a time.
         self._pool: Any = None
-        self.failed = False  # capture failed once: graphs are off, the padded path stays
+        self.failed = False  # a capture failed before any succeeded: graphs are off, the padded path stays
+        self._no_graph: set[int] = set()  # sizes whose capture failed after others' succeeded (e.g. out of memory)
 
     @property
     def replaying(self) -> bool:
@@ -132,7 +133,7 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= b)
         inputs = self._inputs(size)
         inputs.fill(batch)
-        if self.replaying:
+        if self.replaying and size not in self._no_graph:
             graph = self._graphs.get(size) or self._capture(size, inputs.tensors)
             if graph is not None:
                 graph[0].replay()
@@ -150,9 +151,9 @@ class DecodeGraphs:
         return self._static[size]
 
     def _capture(self, size: int, static: list[torch.Tensor]) -> tuple[Any, torch.Tensor] | None:
-        """Capture the step at ``size`` (after a warm-up run on a side stream); None (graphs off) on failure, with the
-        caller's stream current again (``torch.cuda.graph`` leaves its capture stream current when the capture
-        fails to end)."""
+        """Capture the step at ``size`` (after a warm-up run on a side stream); None on failure, with the caller's
+        stream current again (``torch.cuda.graph`` leaves its capture stream current when the capture fails to
+        end). A first capture that fails turns graphs off; a later one only its own size."""
         caller = torch.cuda.current_stream()
         try:
             stream = torch.cuda.Stream()
@@ -168,6 +169,11 @@ class DecodeGraphs:
             return self._graphs[size]
         except Exception as e:  # the padded path without graphs still runs; say why once
             torch.cuda.set_stream(caller)
-            log.warning("CUDA graph capture of the decode step failed, running without graphs: %s", e)
-            self.failed = True
+            if self._graphs:  # others captured: this size's own trouble (e.g. its larger buffers did not fit)
+                log.warning("CUDA graph capture of the decode step at batch size %d failed, that size runs "
+                            "without a graph: %s", size, e)  # fmt: skip
+                self._no_graph.add(size)
+            else:  # the first capture: the step itself cannot be captured
+                log.warning("CUDA graph capture of the decode step failed, running without graphs: %s", e)
+                self.failed = True
             return None
