@@ -171,6 +171,36 @@ def test_negative_penalties_and_temperature() -> None:
     np.testing.assert_allclose(processed, [1.0, 2.0])
 
 
+@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ties"])
+def test_kth_largest_is_the_partitions(order: str) -> None:
+    """``kth_largest`` (a strided sample's threshold, then a partition of what lies above it) gives exactly
+    ``np.partition``'s m-th largest, whether the sample's threshold holds (random rows) or not (ordered rows)."""
+    rng = np.random.default_rng(5)
+    for n in (2, 17, 1000, 49152):
+        row = rng.standard_normal(n) * 3
+        row = {"random": row, "ascending": np.sort(row), "descending": np.sort(row)[::-1].copy(),
+               "ties": np.round(row)}[order]  # fmt: skip
+        for m in {1, 2, 7, 50, 1024, n}:
+            if m <= n:
+                assert sampling.kth_largest(row, m) == np.partition(row, n - m)[n - m], (n, m)
+
+
+def test_a_draw_over_the_kept_tokens_is_the_whole_rows() -> None:
+    """``draw`` sums only the tokens the filters kept: the same token as inverting the whole row's cumulative
+    weights (its filtered tokens adding 0), at every draw, the extremes included."""
+    rng = np.random.default_rng(6)
+    for kept_share in (0.001, 0.05, 0.5, 1.0):
+        for _ in range(20):
+            row = rng.standard_normal(5000) * 2
+            row[rng.random(5000) >= kept_share] = -np.inf
+            row[rng.integers(5000)] = 1.0  # at least one token kept
+            cdf = np.cumsum(np.exp(row - row.max()))
+            for u in (0.0, 1e-12, *rng.random(5), 1 - 2**-40, np.nextafter(1.0, 0.0)):
+                target = min(u * cdf[-1], np.nextafter(cdf[-1], 0.0))
+                whole = min(int(np.searchsorted(cdf, target, side="right")), len(row) - 1)
+                assert sampling.draw(row, u) == sampling.draw(row, u, filtered=False) == whole
+
+
 def test_draws_follow_the_processed_distribution() -> None:
     logits = np.log(np.array([[0.5, 0.3, 0.15, 0.05]], dtype=np.float32))
     seq = req(SamplingParams(temperature=1.0, seed=7))

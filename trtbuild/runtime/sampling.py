@@ -182,8 +182,7 @@ def apply_top_k(logits: np.ndarray, k: int) -> None:
     """Keep the ``k`` largest logits (and any tied with the k-th); mask the rest to -inf."""
     live = logits[np.isfinite(logits)]  # np.partition is slow on many equal (-inf) values: leave them out
     if k < live.shape[0]:
-        kth = np.partition(live, live.shape[0] - k)[live.shape[0] - k]
-        logits[logits < kth] = -np.inf
+        logits[logits < kth_largest(live, k)] = -np.inf
 
 
 def apply_top_p(logits: np.ndarray, p: float) -> None:
@@ -218,8 +217,29 @@ def _top_sorted(values: np.ndarray, m: int) -> np.ndarray:
     n = values.shape[0]
     if m <= 0:
         return np.zeros(0, dtype=np.int64)
-    candidates = np.arange(n) if m >= n else np.flatnonzero(values >= np.partition(values, n - m)[n - m])
+    candidates = np.arange(n) if m >= n else np.flatnonzero(values >= kth_largest(values, m))
     return candidates[np.argsort(-values[candidates], kind="stable")]
+
+
+SAMPLE_STRIDE = 8  # kth_largest's sample: every 8th value
+
+
+def kth_largest(values: np.ndarray, m: int) -> float:
+    """The ``m``-th largest of ``values`` (1 <= m <= len), as ``np.partition`` gives it, in a fraction of its time
+    on a vocabulary row.
+
+    A strided sample's ``2m / SAMPLE_STRIDE``-th largest is a threshold t with about 2m values at or above it. When
+    at least m are, the m largest are among them and the m-th is found there; else (a row ordered against the
+    sample) the whole row is partitioned. Exact either way.
+    """
+    n = values.shape[0]
+    if n >= 16 * m:
+        sample = values[::SAMPLE_STRIDE]
+        j = min(sample.shape[0], 2 * m // SAMPLE_STRIDE + 1)
+        above = values[values >= np.partition(sample, sample.shape[0] - j)[sample.shape[0] - j]]
+        if above.shape[0] >= m:
+            return float(np.partition(above, above.shape[0] - m)[above.shape[0] - m])
+    return float(np.partition(values, n - m)[n - m])
 
 
 class Sampler:
@@ -274,10 +294,8 @@ class Sampler:
             if params.greedy:
                 token = int(np.argmax(row))
             else:
-                cdf = np.cumsum(np.exp(row - row.max()))
                 u = draws[b] if draws is not None and draws[b] is not None else self.uniform(request)
-                target = min(u * cdf[-1], np.nextafter(cdf[-1], 0.0))  # below the total (u * total may round up)
-                token = min(int(np.searchsorted(cdf, target, side="right")), row.shape[0] - 1)
+                token = draw(row, u, filtered=params.top_k is not None or params.top_p < 1 or params.min_p > 0)
             token_ids[b] = token
             logprobs[b] = None if params.logprobs is None else token_logprobs(log_softmax(row), token, params.logprobs)
         return SamplerOutput(token_ids, logprobs)
@@ -290,6 +308,25 @@ class Sampler:
     def join(self, parts: Sequence[np.ndarray]) -> np.ndarray:
         """Rows of several steps' logits, stacked in order."""
         return np.concatenate(parts)
+
+
+def draw(row: np.ndarray, u: float, *, filtered: bool = True) -> int:
+    """The token at the uniform draw ``u`` of the processed float64 ``row`` (-inf: filtered out): the cumulative
+    distribution inverted in token-id order.
+
+    With ``filtered`` (a filter ran: most of the row may be -inf), only the tokens kept are summed: a filtered
+    token's weight is 0, and adding 0 leaves every partial sum as it was, so the token is the one a sum over the
+    whole row gives, for a fraction of its exponentials.
+    """
+    kept = np.flatnonzero(row > -np.inf) if filtered else None
+    if kept is not None and kept.shape[0] < row.shape[0]:
+        weights = np.exp(row[kept] - row.max())
+    else:
+        kept, weights = None, np.exp(row - row.max())
+    cdf = np.cumsum(weights)
+    target = min(u * cdf[-1], np.nextafter(cdf[-1], 0.0))  # below the total (u * total may round up)
+    at = min(int(np.searchsorted(cdf, target, side="right")), cdf.shape[0] - 1)
+    return at if kept is None else int(kept[at])
 
 
 def _plain_greedy(params: SamplingParams) -> bool:
