@@ -117,6 +117,20 @@ def test_top_p_over_the_candidates_is_the_whole_sorts(temperature, top_p):
     assert settled == (0.0 if temperature > 1 or (temperature == 1 and top_p > 0.99) else 1.0)  # both paths run
 
 
+@pytest.mark.parametrize("temperature", [1.5, 3.0])
+def test_top_p_widens_its_candidates_on_flat_rows(temperature):
+    """Rows whose 0.9 mass needs ~4,500 of 20,000 tokens are settled by 8x the candidates; ~12,000, by the whole
+    row's sort: either way the tokens kept are the whole sort's."""
+    from trtbuild.backends.torch.sampling import _top_p, _top_p_sorted
+
+    x = torch.from_numpy(wide_logits(16, 20000, seed=5) / temperature)
+    p = torch.full((16,), 0.9, dtype=x.dtype)
+    need = (torch.softmax(x, dim=-1).sort(dim=-1, descending=True).values.cumsum(dim=-1) < 0.9).sum(dim=-1) + 1
+    wider = 8 * TOP_P_CANDIDATES
+    assert bool((need > wider).all()) if temperature > 2 else bool(((need > TOP_P_CANDIDATES) & (need < wider)).all())
+    assert torch.equal(_top_p(x, p), _top_p_sorted(x, p))
+
+
 def test_candidates_in_any_order_come_out_by_value_then_token_id():
     """``torch.topk`` on a GPU returns tied values in no defined order: the candidates are put in sampling order."""
     from trtbuild.backends.torch.sampling import _in_sampling_order

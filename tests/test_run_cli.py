@@ -227,6 +227,20 @@ def test_bench_json(monkeypatch, capsys, engine):
     assert code == 0 and "output tok/s" in out and "prefix cache" in out
 
 
+def test_bench_samples_when_asked(monkeypatch, capsys, engine):
+    """``--temperature`` / ``--top-p`` / ``--top-k``: the requests are sampled (the sampler's time in the figures),
+    the workload says so; values SamplingParams refuses are one error line."""
+    args = ["bench", engine, "--num-requests", 4, "--input-len", 6, "--output-len", 5]
+    code, out, err = cli(monkeypatch, capsys, *args, "--temperature", 0.8, "--top-p", 0.9, "--top-k", 20, "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert (r["temperature"], r["top_p"], r["top_k"], r["output_tokens"]) == (0.8, 0.9, 20, 20)
+    code, out, _ = cli(monkeypatch, capsys, *args, "--temperature", 0.8, "--top-p", 0.9)
+    assert code == 0 and "out, temperature 0.8, top_p 0.9, top_k all)" in out.splitlines()[0]
+    code, _, err = cli(monkeypatch, capsys, *args, "--temperature", 0.8, "--top-p", 0)
+    assert_one_error_line(code, err, "top_p must be in (0, 1]")
+
+
 def test_cli_subprocess_end_to_end(engine):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "trtbuild.cli", "bench", str(engine)]

@@ -1,11 +1,12 @@
 """``trtbuild bench ENGINE_DIR``: offline throughput/latency of an engine on random token-id prompts.
 
 Every request is ``--shared-prefix-len`` tokens common to all requests followed by ``--input-len`` random tokens
-(vLLM's random dataset with a prefix), generates exactly ``--output-len`` tokens (greedy, ``ignore_eos``), and all
-arrive at once; ``--concurrency`` caps how many run together (the LLM's ``max_num_seqs``). The token ids come
-from a seeded generator, so runs are repeatable. One short warm-up request runs first and is not counted; it
-starts with the shared prefix, which is therefore in the prefix cache when the measured requests arrive (as a
-server's system prompt would be). A request whose next block another is still computing waits a step to share it
+(vLLM's random dataset with a prefix), generates exactly ``--output-len`` tokens (``ignore_eos``; greedy, or
+sampled with ``--temperature`` / ``--top-p`` / ``--top-k``), and all arrive at once; ``--concurrency`` caps how
+many run together (the LLM's ``max_num_seqs``). The token ids and the sampler's draws come from ``--seed``, so
+runs are repeatable. One short warm-up request runs first and is not counted; it starts with the shared prefix,
+which is therefore in the prefix cache when the measured requests arrive (as a server's system prompt would be).
+A request whose next block another is still computing waits a step to share it
 (docs/runner.md, "Engine loop").
 """
 
@@ -27,13 +28,18 @@ from .run import EngineFlags, engine_options, open_llm
 
 @dataclass(frozen=True)
 class BenchWorkload:
-    """What ``run_bench`` sends: ``num_requests`` prompts of ``shared_prefix_len + input_len`` tokens."""
+    """What ``run_bench`` sends: ``num_requests`` prompts of ``shared_prefix_len + input_len`` tokens, each
+    generating ``output_len`` tokens greedily (``temperature`` 0) or sampled with ``temperature`` / ``top_p`` /
+    ``top_k`` (``SamplingParams``' meanings; draws seeded from ``seed``, so a run repeats)."""
 
     num_requests: int
     input_len: int
     output_len: int
     shared_prefix_len: int = 0
     seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_requests", "input_len", "output_len"):
@@ -41,6 +47,14 @@ class BenchWorkload:
                 raise RequestError(f"--{name.replace('_', '-')} must be >= 1")
         if self.shared_prefix_len < 0:
             raise RequestError("--shared-prefix-len must be >= 0")
+        self.params()  # the sampling values' checks (RequestError, one line)
+
+    def params(self) -> Any:
+        """The requests' ``SamplingParams``."""
+        from ..runtime.sampling import SamplingParams
+
+        sampling = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return SamplingParams(**sampling, max_tokens=self.output_len, ignore_eos=True)
 
     def prompts(self, vocab_size: int) -> list[list[int]]:
         import numpy as np
@@ -103,7 +117,7 @@ def run_bench(llm: Any, workload: BenchWorkload, *, show_progress: bool = False,
     llm.reset_stats()
     session_times = getattr(llm.session, "times", SessionTimes())
     before = replace(session_times)
-    params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
+    params = workload.params()
     start = time.perf_counter()
     outputs = _generate_with_progress(llm, prompts, params, show_progress)
     duration = time.perf_counter() - start
@@ -175,7 +189,16 @@ def _generate_with_progress(llm: Any, prompts: list[list[int]], params: Any, sho
 )
 @click.option("--concurrency", type=int, default=None, help="requests running at once [default: engine's batch size]")
 @click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompts")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompts (and sampling)")
+@click.option(
+    "--temperature",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="0 = greedy; above 0 the requests are sampled, the sampler's time counted (--top-p, --top-k)",
+)
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="nucleus sampling mass")
+@click.option("--top-k", type=int, default=None, help="keep the k most likely tokens [default: all]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option(
     "--profile",
@@ -195,13 +218,16 @@ def bench(
     concurrency: int | None,
     no_prefix_caching: bool,
     seed: int,
+    temperature: float,
+    top_p: float,
+    top_k: int | None,
     as_json: bool,
     profile: bool,
     engine: EngineFlags,
     kv_offload: Any,
 ) -> None:
     """Measure throughput, latency and KV-cache use on random prompts."""
-    workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed)
+    workload = BenchWorkload(num_requests, input_len, output_len, shared_prefix_len, seed, temperature, top_p, top_k)
     if concurrency is not None and engine.max_num_seqs is not None:
         raise RequestError("give --concurrency or --max-num-seqs, not both")
     opened = time.perf_counter()
@@ -214,6 +240,7 @@ def bench(
         enable_prefix_caching=not no_prefix_caching,
         profile_kernels=profile,
         kv_offload=kv_offload,
+        seed=seed,
     )
     open_s = round(time.perf_counter() - opened, 2)  # a torch-compile engine compiles here (docs/gpu.md)
     result = run_bench(llm, workload, show_progress=not as_json, profile=profile)
@@ -222,8 +249,9 @@ def bench(
         click.echo(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in fields.items()}))
         return
     r = result
+    sampled = "greedy" if temperature == 0 else f"temperature {temperature}, top_p {top_p}, top_k {top_k or 'all'}"
     click.echo(
-        f"{r.num_requests} requests x ({shared_prefix_len} shared + {input_len} in, {output_len} out) "
+        f"{r.num_requests} requests x ({shared_prefix_len} shared + {input_len} in, {output_len} out, {sampled}) "
         f"in {r.duration_s:.2f} s (engine opened in {open_s:.1f} s)"
     )
     click.echo(

@@ -189,15 +189,18 @@ def apply_top_p(logits: np.ndarray, p: float) -> None:
     """Keep the smallest set of most likely tokens whose probability mass reaches ``p``; mask the rest to -inf.
 
     Ties are ordered by token id. Sorts only the most likely ``TOP_P_CANDIDATES`` tokens when they reach ``p``
-    (the usual case for a language model), else the whole row; the result is the same either way.
+    (the usual case for a language model), else 4 times as many, and so on up to the whole row (a flat
+    distribution: random prompts, high temperatures); the result is the same either way.
     """
     probs = np.exp(log_softmax(logits))
     live = np.flatnonzero(probs > 0)  # tokens already masked (or underflowed) are never kept
     live_probs = probs[live]
-    order = _top_sorted(live_probs, TOP_P_CANDIDATES)
+    m = TOP_P_CANDIDATES
+    order = _top_sorted(live_probs, m)
     cum = np.cumsum(live_probs[order])
-    if cum[-1] < p and order.shape[0] < live.shape[0]:
-        order = _top_sorted(live_probs, live.shape[0])
+    while cum[-1] < p and order.shape[0] < live.shape[0]:
+        m *= 4
+        order = _top_sorted(live_probs, m)
         cum = np.cumsum(live_probs[order])
     keep = cum - live_probs[order] < p  # the mass of the strictly more likely tokens is still short of p
     keep[0] = True  # the most likely token always stays

@@ -135,17 +135,26 @@ def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     As the host's ``apply_top_p``: only the ``TOP_P_CANDIDATES`` most likely tokens are sorted. The candidates'
     order is exact for every token above the smallest candidate value t (ties by id: sorted by id, then stably by
     value), so a row whose tokens above t hold a mass of at least ``top_p`` has its cut among them, whatever order
-    tokens tied at t would take; the rare rows where they fall short are sorted whole (one host sync)."""
+    tokens tied at t would take. Rows where they fall short (a flat distribution) try 8 times as many candidates,
+    and so on up to a sort of the whole row (one host sync a try)."""
     vocab = x.shape[-1]
+    out = torch.full_like(x, -torch.inf)
+    rows = torch.arange(x.shape[0], device=x.device)
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # of the whole row
     m = min(TOP_P_CANDIDATES, vocab)
-    values, ids = _in_sampling_order(*torch.topk(x, m, dim=-1))  # the m largest (topk orders ties arbitrarily)
-    probs = torch.exp(values - torch.logsumexp(x, dim=-1, keepdim=True))  # of the whole row
-    out = torch.full_like(x, -torch.inf).scatter_(1, ids, _nucleus(values, probs, top_p))
-    if m < vocab:
+    while rows.numel():
+        sub, p = x[rows], top_p[rows]
+        if m == vocab:
+            out[rows] = _top_p_sorted(sub, p)
+            break
+        values, ids = _in_sampling_order(*torch.topk(sub, m, dim=-1))  # the m largest (topk orders ties arbitrarily)
+        probs = torch.exp(values - lse[rows])
         above = (probs * (values > values[:, -1:])).sum(dim=-1)  # the mass above the smallest candidate value
-        short = torch.nonzero(above < top_p)[:, 0].tolist()
-        if short:
-            out[short] = _top_p_sorted(x[short], top_p[short])
+        settled = above >= p
+        kept = torch.full_like(sub, -torch.inf).scatter_(1, ids, _nucleus(values, probs, p))
+        out[rows[settled]] = kept[settled]
+        rows = rows[~settled]
+        m = min(8 * m, vocab)
     return out
 
 
