@@ -190,14 +190,8 @@ def _generate_with_progress(llm: Any, prompts: list[list[int]], params: Any, sho
 @click.option("--concurrency", type=int, default=None, help="requests running at once [default: engine's batch size]")
 @click.option("--no-prefix-caching", is_flag=True, help="disable automatic prefix caching")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the random prompts (and sampling)")
-@click.option(
-    "--temperature",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="0 = greedy; above 0 the requests are sampled, the sampler's time counted (--top-p, --top-k)",
-)
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="nucleus sampling mass")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy, else sampled")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="nucleus sampling mass (--temperature > 0)")
 @click.option("--top-k", type=int, default=None, help="keep the k most likely tokens [default: all]")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of a table")
 @click.option(
