@@ -138,13 +138,15 @@ def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     tokens tied at t would take. Rows where they fall short (a flat distribution) try 8 times as many candidates,
     and so on up to a sort of the whole row (one host sync a try)."""
     vocab = x.shape[-1]
-    out = torch.full_like(x, -torch.inf)
     rows = torch.arange(x.shape[0], device=x.device)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # of the whole row
     m = min(TOP_P_CANDIDATES, vocab)
+    out = None  # made when some rows need another try
     while rows.numel():
         sub, p = x[rows], top_p[rows]
         if m == vocab:
+            if out is None:
+                return _top_p_sorted(sub, p)
             out[rows] = _top_p_sorted(sub, p)
             break
         values, ids = _in_sampling_order(*torch.topk(sub, m, dim=-1))  # the m largest (topk orders ties arbitrarily)
@@ -152,9 +154,17 @@ def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
         above = (probs * (values > values[:, -1:])).sum(dim=-1)  # the mass above the smallest candidate value
         settled = above >= p
         kept = torch.full_like(sub, -torch.inf).scatter_(1, ids, _nucleus(values, probs, p))
+        if bool(settled.all()):  # the usual case (a language model's rows): no copy of the rows that settled
+            if out is None:
+                return kept
+            out[rows] = kept
+            break
+        if out is None:
+            out = torch.full_like(x, -torch.inf)
         out[rows[settled]] = kept[settled]
         rows = rows[~settled]
         m = min(8 * m, vocab)
+    assert out is not None  # the loop returns when the first try settles every row
     return out
 
 
