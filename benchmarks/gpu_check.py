@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # gpu_engines: shared with the GPU tests
-from gpu_engines import TINY, convert_and_build, make_hf, quantize_checkpoint, step_batch
+from gpu_engines import TINY, convert_and_build, engine_name, make_hf, quantize_checkpoint, step_batch
 
 START = time.perf_counter()
 DEVICE = "cuda"  # --device cpu runs the cases on the CPU with a tiny model (to check this script without a GPU)
@@ -120,14 +120,20 @@ def hf_1b(work: Path) -> Any:
     return model.to(DEVICE).eval()
 
 
+def tag_1b(qformat: str | None) -> str:
+    """The 1B checkpoint's and engine's name prefix under the work folder: ``1b``, ``1b-int8_wo`` ..."""
+    return "1b" if qformat is None else f"1b-{qformat}"
+
+
 def build_1b(work: Path, runtime: str = "torch-compile", qformat: str | None = None) -> dict[str, Any]:
+    tag = tag_1b(qformat)
     if qformat is None:
-        return convert_and_build(work / "1b-hf", work, "1b", "bfloat16", DEVICE, runtime, "bfloat16", **SPEED_BUILD)
-    qckpt = work / f"1b-{qformat}-ckpt"
+        return convert_and_build(work / "1b-hf", work, tag, "bfloat16", DEVICE, runtime, "bfloat16", **SPEED_BUILD)
+    qckpt = work / f"{tag}-ckpt"
     if not qckpt.exists():
         build_1b(work)  # the bf16 checkpoint
         quantize_checkpoint(work / "1b-ckpt", qckpt, qformat)
-    return convert_and_build(work, work, f"1b-{qformat}", "bfloat16", DEVICE, runtime, ckpt=qckpt, **SPEED_BUILD)
+    return convert_and_build(work, work, tag, "bfloat16", DEVICE, runtime, ckpt=qckpt, **SPEED_BUILD)
 
 
 def speed_model(work: Path) -> dict[str, Any]:
@@ -320,8 +326,8 @@ class Case:
 
 
 def engine_dir(runtime: str, qformat: str | None = None) -> str:
-    """The 1B engine directory ``build_1b`` writes (``tests/gpu_engines.convert_and_build``'s naming)."""
-    return f"1b{'-' + qformat if qformat else ''}-{runtime}-engine"
+    """The 1B engine directory ``build_1b`` writes (its tags, ``gpu_engines.engine_name``)."""
+    return engine_name(tag_1b(qformat), runtime)
 
 
 def cases() -> dict[str, Case]:

@@ -56,6 +56,11 @@ def make_hf(spec: dict[str, Any], folder: Path, dtype: Any, device: str, seed: i
     return model
 
 
+def engine_name(tag: str, runtime: str) -> str:
+    """The engine directory ``convert_and_build`` writes for ``tag`` and ``runtime``, under its root."""
+    return f"{tag}-{runtime}-engine"
+
+
 def convert_and_build(
     hf_dir: Path, root: Path, tag: str, dtype_name: str, device: str, runtime: str = "torch-compile",
     ckpt_dtype: str = "float32", ckpt: Path | None = None, **build_kw: Any,
@@ -68,7 +73,7 @@ def convert_and_build(
     from trtbuild.convert.convert import convert
 
     ckpt = ckpt or root / f"{tag}-ckpt"
-    engine = root / f"{tag}-{runtime}-engine"
+    engine = root / engine_name(tag, runtime)
     if not ckpt.exists():
         convert(hf_dir, ckpt, DType(ckpt_dtype))
     t = time.perf_counter()
