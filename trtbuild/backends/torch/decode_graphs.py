@@ -107,13 +107,14 @@ class DecodeGraphs:
         # intermediates: the logits ``run`` returns are valid until the next replay of any size (callers consume
         # or copy a step's logits before the next step). Replays never overlap: one stream, one step at a time.
         self._pool: Any = None
-        self.failed = False  # a capture failed before any succeeded: graphs are off, the padded path stays
-        self._no_graph: set[int] = set()  # sizes whose capture failed after others' succeeded (e.g. out of memory)
+        # Sizes that run the padded path without a graph: one whose capture failed after others' succeeded (e.g.
+        # out of memory), or every size when the first capture failed (the step itself cannot be captured).
+        self._no_graph: set[int] = set()
 
     @property
     def replaying(self) -> bool:
-        """Whether decode steps run as CUDA graphs: sizes configured, on CUDA, and no capture has failed."""
-        return bool(self.sizes) and self.use_graphs and not self.failed
+        """Whether decode steps run as CUDA graphs: on CUDA, at some configured size whose capture has not failed."""
+        return self.use_graphs and not self._no_graph.issuperset(self.sizes)
 
     def fits(self, batch: StepBatch) -> bool:
         """A pure decode step no larger than the largest size, whose block tables fit the static width."""
@@ -133,7 +134,7 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= b)
         inputs = self._inputs(size)
         inputs.fill(batch)
-        if self.replaying and size not in self._no_graph:
+        if self.use_graphs and size not in self._no_graph:
             graph = self._graphs.get(size) or self._capture(size, inputs.tensors)
             if graph is not None:
                 graph[0].replay()
@@ -175,5 +176,5 @@ class DecodeGraphs:
                 self._no_graph.add(size)
             else:  # the first capture: the step itself cannot be captured
                 log.warning("CUDA graph capture of the decode step failed, running without graphs: %s", e)
-                self.failed = True
+                self._no_graph.update(self.sizes)
             return None
