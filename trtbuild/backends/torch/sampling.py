@@ -141,16 +141,16 @@ def _top_p(x: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     rows = torch.arange(x.shape[0], device=x.device)
     lse = torch.logsumexp(x, dim=-1, keepdim=True)  # of the whole row
     m = min(TOP_P_CANDIDATES, vocab)
-    out = None  # made when some rows need another try
+    out = None  # made when some rows need another try: until then ``rows`` is every row
     while rows.numel():
-        sub, p = x[rows], top_p[rows]
+        sub, p, row_lse = (x, top_p, lse) if out is None else (x[rows], top_p[rows], lse[rows])
         if m == vocab:
             if out is None:
                 return _top_p_sorted(sub, p)
             out[rows] = _top_p_sorted(sub, p)
             break
         values, ids = _in_sampling_order(*torch.topk(sub, m, dim=-1))  # the m largest (topk orders ties arbitrarily)
-        probs = torch.exp(values - lse[rows])
+        probs = torch.exp(values - row_lse)
         above = (probs * (values > values[:, -1:])).sum(dim=-1)  # the mass above the smallest candidate value
         settled = above >= p
         kept = torch.full_like(sub, -torch.inf).scatter_(1, ids, _nucleus(values, probs, p))
