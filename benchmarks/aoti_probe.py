@@ -294,9 +294,17 @@ def main() -> None:
                         help="seconds a probe's child may take (one cut reports its last stage); under a caller's "
                              "limit, less than that limit")  # fmt: skip
     args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="trtbuild-aoti-probe-"))
+    try:
+        run_probes(args, work)
+    finally:  # its packages (a killed run leaves them: gpu_session's TMPDIR holds them, and it removes that)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_probes(args: argparse.Namespace, work: Path) -> None:
+    """Every probe (``--only``: those named), ``--jobs`` at a time, each line as it ends; then the summary line."""
     timeout = args.timeout
     device = args.device
-    work = Path(tempfile.mkdtemp(prefix="trtbuild-aoti-probe-"))
     out_file = Path(os.environ["OUT"]) / "aoti_probe.jsonl" if os.environ.get("OUT") else None
     lines: list[dict[str, Any]] = []
     lock = threading.Lock()  # the default chain emits from its worker thread
@@ -364,7 +372,6 @@ def main() -> None:
     working = [entry["probe"] for entry in lines if entry.get("ok") is True and entry.get("stage") == "ran"]
     emit({"probe": "summary", "total_s": round(time.perf_counter() - START, 1), "ran": ran, "failed": failed,
           "loaded_and_ran": working})  # fmt: skip
-    shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -479,9 +480,17 @@ def main() -> None:
     if args.case:
         run_child(args)
         return
+    work = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-check-"))
+    try:
+        run_cases(args, work)
+    finally:  # the 1B checkpoints and engines the cases built (0.5 GB on the CPU, GBs on the GPU)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_cases(args: argparse.Namespace, work: Path) -> None:
+    """Each selected case in a child process of its own that fits the budget left, then the summary lines."""
     from trtbuild.backends.torch.build.isolate import run_isolated
 
-    work = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-check-"))
     results: list[dict[str, Any]] = []
     flags = ["--device", DEVICE]
     launcher = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"

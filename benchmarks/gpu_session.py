@@ -165,12 +165,21 @@ def main() -> int:
     if not steps:
         parser.error(f"--only names no step of {[s.name for s in STEPS]}")
     site = Path(tempfile.mkdtemp(prefix="trtbuild-gpu-session-"))
+    try:
+        return run_session(args, steps, deadline, site)
+    finally:  # the install, and every step's scratch (TMPDIR), a killed step's too: 0.5-2 GB a run
+        shutil.rmtree(site, ignore_errors=True)
+
+
+def run_session(args: argparse.Namespace, steps: list[Step], deadline: float, site: Path) -> int:
+    """Install into ``site``, then run ``steps`` with their scratch folders under ``site/tmp``, each in its share."""
     summary: dict[str, Any] = {"kind": "session", "device": args.device, "budget_s": args.budget_s}
     t0 = time.perf_counter()
     summary["install"] = install(site / "site")
     summary["install_s"] = round(time.perf_counter() - t0, 1)
     print(json.dumps({"kind": "install", "how": summary["install"], "seconds": summary["install_s"]}), flush=True)
-    env = {**os.environ, "PYTHONPATH": str(site / "site"), "PYTHONUNBUFFERED": "1"}
+    (site / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site / "site"), "PYTHONUNBUFFERED": "1", "TMPDIR": str(site / "tmp")}
     results = []
     for index, step in enumerate(steps):
         left = deadline - time.perf_counter()

@@ -21,24 +21,36 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, timeout: float) -> list[dict]:
-    """The script's JSON lines (``$OUT`` unset: nothing is written beside them); fails on a non-zero exit."""
+def run_script(name: str, *args: str, timeout: float, tmp: Path | None = None) -> list[dict]:
+    """The script's JSON lines (``$OUT`` unset: nothing is written beside them); fails on a non-zero exit.
+
+    With ``tmp``, the script's TMPDIR: it must leave no scratch folder of its own there (they hold GBs of engines)."""
+    env = {k: v for k, v in os.environ.items() if k != "OUT"}
+    if tmp is not None:
+        env["TMPDIR"] = str(tmp)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / name), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT.parent,  # not the source tree: children import the installed package
-        env={k: v for k, v in os.environ.items() if k != "OUT"},
+        env=env,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if tmp is not None:
+        assert scratch_left(tmp) == [], "the script left its scratch folders"
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+def scratch_left(tmp: Path) -> list[str]:
+    """The scripts' own scratch folders in ``tmp`` (torch's compile cache beside them is not theirs)."""
+    return sorted(p.name for p in tmp.glob("trtbuild-*"))
+
+
 @pytest.mark.slow
-def test_gpu_check_on_the_cpu():
-    lines = run_script("gpu_check.py", "--device", "cpu", "--budget", "1500", timeout=1800)
+def test_gpu_check_on_the_cpu(tmp_path):
+    lines = run_script("gpu_check.py", "--device", "cpu", "--budget", "1500", timeout=1800, tmp=tmp_path)
     summary = lines[-1]
     assert summary["case"] == "summary" and summary["failed"] == [] and summary["skipped"] == []
     cases = {line["case"]: line for line in lines}
@@ -75,23 +87,26 @@ def test_gpu_session_on_the_cpu(tmp_path):
 @pytest.mark.slow
 def test_gpu_session_cuts_a_step_at_its_share(tmp_path):
     """A step still running at its share of the budget is killed with the processes it started (exit status 124
-    in the summary), and the session still ends with its summary."""
+    in the summary), and the session still ends with its summary, leaving no scratch folder (the killed step's
+    included)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "OUT": str(tmp_path), "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_session.py"), "--device", "cpu", "--budget-s", "20",
          "--only", "aoti_probe"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT.parent, env={**os.environ, "OUT": str(tmp_path)},
-        check=False,
+        capture_output=True, text=True, timeout=300, cwd=ROOT.parent, env=env, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     (step,) = json.loads(proc.stdout.splitlines()[-1])["steps"]
     assert step["step"] == "aoti_probe" and step["rc"] == 124 and step["seconds"] < 25, step
     left = subprocess.run(["pgrep", "-f", "trtbuild-aoti-probe-"], capture_output=True, text=True, check=False)
     assert left.stdout.strip() == "", "a probe outlived its step"
+    assert scratch_left(tmp_path / "tmp") == []
 
 
 @pytest.mark.slow
-def test_aoti_probe_cpu_mode():
-    lines = run_script("aoti_probe.py", "--device", "cpu", "--jobs", "2", timeout=900)
+def test_aoti_probe_cpu_mode(tmp_path):
+    lines = run_script("aoti_probe.py", "--device", "cpu", "--jobs", "2", timeout=900, tmp=tmp_path)
     summary = lines[-1]
     assert summary["probe"] == "summary" and summary["failed"] == []
     assert {"default/load", "in_process", "cpu_package"} <= set(summary["loaded_and_ran"])
@@ -116,11 +131,11 @@ def test_gpu_check_only_runs_the_named_cases_in_that_order():
         assert script["selected"](names, prefix), prefix
 
 
-def test_gpu_check_skips_a_case_that_does_not_fit_and_runs_a_later_one_that_does():
+def test_gpu_check_skips_a_case_that_does_not_fit_and_runs_a_later_one_that_does(tmp_path):
     """With 100 s of budget, a case that first builds the 1B engine (~130 s on the H200) is skipped with what it
     needs, and the case after it (~60 s) still runs: a short GPU session gets every figure that fits."""
     only = "environment,speed/engine_decode_b1/torch-compile,speed/model"
-    lines = run_script("gpu_check.py", "--device", "cpu", "--budget", "100", "--only", only, timeout=300)
+    lines = run_script("gpu_check.py", "--device", "cpu", "--budget", "100", "--only", only, timeout=300, tmp=tmp_path)
     by_case = {line["case"]: line for line in lines}
     assert by_case["environment"]["ok"] and by_case["speed/model"]["ok"]
     skipped = by_case["speed/engine_decode_b1/torch-compile"]["skipped"]
