@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 
 # Triton reads this at its first import: the plugin kernels' tests run in its CPU interpreter.
 os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -49,6 +50,7 @@ def smollm2(tmp_path_factory):
     root = tmp_path_factory.mktemp("smollm2")
     convert(gguf, root / "ckpt", DType.FLOAT32, dequantize=True)
     build_engine(root / "ckpt", root / "engine", BuildConfig(max_seq_len=2048))
+    shutil.rmtree(root / "ckpt")  # 540 MB the session does not read again
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
@@ -62,6 +64,31 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+DISK_FREE: list[float] = []  # GiB free in the temp folder: at the session's start, then the least seen after a test
+
+
+def disk_free_gib() -> float:
+    """GiB free in the temp folder, where the tests write their checkpoints and engines."""
+    import tempfile
+
+    return shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    DISK_FREE[:] = [disk_free_gib()] * 2
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    DISK_FREE[1] = min(DISK_FREE[1], disk_free_gib())
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """One line on the disk: the slow suite's real-model engines need a few GB, and a CI run once died of ENOSPC, so
+    every run's log (``-q`` included) says what it had."""
+    start, least = DISK_FREE
+    terminalreporter.write_line(f"disk free: {start:.1f} GiB at the start, {least:.1f} GiB at the least")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

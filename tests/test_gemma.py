@@ -7,11 +7,13 @@ terms of use) behind the slow marker. Quantizing Gemma: test_gemma_quantize.py."
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
 import pytest
+from disk import scratch_dir
 from test_end_to_end import check_prefill_and_decode
 from tiny_models import TINY_CONFIGS, make_hf_model
 
@@ -154,14 +156,15 @@ def gemma3_270m(tmp_path_factory):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     src = gemma3_270m_gguf()
-    root = tmp_path_factory.mktemp("gemma3-270m")
     build = BuildConfig(max_seq_len=1024)
-    for name, dequantize in (("float", True), ("blocks", False)):
-        convert(src, root / f"{name}-ckpt", dequantize=dequantize)
-        build_engine(root / f"{name}-ckpt", root / name, build)
-    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
-    model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32).eval()
-    return model, tok, root / "float", root / "blocks"
+    with scratch_dir(tmp_path_factory, "gemma3-270m") as root:
+        for name, dequantize in (("float", True), ("blocks", False)):
+            convert(src, root / f"{name}-ckpt", dequantize=dequantize)
+            build_engine(root / f"{name}-ckpt", root / name, build)
+            shutil.rmtree(root / f"{name}-ckpt")
+        tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+        model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32).eval()
+        yield model, tok, root / "float", root / "blocks"
 
 
 @pytest.mark.slow

@@ -11,7 +11,10 @@ has the evidence: on this 135M model int4 at group 128 costs 2.5-8.7% for *each*
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
+from disk import scratch_dir
 
 from trtbuild.build import build_engine
 from trtbuild.cli.eval import evaluate
@@ -31,10 +34,10 @@ def smollm2_float(tmp_path_factory):
     from trtbuild.convert.convert import convert
     from trtbuild.demo import smollm2_gguf_path
 
-    root = tmp_path_factory.mktemp("smollm2-quant")
-    convert(smollm2_gguf_path(), root / "ckpt", DType.FLOAT32, dequantize=True)
-    build_engine(root / "ckpt", root / "fp32", BUILD)
-    return root / "ckpt", root / "fp32", evaluate(root / "fp32", EVAL).perplexity
+    with scratch_dir(tmp_path_factory, "smollm2-quant") as root:
+        convert(smollm2_gguf_path(), root / "ckpt", DType.FLOAT32, dequantize=True)
+        build_engine(root / "ckpt", root / "fp32", BUILD)
+        yield root / "ckpt", root / "fp32", evaluate(root / "fp32", EVAL).perplexity
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +46,23 @@ def perplexity(smollm2_float, tmp_path_factory):
     from trtbuild.quantize.quantize import quantize
 
     ckpt, _, _ = smollm2_float
-    root = tmp_path_factory.mktemp("formats")
-    cache: dict[tuple[str, str], float] = {}
+    cache: dict[tuple[str, EvalConfig], float] = {}
+    with scratch_dir(tmp_path_factory, "formats") as root:
 
-    def get(name: str, on: EvalConfig = EVAL, **fields) -> float:
-        if not (root / name).is_dir():
-            quantize(ckpt, root / f"{name}-ckpt", QuantConfig(**{**CALIB, **fields}), progress=False)
-            build_engine(root / f"{name}-ckpt", root / name, BUILD)
-        if (name, on.dataset) not in cache:
-            cache[name, on.dataset] = evaluate(root / name, on).perplexity
-        return cache[name, on.dataset]
+        def get(name: str, on: EvalConfig = EVAL, **fields) -> float:
+            if (name, on) not in cache:
+                # every evaluation EVALS names for it at once, then its files go: ~20 formats' checkpoints and
+                # engines kept to the module's end took 5 GB of disk
+                assert on in EVALS.get(name, ()), f"add {on} to EVALS[{name!r}]"
+                quantize(ckpt, root / f"{name}-ckpt", QuantConfig(**{**CALIB, **fields}), progress=False)
+                build_engine(root / f"{name}-ckpt", root / name, BUILD)
+                for each in EVALS[name]:
+                    cache[name, each] = evaluate(root / name, each).perplexity
+                shutil.rmtree(root / f"{name}-ckpt")
+                shutil.rmtree(root / name)
+            return cache[name, on]
 
-    return get
+        yield get
 
 
 def increase(ppl: float, ref: float) -> float:
@@ -220,3 +228,12 @@ def test_quantized_lm_head_costs_little_on_another_domain(perplexity, name):
     default = perplexity(f"{name}_cli_default", CROSS, **FORMATS[f"{name}_cli_default"][0])
     head_float = perplexity(name, CROSS, **FORMATS[name][0])
     assert increase(default, head_float) <= 0.4
+
+
+# name -> the evaluations its tests ask for (the perplexity fixture runs them all when it builds that format)
+EVALS: dict[str, tuple[EvalConfig, ...]] = {name: (EVAL,) for name in FORMATS}
+EVALS["int8_wo"] += (KV_EVAL,)
+EVALS["int8_wo+kv_int8"] = (KV_EVAL,)
+for name in [*INT4_CROSS, *W8A8_CROSS, "int8_sq_static", "int8_wo_cli_default", "int8_sq_cli_default"]:
+    EVALS[name] = (*EVALS.get(name, ()), CROSS)
+EVALS["int4_wo_g128"] = (EVAL, *EVALS["int4_wo_g128"])  # test_int4_awq_beats_round_to_nearest
