@@ -68,16 +68,10 @@ inline void scores_x1(const float* q, int64_t d, const float* k, float* p, int64
   for (int r = 0; r < R; ++r) p[r * ps] = hsum(acc[r]);
 }
 
-// R rows' accumulators (row r at acc + r * d), dims [0, 8C): acc = acc * alpha[r] + sum_o p[r * ps + o] * v_o, over
-// the block's n values (value o at v + o * stride). Each value vector is loaded once for the R rows.
+// R rows' accumulators a (row r's dims [0, 8C) of acc) += sum_o p[r * ps + o] * v_o over n values (value o at
+// v + o * stride). Each value vector is loaded once for the R rows.
 template <int R, int C>
-inline void values_xc(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, float* acc, int64_t d,
-                      const float* alpha) {
-  v8 a[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) a[r][c] = load8(acc + r * d + 8 * c) * alpha[r];
+inline void values_acc(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, v8 (&a)[R][C]) {
   for (int64_t o = 0; o < n; ++o) {
     v8 pr[R];
 #pragma GCC unroll 4
@@ -88,6 +82,24 @@ inline void values_xc(const float* p, int64_t ps, const float* v, int64_t stride
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) a[r][c] += pr[r] * vv;
     }
+  }
+}
+
+// R rows' accumulators (row r at acc + r * d), dims [0, 8C): acc = acc * alpha[r] + sum_o p[r * ps + o] * v_o over
+// the step's n values. One block (Span false): value o at blocks[0] + o * stride. A span (Span true): blocks of bs
+// values, value o at blocks[o / bs] + (o % bs) * stride, the accumulators kept in registers over all of them.
+template <int R, int C, bool Span>
+inline void values_xc(const float* p, int64_t ps, const float* const* blocks, int64_t bs, int64_t stride, int64_t n,
+                      float* acc, int64_t d, const float* alpha) {
+  v8 a[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) a[r][c] = load8(acc + r * d + 8 * c) * alpha[r];
+  if constexpr (Span) {
+    for (int64_t o = 0; o < n; o += bs) values_acc<R, C>(p + o, ps, blocks[o / bs], stride, std::min(bs, n - o), a);
+  } else {
+    values_acc<R, C>(p, ps, blocks[0], stride, n, a);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -129,22 +141,30 @@ void scores_rows(const float* q, int64_t d, const float* keys, int64_t stride, i
   for (; o < n; ++o) scores_x1<R>(q, d, keys + o * stride, p + o, ps);
 }
 
-template <int R>
-void values_rows(const float* p, int64_t ps, const float* v, int64_t stride, int64_t n, float* acc, int64_t d,
-                 const float* alpha, BlockPrefetch& pf) {
+// The values of the step's n keys (see values_xc) for R rows, dims 32, then 16, then 8 at a time; blocks[b] + c is
+// block b's dim c.
+template <int R, bool Span>
+void values_rows(const float* p, int64_t ps, const float* const* blocks, int64_t bs, int64_t stride, int64_t n,
+                 float* acc, int64_t d, const float* alpha, BlockPrefetch& pf) {
+  const float* at[kMaxSpanBlocks];
+  const int64_t nb = Span ? (n + bs - 1) / bs : 1;
+  const auto shifted = [&](int64_t c) {  // the blocks' pointers at dim c
+    for (int64_t b = 0; b < nb; ++b) at[b] = blocks[b] + c;
+    return at;
+  };
   int64_t c = 0;
   for (; c + 32 <= d; c += 32) {
     pf.step();
-    values_xc<R, 4>(p, ps, v + c, stride, n, acc + c, d, alpha);
+    values_xc<R, 4, Span>(p, ps, shifted(c), bs, stride, n, acc + c, d, alpha);
   }
   if (c + 16 <= d) {
     pf.step();
-    values_xc<R, 2>(p, ps, v + c, stride, n, acc + c, d, alpha);
+    values_xc<R, 2, Span>(p, ps, shifted(c), bs, stride, n, acc + c, d, alpha);
     c += 16;
   }
   if (c + 8 <= d) {
     pf.step();
-    values_xc<R, 1>(p, ps, v + c, stride, n, acc + c, d, alpha);
+    values_xc<R, 1, Span>(p, ps, shifted(c), bs, stride, n, acc + c, d, alpha);
   }
 }
 

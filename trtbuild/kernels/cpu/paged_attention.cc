@@ -112,7 +112,8 @@ BlockPrefetch item_block_lines(const Attrs& a, const Step& s, const WorkItem& w,
 
 // Phase 2, one work item: tokens [first, first + n) of one sequence, the query heads of KV heads [h_lo, h_hi),
 // over the sequence's positions from its first token's window start (0 without a sliding window) to its last
-// token's position, block by block (online softmax). A block's rows of all KV heads lie together ([BS, Hkv, D]),
+// token's position, block by block (online softmax; a prefill tile of a float cache a span of kMaxBlockSize keys
+// at a time, its blocks read in place). A block's rows of all KV heads lie together ([BS, Hkv, D]),
 // so an item covering every head reads (and prefetches) each block as one contiguous run. Per block and head: the
 // scores of the head's rows against the block's keys in register tiles of 3 rows x 4 keys, each row's softmax
 // update on 8 lanes (soft-capped first with a softcap), then the weighted values added into the rows' accumulators
@@ -121,9 +122,14 @@ BlockPrefetch item_block_lines(const Attrs& a, const Step& s, const WorkItem& w,
 // last, as each block during the one before. first_fetched: this item's first block was prefetched so.
 void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* next, bool first_fetched) {
   const int64_t group = a.num_heads / a.num_kv_heads, d = a.head_size, hkv = a.num_kv_heads;
-  const int64_t head_rows = group * w.num_tokens, bs = s.block_size, ps = (bs + 7) & ~int64_t(7);
+  const int64_t head_rows = group * w.num_tokens, bs = s.block_size;
   const int64_t rows = head_rows * (w.h_hi - w.h_lo);
   const bool tiled = d % 8 == 0;
+  // A prefill tile over a float cache takes its keys kMaxBlockSize at a time (several blocks, each read in place):
+  // each row's softmax update and accumulator rescale then cover 64 keys, not one block's 16. Decode items (and
+  // quantized caches, dequantized a block at a time) take one block per step.
+  const int64_t span = w.num_tokens >= kSpanTokens && tiled && a.cache_type == kCacheFloat ? kMaxBlockSize / bs : 1;
+  const int64_t ps = (span * bs + 7) & ~int64_t(7);  // scores per row in p: the step's keys, padded to 8
   // Per-thread scratch: rows <= kMaxRows, rows x head size <= kMaxTileFloats (both ensured by the caller), block
   // size <= kMaxBlockSize. Row r = (head - h_lo) * head_rows + token * group + query head within the group.
   static thread_local float q[kMaxTileFloats], acc[kMaxTileFloats], m[kMaxRows], l[kMaxRows], alpha[kMaxRows];
@@ -147,9 +153,9 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
   const int64_t ctx = last_pos[head_rows - 1] + 1;  // positions ascend within a sequence
   const int64_t* table = s.block_tables + w.seq * s.max_blocks;
   const int64_t j0 = first_block(a, s, w);
-  for (int64_t j = j0; j * bs < ctx; ++j) {
+  for (int64_t j = j0; j * bs < ctx; j += span) {
     const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
-    const int64_t n = std::min(bs, ctx - j * bs);
+    const int64_t n = std::min(span * bs, ctx - j * bs);  // the step's keys: blocks [j, j + span)
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
     // reads come from DRAM. The item's lines of it go out a few at a time from the tiles, evenly over this
     // block's tiles, in address order (sent in one burst per block or head they filled the core's miss buffers
@@ -162,9 +168,9 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
     const int64_t rows_here = end_row - first_row;
     if (j == j0 && !first_fetched) item_block_lines(a, s, w, j0).finish();  // at once: nothing to overlap it with
     BlockPrefetch pf;  // block j + 1 (after the last block: the next item's first), spread over this block's tiles
-    const bool last = (j + 1) * bs >= ctx;
-    if (!last || next != nullptr) {
-      pf = last ? item_block_lines(a, s, *next, first_block(a, s, *next)) : item_block_lines(a, s, w, j + 1);
+    const bool last = (j + span) * bs >= ctx;
+    if (!last || next != nullptr) {  // (a span's step prefetches the next span's first block only)
+      pf = last ? item_block_lines(a, s, *next, first_block(a, s, *next)) : item_block_lines(a, s, w, j + span);
       const int64_t steps = tiled ? (w.h_hi - w.h_lo) * tile_steps(rows_here, n, d) : 0;
       pf.per_step = (pf.rows * pf.lines_per_row + steps - 1) / std::max<int64_t>(steps, 1);
     }
@@ -173,7 +179,16 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
       const float* keys;
       const float* values;
       int64_t stride = hkv * d;  // between consecutive keys
-      if (a.cache_type == kCacheFloat) {
+      const float* key_blocks[kMaxSpanBlocks];  // the step's blocks of this head (one unless span > 1)
+      const float* value_blocks[kMaxSpanBlocks];
+      if (span > 1) {
+        for (int64_t b = 0; b * bs < n; ++b) {
+          const int64_t at = (clamp(table[j + b], 0, s.num_blocks - 1) * bs * hkv + h) * d;
+          key_blocks[b] = static_cast<const float*>(s.key_cache) + at;
+          value_blocks[b] = static_cast<const float*>(s.value_cache) + at;
+        }
+        keys = key_blocks[0], values = value_blocks[0];
+      } else if (a.cache_type == kCacheFloat) {
         keys = static_cast<const float*>(s.key_cache) + row0;
         values = static_cast<const float*>(s.value_cache) + row0;
       } else {  // dequantize the head's keys/values of this block into scratch (the same math as the reference)
@@ -207,10 +222,14 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
         } else {
           for (int64_t r = lo; r < hi; r += 3) {
             const int64_t nr = std::min<int64_t>(3, hi - r);
-            float* pr = p + r * ps;
-            if (nr == 3) scores_rows<3>(q + r * d, d, keys, stride, n, pr, ps, pf);
-            else if (nr == 2) scores_rows<2>(q + r * d, d, keys, stride, n, pr, ps, pf);
-            else scores_rows<1>(q + r * d, d, keys, stride, n, pr, ps, pf);
+            for (int64_t o = 0; o < n; o += bs) {  // each block of the step (one unless span > 1)
+              const float* k = span > 1 ? key_blocks[o / bs] : keys;
+              const int64_t nk = std::min(bs, n - o);
+              float* pr = p + r * ps + o;
+              if (nr == 3) scores_rows<3>(q + r * d, d, k, stride, nk, pr, ps, pf);
+              else if (nr == 2) scores_rows<2>(q + r * d, d, k, stride, nk, pr, ps, pf);
+              else scores_rows<1>(q + r * d, d, k, stride, nk, pr, ps, pf);
+            }
           }
         }
         for (int64_t r = lo; r < hi; ++r) {
@@ -224,9 +243,16 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
         for (int64_t r = lo; r < hi; r += 3) {
           const int64_t nr = std::min<int64_t>(3, hi - r);
           const float* pr = p + r * ps;
-          if (nr == 3) values_rows<3>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
-          else if (nr == 2) values_rows<2>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
-          else values_rows<1>(pr, ps, values, stride, n, acc + r * d, d, alpha + r, pf);
+          float* ar = acc + r * d;
+          if (span > 1) {
+            if (nr == 3) values_rows<3, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
+            else if (nr == 2) values_rows<2, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
+            else values_rows<1, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
+          } else {
+            if (nr == 3) values_rows<3, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
+            else if (nr == 2) values_rows<2, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
+            else values_rows<1, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
+          }
         }
       }
     }

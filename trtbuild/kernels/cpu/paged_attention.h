@@ -37,7 +37,9 @@ struct Step {
 constexpr int64_t kMaxTileFloats = 8192;  // query rows x head size held on the stack by one work item
 constexpr int64_t kTileRows = 32;  // aim: GQA group x tokens per work item (keys are read once per tile)
 constexpr int64_t kMaxRows = 128;  // most query rows of a work item (a GQA group may exceed kTileRows)
-constexpr int64_t kMaxBlockSize = 64;
+constexpr int64_t kMaxBlockSize = 64;  // also the keys a prefill tile takes per step (paged_attention.cc's span)
+constexpr int64_t kSpanTokens = 4;  // a work item of this many tokens or more (a prefill tile) takes keys in spans
+constexpr int64_t kMaxSpanBlocks = kMaxBlockSize;  // blocks of one span: kMaxBlockSize keys, blocks of 1 or more
 constexpr int64_t kMaxHeadSize = 512;
 
 #pragma GCC visibility push(hidden)
