@@ -51,7 +51,7 @@ def perplexity(smollm2_float, tmp_path_factory):
 
         def get(name: str, on: EvalConfig = EVAL, **fields) -> float:
             if (name, on) not in cache:
-                # every evaluation EVALS names for it at once, then its files go: ~20 formats' checkpoints and
+                # every evaluation EVALS names for it at once, then its files go: 14 formats' checkpoints and
                 # engines kept to the module's end took 5 GB of disk
                 assert on in EVALS.get(name, ()), f"add {on} to EVALS[{name!r}]"
                 quantize(ckpt, root / f"{name}-ckpt", QuantConfig(**{**CALIB, **fields}), progress=False)

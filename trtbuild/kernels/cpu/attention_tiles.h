@@ -168,6 +168,15 @@ void values_rows(const float* p, int64_t ps, const float* const* blocks, int64_t
   }
 }
 
+// values_rows for a tile of nr (1 to 3) rows.
+template <bool Span>
+void values_tile(int64_t nr, const float* p, int64_t ps, const float* const* blocks, int64_t bs, int64_t stride,
+                 int64_t n, float* acc, int64_t d, const float* alpha, BlockPrefetch& pf) {
+  if (nr == 3) values_rows<3, Span>(p, ps, blocks, bs, stride, n, acc, d, alpha, pf);
+  else if (nr == 2) values_rows<2, Span>(p, ps, blocks, bs, stride, n, acc, d, alpha, pf);
+  else values_rows<1, Span>(p, ps, blocks, bs, stride, n, acc, d, alpha, pf);
+}
+
 // The prefetch steps scores_rows and values_rows take for `rows` rows of one head and a block of n keys.
 int64_t tile_steps(int64_t rows, int64_t n, int64_t d) {
   const int64_t passes = d / 32 + (d % 32) / 16 + (d % 16) / 8;

@@ -154,7 +154,6 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
   const int64_t* table = s.block_tables + w.seq * s.max_blocks;
   const int64_t j0 = first_block(a, s, w);
   for (int64_t j = j0; j * bs < ctx; j += span) {
-    const int64_t block = clamp(table[j], 0, s.num_blocks - 1);
     const int64_t n = std::min(span * bs, ctx - j * bs);  // the step's keys: blocks [j, j + span)
     // Fetch the next block (elsewhere in memory) while this one is computed: at 64 sequences the float cache's
     // reads come from DRAM. The item's lines of it go out a few at a time from the tiles, evenly over this
@@ -175,27 +174,23 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
       pf.per_step = (pf.rows * pf.lines_per_row + steps - 1) / std::max<int64_t>(steps, 1);
     }
     for (int64_t h = w.h_lo; h < w.h_hi; ++h) {
-      const int64_t row0 = (block * bs * hkv + h) * d;  // the head's first key of the block
-      const float* keys;
-      const float* values;
-      int64_t stride = hkv * d;  // between consecutive keys
-      const float* key_blocks[kMaxSpanBlocks];  // the step's blocks of this head (one unless span > 1)
+      // This head's first key and value of each of the step's blocks j + b (one block unless span > 1)
+      const float* key_blocks[kMaxSpanBlocks];
       const float* value_blocks[kMaxSpanBlocks];
-      if (span > 1) {
+      int64_t stride = hkv * d;  // between consecutive keys
+      if (a.cache_type == kCacheFloat) {
         for (int64_t b = 0; b * bs < n; ++b) {
           const int64_t at = (clamp(table[j + b], 0, s.num_blocks - 1) * bs * hkv + h) * d;
           key_blocks[b] = static_cast<const float*>(s.key_cache) + at;
           value_blocks[b] = static_cast<const float*>(s.value_cache) + at;
         }
-        keys = key_blocks[0], values = value_blocks[0];
-      } else if (a.cache_type == kCacheFloat) {
-        keys = static_cast<const float*>(s.key_cache) + row0;
-        values = static_cast<const float*>(s.value_cache) + row0;
       } else {  // dequantize the head's keys/values of this block into scratch (the same math as the reference)
+        const int64_t row0 = (clamp(table[j], 0, s.num_blocks - 1) * bs * hkv + h) * d;
         dequantize_rows(a, s.key_cache, row0, n, hkv * d, d, s.k_scale, kq);
         dequantize_rows(a, s.value_cache, row0, n, hkv * d, d, s.v_scale, vq);
-        keys = kq, values = vq, stride = d;
+        key_blocks[0] = kq, value_blocks[0] = vq, stride = d;
       }
+      const float* keys = key_blocks[0];
       const int64_t lo = (h - w.h_lo) * head_rows + first_row, hi = lo + rows_here;
 #if defined(__AVX__)
       if (tiled && n == 16 && ps == 16) {  // a whole block of 16 (an engine's default): scores kept in registers
@@ -218,12 +213,12 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
 #endif
       {
         if (!tiled) {
-          scores_scalar(q + lo * d, d, keys, stride, n, rows_here, p + lo * ps, ps);
+          scores_scalar(q + lo * d, d, keys, stride, n, rows_here, p + lo * ps, ps);  // untiled: span 1
         } else {
           for (int64_t r = lo; r < hi; r += 3) {
             const int64_t nr = std::min<int64_t>(3, hi - r);
             for (int64_t o = 0; o < n; o += bs) {  // each block of the step (one unless span > 1)
-              const float* k = span > 1 ? key_blocks[o / bs] : keys;
+              const float* k = key_blocks[o / bs];
               const int64_t nk = std::min(bs, n - o);
               float* pr = p + r * ps + o;
               if (nr == 3) scores_rows<3>(q + r * d, d, k, stride, nk, pr, ps, pf);
@@ -238,21 +233,14 @@ void attend(const Attrs& a, const Step& s, const WorkItem& w, const WorkItem* ne
         }
       }
       if (!tiled) {
-        values_scalar(p + lo * ps, ps, values, stride, n, rows_here, acc + lo * d, d, alpha + lo);
+        values_scalar(p + lo * ps, ps, value_blocks[0], stride, n, rows_here, acc + lo * d, d, alpha + lo);
       } else {
         for (int64_t r = lo; r < hi; r += 3) {
           const int64_t nr = std::min<int64_t>(3, hi - r);
           const float* pr = p + r * ps;
           float* ar = acc + r * d;
-          if (span > 1) {
-            if (nr == 3) values_rows<3, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
-            else if (nr == 2) values_rows<2, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
-            else values_rows<1, true>(pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
-          } else {
-            if (nr == 3) values_rows<3, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
-            else if (nr == 2) values_rows<2, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
-            else values_rows<1, false>(pr, ps, &values, n, stride, n, ar, d, alpha + r, pf);
-          }
+          if (span > 1) values_tile<true>(nr, pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
+          else values_tile<false>(nr, pr, ps, value_blocks, bs, stride, n, ar, d, alpha + r, pf);
         }
       }
     }
