@@ -173,6 +173,7 @@ def test_paged_attention_gpu_crash_costs_one_case():
     assert "error" not in by_case["smoke-decode"] and by_case["smoke-sweep"]["ms"] > 0
 
 
+@pytest.mark.slow  # it waits out its 30 s timeout (the crash above covers the worker's restart in the default suite)
 def test_paged_attention_gpu_hang_costs_one_case():
     """A case silent for ``--case-timeout`` seconds (a kernel that never returns) has its worker killed and is one
     error line; the cases after it still run."""

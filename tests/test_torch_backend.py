@@ -1,13 +1,14 @@
 """The torch backend on the CPU, both runtimes: torch-compile (graph + weights, ``torch.compile`` at open) and
 AOTInductor (``model.pt2``).
 
-One engine per architecture and runtime is built per session (``torch_engines``; an AOTInductor build takes ~20 s
-here, a torch-compile one compiles at open: ~10 s cold, a few warm) and reused. Checked for both: logits equal
-transformers' through the paged cache (ragged prefill, chunks, decode; one-row products as fused reductions), the
-runner on top (continuous batching, chunked prefill, prefix hits); the custom op against the numpy oracle (its CPU
-kernel, the native kernel it calls, the torch code, and the CUDA implementation's Triton kernel under
-``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child process and the fallback when it fails;
-and the errors.
+One engine per architecture and runtime is built per session, when a test first asks for it (``torch_engines``; an
+AOTInductor build takes ~20 s here, a torch-compile one compiles at open: ~10 s cold, a few warm) and reused. The
+default suite builds one AOTInductor engine (llama_gqa); the other architectures' packages are the slow suite's. Checked
+for both: logits equal transformers' through the paged cache (ragged prefill, chunks, decode; one-row products as fused
+reductions), the runner on top (continuous batching, chunked prefill, prefix hits); the custom op against the numpy
+oracle (its CPU kernel, the native kernel it calls, the torch code, and the CUDA implementation's Triton kernel under
+``TRITON_INTERPRET=1``); the AOTInductor package's load check in a child process and the fallback when it fails; and the
+errors.
 """
 
 from __future__ import annotations
@@ -40,28 +41,41 @@ from trtbuild.runtime.llm import LLM, SamplingParams
 
 ARCHS = ["llama_gqa", "qwen2_bias", "gpt2"]
 RUNTIMES = [TorchRuntime.TORCH_COMPILE, TorchRuntime.AOT_INDUCTOR]
-# (architecture, runtime) of every engine built: each architecture on both runtimes, Qwen3 (whose q/k norms are
-# standard ops the importer covers), Phi-3 (rotary over part of each head) and Gemma 3 (sandwich norms, GeGLU, two
-# rotary tables, sliding layers) on torch-compile only, to keep the
-# suite short
-ENGINES = [(name, runtime) for name in ARCHS for runtime in RUNTIMES] + [
-    (name, TorchRuntime.TORCH_COMPILE) for name in ("qwen3", "phi3", "gemma3")
-]
+# (architecture, runtime) of every engine checked against transformers: each architecture on both runtimes (the
+# AOTInductor packages but llama_gqa's in the slow suite: ~20 s each to build), Qwen3 (whose q/k norms are standard
+# ops the importer covers), Phi-3 (rotary over part of each head) and Gemma 3 (sandwich norms, GeGLU, two rotary
+# tables, sliding layers) on torch-compile only, to keep the suite short
+ENGINES = [
+    (name, runtime)
+    if runtime is TorchRuntime.TORCH_COMPILE or name == "llama_gqa"
+    else pytest.param(name, runtime, marks=pytest.mark.slow)
+    for name in ARCHS
+    for runtime in RUNTIMES
+] + [(name, TorchRuntime.TORCH_COMPILE) for name in ("qwen3", "phi3", "gemma3")]
 TINY_BUILD = BuildConfig(backend=Backend.TORCH, max_seq_len=128, kv_block_size=4)
+
+
+class TorchEngines:
+    """(name, runtime) -> (hf model, ckpt, torch CPU engine dir), each engine built the first time it is asked for
+    (so a run of some tests builds only theirs) and kept for the session."""
+
+    def __init__(self, tiny_engines: dict, root) -> None:
+        self.tiny_engines, self.root, self.built = tiny_engines, root, {}
+
+    def __getitem__(self, key: tuple[str, TorchRuntime]):
+        if key not in self.built:
+            name, runtime = key
+            model, ckpt, _ = self.tiny_engines[name]
+            engine = self.root / f"{name}-{runtime.value}"
+            result = build_engine(ckpt, engine, TINY_BUILD, torch=TorchConfig(TorchDevice.CPU, torch_runtime=runtime))
+            assert result.warnings == ()  # the AOTInductor package loaded and ran in its child-process check
+            self.built[key] = (model, ckpt, engine)
+        return self.built[key]
 
 
 @pytest.fixture(scope="session")
 def torch_engines(tiny_engines, tmp_path_factory):
-    """(name, runtime) -> (hf model, ckpt, torch CPU engine dir): one build per architecture and runtime."""
-    root = tmp_path_factory.mktemp("torch")
-    out = {}
-    for name, runtime in ENGINES:
-        model, ckpt, _ = tiny_engines[name]
-        engine = root / f"{name}-{runtime.value}"
-        result = build_engine(ckpt, engine, TINY_BUILD, torch=TorchConfig(TorchDevice.CPU, torch_runtime=runtime))
-        assert result.warnings == ()  # the AOTInductor package loaded and ran in its child-process check
-        out[name, runtime] = (model, ckpt, engine)
-    return out
+    return TorchEngines(tiny_engines, tmp_path_factory.mktemp("torch"))
 
 
 @pytest.mark.parametrize(("name", "runtime"), ENGINES, ids=lambda v: v.value if isinstance(v, TorchRuntime) else v)
@@ -201,7 +215,11 @@ def test_eager_module_matches_transformers(torch_engines):
 
 @pytest.mark.parametrize(
     ("name", "runtime"),
-    [("qwen2_bias", runtime) for runtime in RUNTIMES] + [("gemma3", TorchRuntime.TORCH_COMPILE)],
+    [
+        ("qwen2_bias", TorchRuntime.TORCH_COMPILE),
+        ("llama_gqa", TorchRuntime.AOT_INDUCTOR),
+        ("gemma3", TorchRuntime.TORCH_COMPILE),
+    ],
     ids=lambda v: v.value if isinstance(v, TorchRuntime) else v,
 )
 def test_padded_decode_steps_match_transformers(torch_engines, name, runtime):
@@ -599,7 +617,7 @@ def test_mismatched_package_is_refused_with_the_rebuild_command(torch_engines, t
 
     from trtbuild.artifacts.manifest import manifest_digest
 
-    engine = shutil.copytree(torch_engines["gpt2", TorchRuntime.AOT_INDUCTOR][2], tmp_path / "engine")
+    engine = shutil.copytree(torch_engines["llama_gqa", TorchRuntime.AOT_INDUCTOR][2], tmp_path / "engine")
     manifest = json.loads((engine / "manifest.json").read_text())
     manifest["engines"][0]["target"] = "cpu-sse9"
     manifest["engines"][0]["torch_version"] = "1.0.0"
@@ -617,7 +635,7 @@ def test_a_format_2_package_still_loads(torch_engines, tmp_path):
     from trtbuild.backends.torch.build.writer import dynamic_shapes, example_step
     from trtbuild.config import RuntimeConfig
 
-    model, ckpt, engine = torch_engines["gpt2", TorchRuntime.AOT_INDUCTOR]
+    model, ckpt, engine = torch_engines["llama_gqa", TorchRuntime.AOT_INDUCTOR]
     old = shutil.copytree(engine, tmp_path / "engine")
     config = RuntimeConfig.load(old)
     (entry,) = json.loads((old / "manifest.json").read_text())["engines"]
@@ -632,4 +650,4 @@ def test_a_format_2_package_still_loads(torch_engines, tmp_path):
     config.save(old)
     session = TorchSession(old, kv_cache_memory=1 << 20)
     assert package_models(package) == {STEP_MODEL} and session._runner.decode_program is None
-    check_prefill_and_decode(session, model, "gpt2")
+    check_prefill_and_decode(session, model, "llama_gqa")

@@ -324,7 +324,7 @@ def test_engine_without_manifest_is_refused_everywhere(monkeypatch, capsys, text
 # ------------------------------------------------------------ issue 39, item 11: third-party noise during quantize
 
 
-@pytest.mark.parametrize("qformat", ["int8_sq", "fp8"])
+@pytest.mark.parametrize("qformat", ["int8_sq", pytest.param("fp8", marks=pytest.mark.slow)])  # ~20 s each
 def test_quantize_prints_nothing_of_modelopt_or_torch(tmp_path, qformat):
     """With Python's default warning filters (and even with PYTHONWARNINGS=default, which shows deprecations) a
     quantization prints its summary line and nothing else: no modelopt "Registered ..." / "Inserted N quantizers" /
