@@ -71,6 +71,12 @@ void linear_task(void* data, size_t task) {
   const auto [r_lo, r_hi, p_lo, p_hi] = task_range(w, task);
 #if TRTBUILD_LINEAR_SIMD
   if (r_hi - r_lo < 4) {  // decode rows: tiles of one row x one panel (above)
+    // the task's first 1 KB, which no tile prefetches (each prefetches 1 KB ahead of itself), and its first scales
+    const char* start = reinterpret_cast<const char*>(w.w + p_lo * w.steps * 64);
+    for (int i = 0; i < 16; ++i) _mm_prefetch(start + 64 * i, _MM_HINT_T0);
+    if (w.grouped)
+      for (int64_t g = 0; g * w.a->group < w.a->in_features; ++g)
+        _mm_prefetch(reinterpret_cast<const char*>(w.ws + g * w.panels * kPanel + p_lo * kPanel), _MM_HINT_T0);
     for (int64_t p = p_lo; p < p_hi; ++p)
       for (int64_t r = r_lo; r < r_hi; ++r) linear_tile<1, 1, Bits>(w, r, p);
     return;

@@ -95,6 +95,8 @@ void linear_tile(const LinearWork& w, int64_t r0, int64_t p0) {
       for (int r = 0; r < R; ++r) qr[r] += kStepK;
     }
     const int64_t g = w.grouped ? k0 / a.group : 0;
+    if (w.grouped)  // the next panel's scales of this group (as linear_vnni.h)
+      _mm_prefetch(reinterpret_cast<const char*>(w.ws + g * w.panels * kPanel + (p0 + 1) * kPanel), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const int64_t at = (r0 + r) * w.blocks + b;
       const __m256i corr = _mm256_set1_epi32(Bits == 8 ? 0 : w.zero_point * w.qsum[at]);
