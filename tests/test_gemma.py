@@ -7,6 +7,7 @@ terms of use) behind the slow marker. Quantizing Gemma: test_gemma_quantize.py."
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 from dataclasses import replace
 
@@ -170,21 +171,38 @@ def gemma3_270m(tmp_path_factory):
 @pytest.mark.slow
 def test_gemma3_270m_greedy_text_equals_transformers(gemma3_270m):
     """The float engine of the real checkpoint (every tensor as transformers dequantizes it) generates transformers'
-    greedy tokens; the engine that keeps the GGUF's Q8_0 / Q5_0 blocks as int8 (its activations quantized by the
-    native linear) starts the same way."""
+    greedy tokens."""
     import torch
 
     from trtbuild.runtime.llm import LLM, SamplingParams
 
-    model, tok, float_engine, block_engine = gemma3_270m
+    model, tok, float_engine, _ = gemma3_270m
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    ours, blocks = LLM(float_engine), LLM(block_engine)
+    ours = LLM(float_engine)
     for prompt in PROMPTS:
         ids = tok(prompt)["input_ids"]
         with torch.no_grad():
             ref = model.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
         assert ours.generate([ids], greedy)[0].token_ids == ref[0, len(ids) :].tolist(), prompt
-        assert blocks.generate([ids], greedy)[0].token_ids[:6] == ref[0, len(ids) : len(ids) + 6].tolist(), prompt
+
+
+@pytest.mark.slow
+def test_gemma3_270m_block_engine_perplexity_is_the_float_engines(gemma3_270m):
+    """The engine of the default checkpoint keeps the file's Q8_0 / Q5_0 blocks as int8 and its Q4_K ones as int4
+    (``int4_min_wo``; the Q6_K ones are dequantized), its activations quantized to int8 per block of 32 where they
+    meet those weights, as llama.cpp quantizes them: on real text its perplexity is within 2% of the float
+    engine's (2026-12-06: +0.98% on flask_docs, +0.00% on lee_news; with Q4_K dequantized, +0.54% / -0.15%). A
+    greedy continuation is no check of this: one of the prompts parts from the float engine's at its fifth token."""
+    from trtbuild.cli.eval import evaluate
+    from trtbuild.config import EvalConfig
+
+    _, _, float_engine, block_engine = gemma3_270m
+    cfg = EvalConfig(dataset="flask_docs", windows=8, seq_len=512)
+    ref, got = evaluate(float_engine, cfg).perplexity, evaluate(block_engine, cfg).perplexity
+    assert got / ref - 1 < 0.02, (got, ref)
+    formats = json.loads((block_engine / "runtime_config.json").read_text())["model"]["quantization"]
+    kept = set(formats["tensor_formats"].values()) | {formats["qformat"]}
+    assert {"int8_group_wo", "int4_min_wo"} <= kept, formats
 
 
 def test_conditional_generation_folder_converts_its_text_model(tmp_path):

@@ -32,17 +32,36 @@ MIXED = {"attn_q": T.Q4_1, "attn_k": T.Q4_1, "attn_v": T.Q4_1, "attn_output": T.
 MIXED |= {"ffn_gate": T.Q8_0, "ffn_up": T.Q8_0, "ffn_down": T.Q4_1}
 
 
+def random_q4_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q4_K super-blocks of a ``shape`` tensor (gguf-py cannot quantize to Q4_K): random 6-bit scales and
+    mins and 4-bit codes, ``d`` and ``dmin`` small float16s of either sign; uint8 ``[rows, cols / 256 * 144]``."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    factors = rng.uniform(-2e-3, 4e-3, (rows * cols // 256, 2)).astype(np.float16)  # d, dmin
+    blocks[:, :4] = factors.view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
 def write_gguf(
-    path: Path, types: dict[str, T], *, embed: T = T.Q8_0, tied: bool = True, seed: int = 0, scores: bool = True
+    path: Path,
+    types: dict[str, T],
+    *,
+    embed: T = T.Q8_0,
+    tied: bool = True,
+    seed: int = 0,
+    scores: bool = True,
+    hidden: int = HIDDEN,
+    inter: int = INTER,
 ) -> Path:
     """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float); without
-    ``scores`` its tokenizer metadata is one transformers cannot read."""
+    ``scores`` its tokenizer metadata is one transformers cannot read. Q4_K needs ``hidden`` and ``inter`` multiples
+    of 256."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
     w.add_context_length(128)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(INTER)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_rope_freq_base(10000.0)
@@ -60,20 +79,22 @@ def write_gguf(
         a = (rng.standard_normal(shape) * std).astype(np.float32)
         if kind is T.F32:
             w.add_tensor(name, a)
+        elif kind is T.Q4_K:
+            w.add_tensor(name, random_q4_k(shape, rng), raw_dtype=kind)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
 
-    tensor("token_embd.weight", (VOCAB, HIDDEN), embed, 0.5)
+    tensor("token_embd.weight", (VOCAB, hidden), embed, 0.5)
     if not tied:
-        tensor("output.weight", (VOCAB, HIDDEN), T.Q8_0)
-    w.add_tensor("output_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
-    kv = HIDDEN // HEADS * KV_HEADS
-    shapes = {"attn_q": (HIDDEN, HIDDEN), "attn_k": (kv, HIDDEN), "attn_v": (kv, HIDDEN)}
-    shapes |= {"attn_output": (HIDDEN, HIDDEN), "ffn_gate": (INTER, HIDDEN), "ffn_up": (INTER, HIDDEN)}
-    shapes |= {"ffn_down": (HIDDEN, INTER)}
+        tensor("output.weight", (VOCAB, hidden), T.Q8_0)
+    w.add_tensor("output_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+    kv = hidden // HEADS * KV_HEADS
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (kv, hidden), "attn_v": (kv, hidden)}
+    shapes |= {"attn_output": (hidden, hidden), "ffn_gate": (inter, hidden), "ffn_up": (inter, hidden)}
+    shapes |= {"ffn_down": (hidden, inter)}
     for i in range(LAYERS):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
-        w.add_tensor(f"blk.{i}.ffn_norm.weight", rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
         for name, shape in shapes.items():
             tensor(f"blk.{i}.{name}.weight", shape, types[name])
     w.write_header_to_file()
@@ -316,6 +337,41 @@ def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
         "dequantized"
         not in CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "f"), "--dequantize"]).output
     )
+
+
+def test_q4_k_stays_quantized_and_equals_gguf_dequantization(tmp_path):
+    """Q4_K (llama.cpp's K-quant of Q4_K_M files: super-blocks of 256, 6-bit scales and mins per 32) is kept as
+    ``int4_min_wo`` blocks of 32 whose float32 scales and offsets reproduce gguf-py's dequantization exactly; its
+    engine's logits are close to the dequantized float engine's, as Q4_1's (activations int8 per block of 32)."""
+    types = dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), T.Q4_K)
+    src = write_gguf(tmp_path / "q4k.gguf", types, hidden=256, inter=512)
+    result = convert(src, tmp_path / "ckpt")
+    assert result.dequantized_line() is None
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    q = cfg.quantization
+    assert q is not None and q.qformat is QFormat.INT4_MIN_WO and q.group_size == 32 and q.exclude == []
+    assert q.tensor_formats == {"embed": QFormat.INT8_GROUP_WO}
+    _, reference = load_checkpoint(tmp_path / "float")  # gguf.quants.dequantize of every tensor
+    for prefix in (
+        f"layers.{i}.{m}" for i in range(LAYERS) for m in ("attn.qkv", "attn.out", "mlp.gate_up", "mlp.down")
+    ):
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    header_len = int.from_bytes((tmp_path / "ckpt/rank0.safetensors").read_bytes()[:8], "little")
+    header = json.loads((tmp_path / "ckpt/rank0.safetensors").read_bytes()[8 : 8 + header_len])
+    assert header["layers.0.attn.qkv.weight_scale"]["dtype"] == "F32"  # d * sc: exact in float32, not in float16
+    assert header["layers.0.attn.qkv.weight"]["dtype"] == "U8" and header["layers.0.mlp.down.weight"]["shape"] == [
+        256,
+        256,
+    ]  # two codes a byte
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    build_engine(tmp_path / "ckpt", tmp_path / "q", build)
+    build_engine(tmp_path / "float", tmp_path / "f", build)
+    tokens = list(map(int, np.random.default_rng(1).integers(0, VOCAB, 24)))
+    ref, got = step_logits(tmp_path / "f", tokens), step_logits(tmp_path / "q", tokens)
+    assert ref.std() > 0.3
+    assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max(), np.abs(got - ref).max()
+    assert ("trtbuild.cpu", "QLinear") in {(n.domain, n.op_type) for n in _engine_graph(tmp_path / "q").node}
 
 
 def test_hf_folder_keeps_its_dtype_by_default(tmp_path):

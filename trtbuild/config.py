@@ -71,7 +71,7 @@ class QFormat(enum.Enum):
     INT4_AWQ = "int4_awq"  # int4 weight-only with AWQ activation-aware scaling, per-group scales
     # The block formats ``trtbuild convert`` keeps from llama.cpp GGUF files (``trtbuild quantize`` does not make them):
     INT8_GROUP_WO = "int8_group_wo"  # int8 weight-only, per-group scales: w = q * scale (llama.cpp Q8_0)
-    INT4_MIN_WO = "int4_min_wo"  # int4 codes 0..15, per-group float scale and min: w = q * scale + min (Q4_1)
+    INT4_MIN_WO = "int4_min_wo"  # int4 codes 0..15, per-group float scale and min: w = q * scale + min (Q4_1, Q4_K)
 
 
 class ActivationScales(enum.Enum):

@@ -20,8 +20,9 @@ format (``formats.HEAD_FORMAT``); a tied one gets its own int8 ``lm_head.weight`
 
 A checkpoint converted from a GGUF file keeps llama.cpp's block formats (``QuantConfig.tensor_formats`` says which
 tensor has which): Q8_0 as ``int8_group_wo`` (int8 ``weight``, ``weight_scale [out, in/32]``), Q4_0 as ``int4_wo``
-at group 32, Q4_1 as ``int4_min_wo`` (unsigned codes, ``weight_scale`` and ``weight_offset [out, in/32]``:
-``w = q * scale + offset``); scales and offsets are stored float16 (GGUF's own d and m, exactly). A Q8_0 embedding
+at group 32, Q4_1 and Q4_K as ``int4_min_wo`` (unsigned codes, ``weight_scale`` and ``weight_offset [out, in/32]``:
+``w = q * scale + offset``); scales and offsets are stored float16 (GGUF's own d and m, exactly), Q4_K's float32
+(``d * sc`` and ``-(dmin * m)`` per 32, exact products). A Q8_0 embedding
 is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
 """
 

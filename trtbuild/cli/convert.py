@@ -24,7 +24,7 @@ from .options import OutputPath, explicit_options, load_recipe_option, recipe_op
 @click.option(
     "--dequantize",
     is_flag=True,
-    help="GGUF files: dequantize every tensor to float (by default Q8_0 / Q5_0 / Q4_0 / Q4_1 tensors stay "
+    help="GGUF files: dequantize every tensor to float (by default Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay "
     "quantized: a quantized checkpoint, and an engine of the same size class as the file)",
 )
 @recipe_option
@@ -34,10 +34,10 @@ def convert(
 ) -> None:
     """Convert a Hugging Face folder or a .gguf file into a trtbuild checkpoint.
 
-    A GGUF file's Q8_0, Q5_0, Q4_0 and Q4_1 tensors are kept as they are (int8 and int4 with scales, and Q4_1's
-    mins, per block of 32): the checkpoint builds into a quantized engine whose weights equal llama.cpp's. Tensors of
-    other quantized types (K-quants, ...) are dequantized, and one line names them. With --recipe, SRC and --dtype
-    default to the recipe's model source and dtype.
+    A GGUF file's Q8_0, Q5_0, Q4_0, Q4_1 and Q4_K tensors are kept as they are (int8 and int4 with scales, and
+    Q4_1's and Q4_K's mins, per block of 32): the checkpoint builds into a quantized engine whose weights equal
+    llama.cpp's. Tensors of other quantized types (Q6_K, ...) are dequantized, and one line names them. With
+    --recipe, SRC and --dtype default to the recipe's model source and dtype.
     """
     from ..convert.convert import convert as run_convert
     from ..progress import Elapsed

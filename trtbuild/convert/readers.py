@@ -106,7 +106,7 @@ _GGUF_ARCHS = {
 }
 
 
-GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1
+GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,10 @@ class BlockTensor:
     in-features per block): ``w = codes * scale (+ offset)`` per block, as ``gguf.quants.dequantize`` computes it.
 
     ``codes`` (int8): Q8_0's int8; Q5_0's ``q - 16`` (-16..15, kept as int8: exact, 8 bits where the file has
-    5.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's ``q`` (0..15). ``scale`` and
-    ``offset`` (Q4_1's min, else None) are float16 ``[rows, cols / 32]``, GGUF's own values.
+    5.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's and Q4_K's ``q`` (0..15).
+    ``scale`` and ``offset`` (Q4_1's min and Q4_K's negated ``dmin * m``, else None) are ``[rows, cols / 32]``:
+    float16, GGUF's own values, except Q4_K's float32 products of a float16 and a 6-bit integer (exact, as gguf-py
+    computes them).
     """
 
     qformat: QFormat
@@ -163,6 +165,8 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
         low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8)
         codes = (low | (fifth << 4)) - 16  # -16..15: int8 codes, the same weights
         return BlockTensor(QFormat.INT8_GROUP_WO, _torch(codes.reshape(rows, -1)), _torch(scale), None)
+    if qtype == gguf.GGMLQuantizationType.Q4_K:
+        return _q4_k_tensor(blocks)
     offset = None
     if qtype == gguf.GGMLQuantizationType.Q4_1:
         offset = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
@@ -173,13 +177,33 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
     return BlockTensor(QFormat.INT4_MIN_WO, _torch(q), _torch(scale), _torch(offset))
 
 
+def _q4_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q4_K super-blocks (uint8 ``[rows, supers, 144]``: float16 ``d`` and ``dmin``, 12 bytes of eight 6-bit scales
+    ``sc`` and mins ``m``, 128 bytes of 4-bit codes) as Q4_1-like blocks of 32: ``w = q * (d * sc) - dmin * m``,
+    which gguf-py computes in float32 from the same products, so ``int4_min_wo`` holds the weights exactly."""
+    import gguf
+
+    rows, supers = blocks.shape[:2]
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    dmin = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16).astype(np.float32)
+    sc, m = gguf.quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(rows * supers, 12))
+    scale = d * sc.reshape(rows, supers, 8).astype(np.float32)
+    offset = -(dmin * m.reshape(rows, supers, 8).astype(np.float32))
+    # 4 runs of 32 bytes a super-block: sub-block 2c is run c's low nibbles, sub-block 2c + 1 its high ones
+    runs = blocks[..., 16:].reshape(rows, supers, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    q = (runs & 0x0F).astype(np.int8).reshape(rows, -1)
+    return BlockTensor(
+        QFormat.INT4_MIN_WO, _torch(q), _torch(scale.reshape(rows, -1)), _torch(offset.reshape(rows, -1))
+    )
+
+
 def _torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a))  # a writable copy, off the memory map
 
 
 class GGUFReader:
     """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
-    keeps a Q8_0 / Q5_0 / Q4_0 / Q4_1 one in its block format (``BlockTensor``)."""
+    keeps a Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -231,12 +255,13 @@ class GGUFReader:
         return self._tensors[name].tensor_type.name
 
     def get_block(self, name: str) -> BlockTensor | None:
-        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q5_0 / Q4_0 / Q4_1 tensor."""
+        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K
+        tensor."""
         import gguf
 
         t = self._tensors[name]
         kinds = gguf.GGMLQuantizationType
-        kept = (kinds.Q8_0, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1)
+        kept = (kinds.Q8_0, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
         if t.tensor_type not in kept or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
