@@ -154,6 +154,8 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
 
     rows = data.shape[0]
     blocks = data.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])
+    if qtype == gguf.GGMLQuantizationType.Q4_K:  # super-blocks of 256 with scales of their own
+        return _q4_k_tensor(blocks)
     scale = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
@@ -165,8 +167,6 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
         low = np.concatenate([packed & 0x0F, packed >> 4], axis=-1).astype(np.int8)
         codes = (low | (fifth << 4)) - 16  # -16..15: int8 codes, the same weights
         return BlockTensor(QFormat.INT8_GROUP_WO, _torch(codes.reshape(rows, -1)), _torch(scale), None)
-    if qtype == gguf.GGMLQuantizationType.Q4_K:
-        return _q4_k_tensor(blocks)
     offset = None
     if qtype == gguf.GGMLQuantizationType.Q4_1:
         offset = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0]
