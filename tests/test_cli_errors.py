@@ -170,4 +170,4 @@ def test_a_file_where_a_directory_belongs_says_what_it_is(tiny_engines, tmp_path
         assert_clean_failure(run_cli(*args), needle)
     proc = run_cli("verify", engine / "manifest.json")
     assert proc.returncode != 0 and "a JSON file, not an engine directory" in proc.stdout + proc.stderr
-    assert_clean_failure(run_cli("inspect", tmp_path / "nope"), "no such checkpoint or engine directory")
+    assert_clean_failure(run_cli("inspect", tmp_path / "nope"), "nope: no such file or directory")

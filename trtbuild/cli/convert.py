@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..config import DType
-from ..errors import ConfigError
+from ..errors import ConfigError, ConvertError
 from .options import OutputPath, explicit_options, load_recipe_option, recipe_option
 
 
@@ -39,9 +39,6 @@ def convert(
     llama.cpp's. Tensors of other quantized types (Q6_K, ...) are dequantized, and one line names them. With
     --recipe, SRC and --dtype default to the recipe's model source and dtype.
     """
-    from ..convert.convert import convert as run_convert
-    from ..progress import Elapsed
-
     spec = load_recipe_option(recipe)
     if spec is not None:
         src = src if src is not None else spec.model.resolve()
@@ -49,6 +46,11 @@ def convert(
             dtype = spec.model.dtype.value
     if src is None:
         raise ConfigError("missing SRC: give a Hugging Face folder or .gguf file (or --recipe FILE)")
+    if not src.exists():  # before the converter's imports (torch: ~2 s)
+        raise ConvertError(f"{src}: no such file or directory")
+    from ..convert.convert import convert as run_convert
+    from ..progress import Elapsed
+
     with Elapsed("converting"):
         result = run_convert(src, output, DType(dtype) if dtype else None, dequantize=dequantize, overwrite=overwrite)
     cfg = result.config
