@@ -1,4 +1,5 @@
-"""GGUF import: Q8_0 / Q4_0 / Q4_1 tensors stay quantized through convert and build, equal to llama.cpp's weights.
+"""GGUF import: Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized through convert and build, equal to
+llama.cpp's weights.
 
 Small Llama GGUFs are written here with ``gguf.GGUFWriter``, their tensors quantized by ``gguf.quants.quantize``
 (llama.cpp's own Python port); the reference weights are ``gguf.quants.dequantize`` of the same tensors (what
@@ -43,6 +44,18 @@ def random_q4_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
+def random_q6_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q6_K super-blocks of a ``shape`` tensor (gguf-py cannot quantize to Q6_K): random 6-bit codes and int8
+    scales, ``d`` a small float16 of either sign; uint8 ``[rows, cols / 256 * 210]``."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
+    blocks[:, 208:] = rng.uniform(-1.5e-4, 1.5e-4, (rows * cols // 256, 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+RANDOM_K_QUANTS = {T.Q4_K: random_q4_k, T.Q6_K: random_q6_k}
+
+
 def write_gguf(
     path: Path,
     types: dict[str, T],
@@ -55,8 +68,8 @@ def write_gguf(
     inter: int = INTER,
 ) -> Path:
     """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float); without
-    ``scores`` its tokenizer metadata is one transformers cannot read. Q4_K needs ``hidden`` and ``inter`` multiples
-    of 256."""
+    ``scores`` its tokenizer metadata is one transformers cannot read. Q4_K and Q6_K need ``hidden`` and ``inter``
+    multiples of 256."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(LAYERS)
@@ -80,8 +93,8 @@ def write_gguf(
         a = (rng.standard_normal(shape) * std).astype(np.float32)
         if kind is T.F32:
             w.add_tensor(name, a)
-        elif kind is T.Q4_K:
-            w.add_tensor(name, random_q4_k(shape, rng), raw_dtype=kind)
+        elif kind in RANDOM_K_QUANTS:
+            w.add_tensor(name, RANDOM_K_QUANTS[kind](shape, rng), raw_dtype=kind)
         else:
             w.add_tensor(name, gguf.quants.quantize(a, kind), raw_dtype=kind)
 
@@ -116,10 +129,11 @@ def mixed(tmp_path_factory) -> tuple[Path, Path, Path]:
 
 
 def dequantized(weights: dict[str, np.ndarray], prefix: str) -> np.ndarray:
-    """``q * scale (+ offset)`` per group of 32, in gguf-py's float32 order, from a quantized checkpoint's tensors."""
-    q = weights[prefix + ".weight"].astype(np.float32)
+    """``q * scale (+ offset)`` per block (32 in-features, Q6_K's 16), in gguf-py's float32 order, from a quantized
+    checkpoint's tensors."""
+    q, scale = weights[prefix + ".weight"].astype(np.float32), weights[prefix + ".weight_scale"]
     rows, cols = q.shape
-    w = q.reshape(rows, -1, 32) * weights[prefix + ".weight_scale"][..., None]
+    w = q.reshape(rows, scale.shape[1], -1) * scale[..., None]
     if prefix + ".weight_offset" in weights:
         w = w + weights[prefix + ".weight_offset"][..., None]
     return w.reshape(rows, cols)
@@ -379,6 +393,77 @@ def test_q4_k_stays_quantized_and_equals_gguf_dequantization(tmp_path):
     build_engine(tmp_path / "float", tmp_path / "f", build)
     close_to_float_engine(tmp_path / "q", tmp_path / "f")
     assert ("trtbuild.cpu", "QLinear") in {(n.domain, n.op_type) for n in _engine_graph(tmp_path / "q").node}
+
+
+def test_q6_k_stays_quantized_as_int8_blocks_of_16(tmp_path):
+    """Q6_K (Q4_K_M files' ffn_down in half the layers, attn_v, often the embedding: super-blocks of 256, an int8
+    scale per 16) is kept as ``int8_group_wo`` blocks of 16 beside the other formats' blocks of 32
+    (``tensor_group_sizes``), its float32 scales reproducing gguf-py's dequantization exactly. A fused qkv of Q8_0 q /
+    k and a Q6_K v (one format, two block sizes) is dequantized, with one line. The engine's logits are close to the
+    float engine's on both CPU linears. (Q4_0, not Q4_K, beside it: random Q4_K mins make a model whose logits
+    swing at a few positions under any activation rounding.)"""
+    types = {"attn_q": T.Q8_0, "attn_k": T.Q8_0, "attn_v": T.Q6_K, "attn_output": T.Q4_0}
+    types |= {"ffn_gate": T.Q4_0, "ffn_up": T.Q4_0, "ffn_down": T.Q6_K}
+    src = write_gguf(tmp_path / "k.gguf", types, embed=T.Q6_K, hidden=256, inter=512)
+    result = convert(src, tmp_path / "ckpt")
+    assert sorted(result.dequantized["Q6_K"]) == [f"blk.{i}.attn_v.weight" for i in range(LAYERS)]
+    assert set(result.dequantized) == {"Q6_K", "Q8_0"}
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    q = cfg.quantization
+    downs = [f"layers.{i}.mlp.down" for i in range(LAYERS)]
+    assert q is not None and q.qformat is QFormat.INT4_WO and q.group_size == 32
+    assert q.exclude == [f"layers.{i}.attn.qkv" for i in range(LAYERS)]
+    assert q.tensor_formats == dict.fromkeys(["embed", *downs], QFormat.INT8_GROUP_WO)
+    assert q.tensor_group_sizes == dict.fromkeys(["embed", *downs], 16)
+    _, reference = load_checkpoint(tmp_path / "float")
+    for prefix in ["embed", *downs]:
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    tensors = stored(tmp_path / "ckpt")
+    assert tensors["layers.0.mlp.down.weight"] == ("I8", [256, 512])
+    assert tensors["layers.0.mlp.down.weight_scale"] == ("F32", [256, 32])
+    assert tensors["layers.0.attn.out.weight_scale"][1] == [256, 8]  # Q4_0 beside it: blocks of 32
+    assert tensors["embed.weight_scale"] == ("F32", [VOCAB, 16])
+    down = weights["layers.0.mlp.down.weight"]
+    assert down.min() >= -32 and down.max() <= 31
+    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
+        engine = tmp_path / cpu_linear.value
+        build_engine(tmp_path / "ckpt", engine, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear))
+        close_to_float_engine(engine, tmp_path / "f")
+    nodes = {n.name: n for n in _engine_graph(tmp_path / CpuLinear.NATIVE.value).node}
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes["layers.0.mlp.down.q"].attribute}
+    assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, 16, 16)
+    # the torch importer: the graph's dequantized weights are the float checkpoint's (equal logits), and the one-row
+    # products read the blocks of 16 (down, and the head on the embedding's codes)
+    from test_quantize_formats import ImportedSession
+
+    from trtbuild.backends.torch.row_products import RowProducts
+
+    plain, float_ = ImportedSession(tmp_path / "ckpt"), ImportedSession(tmp_path / "float")
+    rows = ImportedSession(tmp_path / "ckpt", row_products=RowProducts.QUANTIZED)
+    assert {w.codes: w.block for n, w in rows.module.row_blocks.items() if w.block != 32} == dict.fromkeys(
+        ["embed.weight", *(d + ".weight" for d in downs)], 16
+    )
+    done = 0
+    for step, tokens in enumerate([[5, 9, 2, 33, 17, 8, 40], [3], [61]]):
+        batch = StepBatch.build([tokens], [done], [[1, 2, 3, 4, 5, 6]])
+        done += len(tokens)
+        want = float_.step(batch)
+        np.testing.assert_array_equal(plain.step(batch), want, err_msg=f"step {step}")
+        np.testing.assert_allclose(rows.step(batch), want, atol=1e-4, rtol=0, err_msg=f"one-row products, step {step}")
+
+
+def test_format_4_quantized_checkpoint_config_still_reads(mixed):
+    """A checkpoint written before ``tensor_group_sizes`` existed (format 4) reads with every block of 32."""
+    from trtbuild.configio import from_dict, to_dict
+
+    _, ckpt, _ = mixed
+    data = to_dict(ModelConfig.load(ckpt))
+    del data["quantization"]["tensor_group_sizes"]
+    data["format_version"] = 4
+    old = from_dict(ModelConfig, data)
+    assert old.quantization.tensor_group_sizes == {} and old.quantization.group_size == 32
 
 
 def test_hf_folder_keeps_its_dtype_by_default(tmp_path):

@@ -16,9 +16,10 @@ from .configio import from_dict, read_json, to_dict, write_json
 
 # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo); 3: ModelConfig's per-layer
 # attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3); 4:
-# ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE)
-CHECKPOINT_FORMAT_VERSION = 4
-READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4)  # an older checkpoint is a version-4 one whose new fields hold defaults
+# ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE); 5: QuantConfig.tensor_group_sizes (GGUF
+# Q6_K's blocks of 16)
+CHECKPOINT_FORMAT_VERSION = 5
+READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4, 5)  # an older checkpoint is a version-5 one whose new fields hold defaults
 # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph); 3: a torch AOTInductor engine's
 # package holds code only (a step program and a one-token decode program) and its weights.safetensors beside it
 ENGINE_FORMAT_VERSION = 3
@@ -70,7 +71,7 @@ class QFormat(enum.Enum):
     INT4_WO = "int4_wo"  # int4 weight-only round-to-nearest, per-group scales
     INT4_AWQ = "int4_awq"  # int4 weight-only with AWQ activation-aware scaling, per-group scales
     # The block formats ``trtbuild convert`` keeps from llama.cpp GGUF files (``trtbuild quantize`` does not make them):
-    INT8_GROUP_WO = "int8_group_wo"  # int8 weight-only, per-group scales: w = q * scale (llama.cpp Q8_0)
+    INT8_GROUP_WO = "int8_group_wo"  # int8 weight-only, per-group scales: w = q * scale (Q8_0, Q5_0, Q6_K)
     INT4_MIN_WO = "int4_min_wo"  # int4 codes 0..15, per-group float scale and min: w = q * scale + min (Q4_1, Q4_K)
 
 
@@ -226,6 +227,9 @@ class QuantConfig:
     # format of that tensor where it is not ``qformat``. The embedding is float unless listed; a tied LM head reads
     # a listed embedding's tensors. Not a CLI flag.
     tensor_formats: dict[str, QFormat] = field(default_factory=dict)
+    # Likewise: canonical prefix -> in-features per block of that tensor where it is not ``group_size`` (GGUF Q6_K's
+    # blocks of 16 beside the blocks of 32 of the file's other block formats). Not a CLI flag.
+    tensor_group_sizes: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         size, seq_len = CALIBRATION_DEFAULTS.get(self.qformat, DEFAULT_CALIBRATION)
@@ -238,6 +242,8 @@ class QuantConfig:
         for name in ("group_size", "calib_size", "calib_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if any(size <= 0 for size in self.tensor_group_sizes.values()):
+            raise ValueError("tensor_group_sizes must be positive")
         if not 0.0 <= self.smoothquant_alpha <= 1.0:
             raise ValueError("smoothquant_alpha must be in [0, 1]")
         if self.zero_points and self.qformat not in (QFormat.INT4_WO, QFormat.INT4_AWQ):

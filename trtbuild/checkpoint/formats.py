@@ -96,6 +96,12 @@ def linear_format(qcfg: QuantConfig, prefix: str) -> FormatSpec:
     return HEAD_FORMAT if prefix == "lm_head" else FORMATS[qcfg.qformat]
 
 
+def linear_group_size(qcfg: QuantConfig, prefix: str) -> int:
+    """In-features per weight block of the blocked tensor ``prefix`` (a linear or ``embed``) of a ``qcfg``
+    checkpoint (``tensor_group_sizes`` first)."""
+    return qcfg.tensor_group_sizes.get(prefix, qcfg.group_size)
+
+
 def dynamic_activations(qcfg: QuantConfig) -> bool:
     """Whether ``qcfg``'s activations are quantized with run-time scales (never for weight-only formats)."""
     dynamic = qcfg.activation_scales in (ActivationScales.DYNAMIC, ActivationScales.PER_TOKEN)

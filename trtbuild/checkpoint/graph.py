@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 
 from ..config import QuantConfig
-from .formats import Numeric, activation_block, linear_format
+from .formats import Numeric, activation_block, linear_format, linear_group_size
 
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
 
@@ -30,11 +30,11 @@ def emit_quantized_linear(g: Any, weights: dict[str, np.ndarray], x: str, prefix
     """``y = x @ W.T (+ b)`` with ``W`` and (for int8_sq / fp8) ``x`` as Q/DQ; returns the output name.
 
     The weight format follows from the tensors: the weight's dtype (int8, float8_e4m3fn, int4), the scale's rank
-    (blocked along in-features by ``group_size`` when 2-D; the last block may be partial, as ONNX's blocked
+    (blocked along in-features by ``linear_group_size`` when 2-D; the last block may be partial, as ONNX's blocked
     DequantizeLinear and onnxruntime's MatMulNBits allow) and the presence of ``input_scale`` / ``pre_quant_scale``;
     activations without an ``input_scale`` are quantized with dynamic scales when the format quantizes them.
     """
-    group_size = qcfg.group_size
+    group_size = linear_group_size(qcfg, prefix)
     spec = linear_format(qcfg, prefix)
     w = weights[prefix + ".weight"]
     scale = np.asarray(weights[prefix + ".weight_scale"], dtype=np.float32)

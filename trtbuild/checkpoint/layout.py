@@ -19,11 +19,12 @@ KV head, which GQA shares across query heads). A quantized ``lm_head`` (not excl
 format (``formats.HEAD_FORMAT``); a tied one gets its own int8 ``lm_head.weight`` while ``embed.weight`` stays float.
 
 A checkpoint converted from a GGUF file keeps llama.cpp's block formats (``QuantConfig.tensor_formats`` says which
-tensor has which): Q8_0 as ``int8_group_wo`` (int8 ``weight``, ``weight_scale [out, in/32]``), Q4_0 as ``int4_wo``
-at group 32, Q4_1 and Q4_K as ``int4_min_wo`` (unsigned codes, ``weight_scale`` and ``weight_offset [out, in/32]``:
-``w = q * scale + offset``); scales and offsets are stored float16 (GGUF's own d and m, exactly), Q4_K's float32
-(``d * sc`` and ``-(dmin * m)`` per 32, exact products). A Q8_0 embedding
-is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
+tensor has which, ``tensor_group_sizes`` which blocks are not 32 in-features): Q8_0 as ``int8_group_wo`` (int8
+``weight``, ``weight_scale [out, in/32]``), Q6_K as ``int8_group_wo`` in blocks of 16 (codes ``q - 32``,
+``weight_scale [out, in/16]``), Q4_0 as ``int4_wo`` at group 32, Q4_1 and Q4_K as ``int4_min_wo`` (unsigned codes,
+``weight_scale`` and ``weight_offset [out, in/32]``: ``w = q * scale + offset``); scales and offsets are stored
+float16 (GGUF's own d and m, exactly), the K-quants' float32 (``d * sc`` and ``-(dmin * m)``, exact products). A
+Q8_0 or Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import fnmatch
 from collections.abc import Sequence
 
 from ..config import ActivationScales, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, QFormat, QuantConfig
-from .formats import FORMATS, FormatSpec, Numeric, linear_format
+from .formats import FORMATS, FormatSpec, Numeric, linear_format, linear_group_size
 
 # The linears of each decoder layer that a quantized checkpoint can quantize (below ``layers.{i}.``), in layer order:
 # the Llama family's (quantize's ``hf_model.LINEARS`` maps each to its Hugging Face modules).
@@ -140,7 +141,7 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
     for prefix in quantized_linears(cfg):
         spec = linear_format(q, prefix)
         rows, cols = (cfg.vocab_size, cfg.hidden_size) if prefix == "lm_head" else out[prefix + ".weight"][0]
-        groups = -(-cols // q.group_size)  # the last group may be partial
+        groups = -(-cols // linear_group_size(q, prefix))  # the last group may be partial
         if spec.weights is Numeric.INT4:
             out[prefix + ".weight"] = ((rows, cols // 2), "U8")
             out[prefix + ".weight_scale"] = ((rows, groups), "F32")
@@ -166,10 +167,11 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
         else:  # int8, a scale per expert row
             out[name] = (shape, "I8")
             out[name + "_scale"] = (shape[:2], "F32")
-    if "embed" in q.tensor_formats:  # int8 per group (GGUF Q8_0), gathered and dequantized row by row
+    if "embed" in q.tensor_formats:  # int8 per group (GGUF Q8_0, Q6_K), gathered and dequantized row by row
         assert FORMATS[q.tensor_formats["embed"]].qformat is QFormat.INT8_GROUP_WO
         out["embed.weight"] = ((cfg.vocab_size, cfg.hidden_size), "I8")
-        out["embed.weight_scale"] = ((cfg.vocab_size, -(-cfg.hidden_size // q.group_size)), "F32")
+        groups = -(-cfg.hidden_size // linear_group_size(q, "embed"))
+        out["embed.weight_scale"] = ((cfg.vocab_size, groups), "F32")
     if q.kv_cache_dtype is not KVCacheDType.FLOAT32:
         for n in range(cfg.num_layers):
             out[f"layers.{n}.attn.k_scale"] = ((), "F32")

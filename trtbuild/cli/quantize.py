@@ -45,7 +45,7 @@ def int4_note(cfg: QuantConfig, output: Path, *, zero_points_possible: bool = Tr
     default=None,
     help="quantization format (required unless --recipe gives it)",
 )
-@dataclass_options(QuantConfig, exclude=("qformat", "exclude", "tensor_formats"))
+@dataclass_options(QuantConfig, exclude=("qformat", "exclude", "tensor_formats", "tensor_group_sizes"))
 @click.option(
     "--exclude",
     "exclude",

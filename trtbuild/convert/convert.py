@@ -71,7 +71,7 @@ def convert(
     src: Path, out: Path, dtype: DType | None = None, *, dequantize: bool = False, overwrite: bool = False
 ) -> ConvertResult:
     """Convert ``src`` into a checkpoint at ``out`` (written atomically), float tensors in ``dtype`` (default: the
-    source's, ``source_dtype``). A GGUF file's Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized (a
+    source's, ``source_dtype``). A GGUF file's Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized (a
     quantized checkpoint, ``checkpoint.layout``) unless ``dequantize``; other quantized types are dequantized
     (``ConvertResult.dequantized``)."""
     start = time.perf_counter()
@@ -145,9 +145,9 @@ def _convert_tensors(
         if all(p in pending for p in pieces):
             parts = {p: pending.pop(p) for p in pieces}
             blocks = [t for t in parts.values() if isinstance(t, BlockTensor)]
-            if len(blocks) == len(pieces) and len({b.qformat for b in blocks}) == 1:
+            if len(blocks) == len(pieces) and len({(b.qformat, b.block) for b in blocks}) == 1:
                 out[target] = BlockTensor.cat(blocks)
-            else:  # a fused tensor has one format: parts of several become float
+            else:  # a fused tensor has one format: parts of several (Q4_K_M's Q4_K q / k and Q6_K v) become float
                 fused = torch.cat([to_float(p, t) for p, t in parts.items()], dim=0)
                 experts = expected[target][0]
                 if len(expected[target]) == 3 and fused.shape[0] % experts == 0:  # [E * rows, in] -> [E, rows, in]
@@ -204,11 +204,13 @@ def _blocks_as_checkpoint(
     qformat = counts.most_common(1)[0][0] if counts else next(iter(formats.values()))
     tied_to_embed = cfg.tie_word_embeddings and "embed" in formats
     kept_in_float = [n for n in canonical_linears(cfg) if n not in formats and not (n == "lm_head" and tied_to_embed)]
+    blocks = {n.removesuffix(".weight"): t.block for n, t in tensors.items() if isinstance(t, BlockTensor)}
     qcfg = QuantConfig(
         qformat,
         group_size=GGUF_BLOCK,
         exclude=kept_in_float,
         tensor_formats={n: f for n, f in formats.items() if n in ("embed", "lm_head") or f is not qformat},
+        tensor_group_sizes={n: b for n, b in blocks.items() if b != GGUF_BLOCK},
     )
     cfg = replace(cfg, quantization=qcfg)
     out: dict[str, torch.Tensor] = {}

@@ -107,42 +107,44 @@ _GGUF_ARCHS = {
 
 
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
+Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K (its super-block of 256 holds 16, each with an int8 scale)
 
 
 @dataclass(frozen=True)
 class BlockTensor:
-    """A GGUF tensor kept in its llama.cpp block format, ``[rows, cols]`` in GGUF's row order (``GGUF_BLOCK``
+    """A GGUF tensor kept in its llama.cpp block format, ``[rows, cols]`` in GGUF's row order (``block``
     in-features per block): ``w = codes * scale (+ offset)`` per block, as ``gguf.quants.dequantize`` computes it.
 
-    ``codes`` (int8): Q8_0's int8; Q5_0's ``q - 16`` (-16..15, kept as int8: exact, 8 bits where the file has
-    5.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's and Q4_K's ``q`` (0..15).
-    ``scale`` and ``offset`` (Q4_1's min and Q4_K's negated ``dmin * m``, else None) are ``[rows, cols / 32]``:
-    float16, GGUF's own values, except Q4_K's float32 products of a float16 and a 6-bit integer (exact, as gguf-py
-    computes them).
+    ``codes`` (int8): Q8_0's int8; Q6_K's ``q - 32`` (-32..31); Q5_0's ``q - 16`` (-16..15, kept as int8: exact,
+    8 bits where the file has 5.5 or 6.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's
+    and Q4_K's ``q`` (0..15). ``scale`` and ``offset`` (Q4_1's min and Q4_K's negated ``dmin * m``, else None) are
+    ``[rows, cols / block]``: float16, GGUF's own values, except the K-quants' float32 products of a float16 and a
+    6- or 8-bit integer (exact, as gguf-py computes them).
     """
 
     qformat: QFormat
     codes: torch.Tensor
     scale: torch.Tensor
     offset: torch.Tensor | None
+    block: int = GGUF_BLOCK
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> BlockTensor:
         """The same tensor with ``fn`` (a permutation of rows, say) applied to the rows of every part."""
         offset = None if self.offset is None else fn(self.offset)
-        return BlockTensor(self.qformat, fn(self.codes), fn(self.scale), offset)
+        return BlockTensor(self.qformat, fn(self.codes), fn(self.scale), offset, self.block)
 
     @staticmethod
     def cat(parts: list[BlockTensor]) -> BlockTensor:
-        """Rows of ``parts`` (all of one format) one after another."""
+        """Rows of ``parts`` (all of one format and block) one after another."""
         offsets = [p.offset for p in parts]
         offset = None if offsets[0] is None else torch.cat(offsets)  # type: ignore[arg-type]
         cat = torch.cat([p.codes for p in parts]), torch.cat([p.scale for p in parts])
-        return BlockTensor(parts[0].qformat, *cat, offset)
+        return BlockTensor(parts[0].qformat, *cat, offset, parts[0].block)
 
     def dequantize(self) -> torch.Tensor:
         """float32 ``[rows, cols]``: ``codes * scale + offset`` per block, in gguf-py's float32 order."""
         rows, cols = self.codes.shape
-        w = self.codes.reshape(rows, -1, GGUF_BLOCK).float() * self.scale.float()[..., None]
+        w = self.codes.reshape(rows, -1, self.block).float() * self.scale.float()[..., None]
         if self.offset is not None:
             w = w + self.offset.float()[..., None]
         return w.reshape(rows, cols)
@@ -156,6 +158,8 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
     blocks = data.reshape(rows, -1, gguf.GGML_QUANT_SIZES[qtype][1])
     if qtype == gguf.GGMLQuantizationType.Q4_K:  # super-blocks of 256 with scales of their own
         return _q4_k_tensor(blocks)
+    if qtype == gguf.GGMLQuantizationType.Q6_K:
+        return _q6_k_tensor(blocks)
     scale = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
@@ -197,13 +201,31 @@ def _q4_k_tensor(blocks: np.ndarray) -> BlockTensor:
     )
 
 
+def _q6_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q6_K super-blocks (uint8 ``[rows, supers, 210]``: 128 bytes of low 4 bits, 64 of high 2 bits, sixteen int8
+    scales ``sc``, a float16 ``d``) as int8 blocks of 16: ``w = (q - 32) * (d * sc)``, which gguf-py computes in
+    float32 from the same product, so ``int8_group_wo`` with blocks of 16 holds the weights exactly."""
+    rows, supers = blocks.shape[:2]
+    sc = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)  # [rows, supers, 16]
+    d = np.ascontiguousarray(blocks[..., 208:210]).view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    # 2 halves of 128 a super-block; in each, 4 runs of 32: run j is the low (j even) or high (j odd) nibbles of
+    # ql's bytes 32 * (j // 2)..., with bits 4-5 from qh's 32 bytes shifted by 2 * j
+    low = blocks[..., :128].reshape(rows, supers, 2, 1, 64) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    low = (low & 0x0F).reshape(rows, supers, 2, 4, 32)
+    high = blocks[..., 128:192].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    q = (low | ((high & 0x03) << 4)).astype(np.int8) - np.int8(32)
+    return BlockTensor(
+        QFormat.INT8_GROUP_WO, _torch(q.reshape(rows, -1)), _torch((d * sc).reshape(rows, -1)), None, Q6_K_BLOCK
+    )
+
+
 def _torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a))  # a writable copy, off the memory map
 
 
 class GGUFReader:
     """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
-    keeps a Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
+    keeps a Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -255,13 +277,13 @@ class GGUFReader:
         return self._tensors[name].tensor_type.name
 
     def get_block(self, name: str) -> BlockTensor | None:
-        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q4_K
-        tensor."""
+        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 /
+        Q4_K tensor."""
         import gguf
 
         t = self._tensors[name]
         kinds = gguf.GGMLQuantizationType
-        kept = (kinds.Q8_0, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
+        kept = (kinds.Q8_0, kinds.Q6_K, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
         if t.tensor_type not in kept or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..checkpoint.formats import activation_block, dynamic_activations
+from ..checkpoint.formats import activation_block, dynamic_activations, linear_group_size
 from ..checkpoint.graph import emit_quantized_linear
 from ..checkpoint.layout import GATED_MLPS
 from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
@@ -55,7 +55,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
         rows = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
         scale = g.initializer("embed.weight_scale", np.asarray(weights["embed.weight_scale"], np.float32))
         scales = g.op("Gather", [scale, ids], name="embed.scale")
-        group = cfg.quantization.group_size
+        group = linear_group_size(cfg.quantization, "embed")
         x = g.op("DequantizeLinear", [rows, scales], name="embed.dq", axis=1, block_size=group)
     else:
         x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
@@ -121,7 +121,7 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     x = _norm(g, cfg, weights, x, "final_norm")
     if cfg.tie_word_embeddings and "embed.weight_scale" in weights:  # the quantized embedding is the head
         assert cfg.quantization is not None
-        group = cfg.quantization.group_size
+        group = linear_group_size(cfg.quantization, "embed")
         w = g.op(
             "DequantizeLinear",
             ["embed.weight", "embed.weight_scale"],
