@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtbuild.backends.onnxruntime.build.native_linear import (
+    ZERO_POINT,
     LinearSimd,
     cpu_linear_simd,
     pack_weight,
@@ -186,6 +187,11 @@ def test_every_product_loop_gives_the_same_integers(tmp_path, loops):
         model = _model(k, n, bits, group, block, codes, scale)
         got = _session(model, 2, str(lib)).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, qlinear_reference(x, codes, scale, bits=bits, group=group, block=block))
+    for rows, k, n, bits, group in OFFSET_CASES:
+        x, codes, scale, offset, model = _offset_case(rows, k, n, bits, group)
+        got = _session(model, 2, str(lib)).run(None, {"x": x})[0]
+        ref = qlinear_reference(x, codes, scale, bits=bits, group=group, block=group, offset=offset)
+        np.testing.assert_array_equal(got, ref, err_msg=f"offsets {rows, k, n, bits, group}")
 
 
 def test_this_machine_runs_a_simd_loop():
@@ -203,27 +209,37 @@ def test_this_machine_runs_a_simd_loop():
     assert all(instruction in dis for instruction in loops[simd])
 
 
-OFFSET_CASES = [  # rows, in, out: GGUF Q4_1's form, int4 g32 with unsigned codes and a float offset per group
-    (1, 576, 960),
-    (3, 1536, 33),
-    (70, 576, 100),
+OFFSET_CASES = [  # rows, in, out, bits, group: unsigned codes and a float offset per group
+    (1, 576, 960, 4, 32),  # GGUF Q4_1 / Q4_K: int4 g32, decode
+    (3, 1536, 33, 4, 32),
+    (70, 576, 100, 4, 32),
+    (1, 576, 960, 8, 32),  # GGUF Q5_K (int8_min_wo): uint8 codes 0..255 g32
+    (5, 512, 48, 8, 16),  # a fused Q4_K / Q6_K tensor: uint8 codes g16
+    (70, 256, 100, 8, 32),
 ]
 
 
-@pytest.mark.parametrize("rows, k, n", OFFSET_CASES)
-@pytest.mark.parametrize("threads", [1, 2])
-def test_qlinear_with_offsets_matches_reference_bit_for_bit(rows, k, n, threads):
-    """Unsigned codes (zero point 0) and offsets (the fourth input): ``w = u * scale + offset`` per group of 32."""
-    x, _, scale = _case(rows, k, n, 4, 32)
+def _offset_case(rows: int, k: int, n: int, bits: int, group: int):
+    """(x, codes u ``[K, N]`` 0..2^bits - 1, scale, offset, the ``QLinear`` model: u packed as ``c = u - zero
+    point``, which the packing adds back, so the stored codes are u)."""
+    x, _, scale = _case(rows, k, n, bits, group)
     rng = np.random.default_rng(5)
-    codes = rng.integers(0, 16, (k, n)).astype(np.int8)
-    offset = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float32)
-    model = _model(k, n, 4, 32, 32, codes - 8, scale)  # packed as c = u - 8: the stored nibbles are u
+    codes = rng.integers(0, 1 << bits, (k, n)).astype(np.int32)
+    offset = rng.uniform(-0.1, 0.0, scale.shape).astype(np.float32) * (1 << (bits - 4))
+    model = _model(k, n, bits, group, group, codes - ZERO_POINT[bits], scale)
     model.graph.node[0].input.append("lin.offsets")
     model.graph.initializer.append(numpy_helper.from_array(pad_scales(offset), "lin.offsets"))
+    return x, codes, scale, offset, model
+
+
+@pytest.mark.parametrize("rows, k, n, bits, group", OFFSET_CASES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_qlinear_with_offsets_matches_reference_bit_for_bit(rows, k, n, bits, group, threads):
+    """Unsigned codes (zero point 0) and offsets (the fourth input): ``w = u * scale + offset`` per group."""
+    x, codes, scale, offset, model = _offset_case(rows, k, n, bits, group)
     y = _session(model, threads).run(None, {"x": x})[0]
-    ref = qlinear_reference(x, codes, scale, bits=4, group=32, block=32, offset=offset)
+    ref = qlinear_reference(x, codes, scale, bits=bits, group=group, block=group, offset=offset)
     np.testing.assert_array_equal(y, ref)
-    w = codes.astype(np.float32) * np.repeat(scale, 32, axis=0) + np.repeat(offset, 32, axis=0)
+    w = codes.astype(np.float32) * np.repeat(scale, group, axis=0) + np.repeat(offset, group, axis=0)
     exact = x @ w
     assert np.abs(ref - exact).max() < 0.05 * np.abs(exact).max()

@@ -53,7 +53,21 @@ def random_q6_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-RANDOM_K_QUANTS = {T.Q4_K: random_q4_k, T.Q6_K: random_q6_k}
+def random_q5_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q5_K super-blocks of a ``shape`` tensor (gguf-py cannot quantize to Q5_K) whose weights centre on 0,
+    as a quantized model's do: random 5-bit codes, every 6-bit scale and min 32, ``dmin = 15.5 * d`` (d a small
+    float16 of either sign), so ``w = 32 * d * (q - 15.5)``; uint8 ``[rows, cols / 256 * 176]``. (Random scale bytes,
+    as ``random_q4_k``'s, give weights far off 0 and a model whose logits swing under any rounding: the reader's
+    unit test takes those.)"""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 256, 176), dtype=np.uint8)
+    d = rng.uniform(-2e-4, 2e-4, (rows * cols // 256, 1)).astype(np.float16)
+    blocks[:, :4] = np.concatenate([d, (d.astype(np.float32) * 15.5).astype(np.float16)], axis=1).view(np.uint8)
+    blocks[:, 4:16] = [0xA0] * 8 + [0x00] * 4  # get_scale_min: sc = m = 32 for all eight sub-blocks
+    return blocks.reshape(rows, -1)
+
+
+RANDOM_K_QUANTS = {T.Q4_K: random_q4_k, T.Q5_K: random_q5_k, T.Q6_K: random_q6_k}
 
 
 def write_gguf(
@@ -68,7 +82,7 @@ def write_gguf(
     inter: int = INTER,
 ) -> Path:
     """A 2-layer Llama GGUF with random weights, each linear quantized to ``types[name]`` (F32: float); without
-    ``scores`` its tokenizer metadata is one transformers cannot read. Q4_K and Q6_K need ``hidden`` and ``inter``
+    ``scores`` its tokenizer metadata is one transformers cannot read. The K-quants need ``hidden`` and ``inter``
     multiples of 256."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama")
@@ -223,6 +237,26 @@ def close_to_float_engine(engine: Path, float_engine: Path) -> tuple[np.ndarray,
     assert ref.std() > 0.3
     assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max(), np.abs(got - ref).max()
     return got, ref
+
+
+def torch_logits_are_the_float_checkpoints(ckpt: Path, float_ckpt: Path) -> dict[str, tuple[int, bool]]:
+    """The torch importer on ``ckpt``: its graph's dequantized weights are ``float_ckpt``'s (equal logits), and its
+    one-row products (``RowProducts.QUANTIZED``, which read the blocks' codes and factors) give them within 1e-4,
+    for a 7-token prompt and two one-token steps. Returns codes name -> (block size, has offsets) of those products."""
+    from test_quantize_formats import ImportedSession
+
+    from trtbuild.backends.torch.row_products import RowProducts
+
+    plain, float_ = ImportedSession(ckpt), ImportedSession(float_ckpt)
+    rows = ImportedSession(ckpt, row_products=RowProducts.QUANTIZED)
+    done = 0
+    for step, tokens in enumerate([[5, 9, 2, 33, 17, 8, 40], [3], [61]]):
+        batch = StepBatch.build([tokens], [done], [[1, 2, 3, 4, 5, 6]])
+        done += len(tokens)
+        want = float_.step(batch)
+        np.testing.assert_array_equal(plain.step(batch), want, err_msg=f"step {step}")
+        np.testing.assert_allclose(rows.step(batch), want, atol=1e-4, rtol=0, err_msg=f"one-row products, step {step}")
+    return {w.codes: (w.block, w.offset is not None) for w in rows.module.row_blocks.values()}
 
 
 @pytest.mark.parametrize("cpu_linear", [CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME])
@@ -399,26 +433,28 @@ def test_q6_k_stays_quantized_as_int8_blocks_of_16(tmp_path):
     """Q6_K (Q4_K_M files' ffn_down in half the layers, attn_v, often the embedding: super-blocks of 256, an int8
     scale per 16) is kept as ``int8_group_wo`` blocks of 16 beside the other formats' blocks of 32
     (``tensor_group_sizes``), its float32 scales reproducing gguf-py's dequantization exactly. A fused qkv of Q8_0 q /
-    k and a Q6_K v (one format, two block sizes) is dequantized, with one line. The engine's logits are close to the
-    float engine's on both CPU linears. (Q4_0, not Q4_K, beside it: random Q4_K mins make a model whose logits
-    swing at a few positions under any activation rounding.)"""
+    k and a Q6_K v (one format, two block sizes) becomes one ``int8_min_wo`` tensor in blocks of 16 (Q8_0's codes
+    shifted by 128, Q6_K's by 32, offsets ``-shift * scale``: exact). The engine's logits are close to the float
+    engine's on both CPU linears. (Q4_0, not Q4_K, beside it: random Q4_K mins make a model whose logits swing at a
+    few positions under any activation rounding.)"""
     types = {"attn_q": T.Q8_0, "attn_k": T.Q8_0, "attn_v": T.Q6_K, "attn_output": T.Q4_0}
     types |= {"ffn_gate": T.Q4_0, "ffn_up": T.Q4_0, "ffn_down": T.Q6_K}
     src = write_gguf(tmp_path / "k.gguf", types, embed=T.Q6_K, hidden=256, inter=512)
-    result = convert(src, tmp_path / "ckpt")
-    assert sorted(result.dequantized["Q6_K"]) == [f"blk.{i}.attn_v.weight" for i in range(LAYERS)]
-    assert set(result.dequantized) == {"Q6_K", "Q8_0"}
+    assert convert(src, tmp_path / "ckpt").dequantized_line() is None
     convert(src, tmp_path / "float", dequantize=True)
     cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
     q = cfg.quantization
-    downs = [f"layers.{i}.mlp.down" for i in range(LAYERS)]
-    assert q is not None and q.qformat is QFormat.INT4_WO and q.group_size == 32
-    assert q.exclude == [f"layers.{i}.attn.qkv" for i in range(LAYERS)]
-    assert q.tensor_formats == dict.fromkeys(["embed", *downs], QFormat.INT8_GROUP_WO)
-    assert q.tensor_group_sizes == dict.fromkeys(["embed", *downs], 16)
+    qkvs, downs = [f"layers.{i}.attn.qkv" for i in range(LAYERS)], [f"layers.{i}.mlp.down" for i in range(LAYERS)]
+    assert q is not None and q.qformat is QFormat.INT4_WO and q.group_size == 32 and q.exclude == []
+    assert q.tensor_formats == dict.fromkeys(["embed", *downs], QFormat.INT8_GROUP_WO) | dict.fromkeys(
+        qkvs, QFormat.INT8_MIN_WO
+    )
+    assert q.tensor_group_sizes == dict.fromkeys(["embed", *qkvs, *downs], 16)
     _, reference = load_checkpoint(tmp_path / "float")
-    for prefix in ["embed", *downs]:
+    for prefix in ["embed", *qkvs, *downs]:
         np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    qkv = weights["layers.0.attn.qkv.weight"]
+    assert qkv[384:].max() <= 63 and qkv[:384].max() > 200  # Q6_K v + 32, Q8_0 q and k + 128
     tensors = stored(tmp_path / "ckpt")
     assert tensors["layers.0.mlp.down.weight"] == ("I8", [256, 512])
     assert tensors["layers.0.mlp.down.weight_scale"] == ("F32", [256, 32])
@@ -434,24 +470,75 @@ def test_q6_k_stays_quantized_as_int8_blocks_of_16(tmp_path):
     nodes = {n.name: n for n in _engine_graph(tmp_path / CpuLinear.NATIVE.value).node}
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes["layers.0.mlp.down.q"].attribute}
     assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, 16, 16)
-    # the torch importer: the graph's dequantized weights are the float checkpoint's (equal logits), and the one-row
-    # products read the blocks of 16 (down, and the head on the embedding's codes)
-    from test_quantize_formats import ImportedSession
-
-    from trtbuild.backends.torch.row_products import RowProducts
-
-    plain, float_ = ImportedSession(tmp_path / "ckpt"), ImportedSession(tmp_path / "float")
-    rows = ImportedSession(tmp_path / "ckpt", row_products=RowProducts.QUANTIZED)
-    assert {w.codes: w.block for n, w in rows.module.row_blocks.items() if w.block != 32} == dict.fromkeys(
-        ["embed.weight", *(d + ".weight" for d in downs)], 16
+    blocks = torch_logits_are_the_float_checkpoints(tmp_path / "ckpt", tmp_path / "float")
+    assert {codes: size for codes, (size, _) in blocks.items() if size != 32} == dict.fromkeys(
+        ["embed.weight", *(p + ".weight" for p in [*qkvs, *downs])], 16
     )
-    done = 0
-    for step, tokens in enumerate([[5, 9, 2, 33, 17, 8, 40], [3], [61]]):
-        batch = StepBatch.build([tokens], [done], [[1, 2, 3, 4, 5, 6]])
-        done += len(tokens)
-        want = float_.step(batch)
-        np.testing.assert_array_equal(plain.step(batch), want, err_msg=f"step {step}")
-        np.testing.assert_allclose(rows.step(batch), want, atol=1e-4, rtol=0, err_msg=f"one-row products, step {step}")
+
+
+@pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_K, T.Q6_K])
+def test_k_quant_blocks_of_random_bytes_equal_gguf_dequantization(kind):
+    """Every byte of the K-quants' super-blocks read as gguf-py reads it: random bytes (scales, mins, codes, and
+    float16 factors of either sign) dequantize bit for bit as ``gguf.quants.dequantize`` does."""
+    from trtbuild.convert.readers import _block_tensor
+
+    rng = np.random.default_rng(7)
+    size = gguf.GGML_QUANT_SIZES[kind][1]
+    data = rng.integers(0, 256, (6, 3 * size), dtype=np.uint8).reshape(6, 3, size)
+    at = {T.Q6_K: slice(208, 210)}.get(kind, slice(0, 4))  # the float16 factors: d (Q6_K), d and dmin
+    data[..., at] = rng.uniform(-3e-3, 3e-3, (6, 3, (at.stop - at.start) // 2)).astype(np.float16).view(np.uint8)
+    got = _block_tensor(data.reshape(6, -1), kind).dequantize().numpy()
+    want = gguf.quants.dequantize(data.reshape(6, -1), kind).reshape(6, -1).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_q5_k_and_fused_mixed_blocks_stay_quantized(tmp_path):
+    """Q5_K (the bulk of Q5_K_M files: codes 0..31, 6-bit scales and mins per 32) is kept as ``int8_min_wo``
+    (uint8 codes, float32 scales and offsets: exact). A fused qkv of Q5_K q / k and a Q6_K v is one
+    ``int8_min_wo`` tensor in blocks of 16: Q5_K's factors repeated, Q6_K's codes ``q - 32`` shifted by 32 with
+    offset ``-32 * scale`` (exact), where it was dequantized before. The engine's logits are close to the float
+    engine's on both CPU linears."""
+    types = dict.fromkeys(("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"), T.Q5_K)
+    types |= {"attn_v": T.Q6_K, "ffn_down": T.Q6_K}
+    src = write_gguf(tmp_path / "q5km.gguf", types, embed=T.Q6_K, hidden=256, inter=512)
+    result = convert(src, tmp_path / "ckpt")
+    assert result.dequantized_line() is None
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    q = cfg.quantization
+    qkvs, downs = [f"layers.{i}.attn.qkv" for i in range(LAYERS)], [f"layers.{i}.mlp.down" for i in range(LAYERS)]
+    assert q is not None and q.qformat is QFormat.INT8_MIN_WO and q.group_size == 32 and q.exclude == []
+    assert q.tensor_formats == dict.fromkeys(["embed", *downs], QFormat.INT8_GROUP_WO)
+    assert q.tensor_group_sizes == dict.fromkeys(["embed", *qkvs, *downs], 16)
+    _, reference = load_checkpoint(tmp_path / "float")
+    linears = [f"layers.{i}.{m}" for i in range(LAYERS) for m in ("attn.qkv", "attn.out", "mlp.gate_up", "mlp.down")]
+    for prefix in ["embed", *linears]:
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    tensors = stored(tmp_path / "ckpt")
+    assert tensors["layers.0.mlp.gate_up.weight"] == ("U8", [1024, 256])  # Q5_K: a byte a code
+    assert tensors["layers.0.mlp.gate_up.weight_offset"] == ("F32", [1024, 8])
+    assert tensors["layers.0.attn.qkv.weight_scale"] == ("F32", [512, 16])  # [q | k | v rows, 256 / 16]
+    qkv = weights["layers.0.attn.qkv.weight"]
+    assert qkv.dtype == np.uint8 and qkv[:384].max() <= 31 and qkv[384:].max() <= 63  # Q5_K rows, Q6_K's + 32
+    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
+        engine = tmp_path / cpu_linear.value
+        build_engine(tmp_path / "ckpt", engine, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear))
+        close_to_float_engine(engine, tmp_path / "f")
+    nodes = {n.name: n for n in _engine_graph(tmp_path / CpuLinear.NATIVE.value).node}
+    for prefix, group in (("layers.0.attn.qkv", 16), ("layers.0.mlp.gate_up", 32)):
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[prefix + ".q"].attribute}
+        assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, group, group), prefix
+        assert len(nodes[prefix + ".q"].input) == 4, prefix  # the offsets
+    blocks = torch_logits_are_the_float_checkpoints(tmp_path / "ckpt", tmp_path / "float")
+    assert blocks["layers.0.attn.qkv.weight"] == (16, True) and blocks["layers.0.mlp.gate_up.weight"] == (32, True)
+    from trtbuild.backends.build_request import portable_graph
+    from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt
+    from trtbuild.errors import BuildError
+
+    build = BuildConfig(max_seq_len=128, kv_block_size=4)
+    with pytest.raises(BuildError, match=r"uint8 codes with offsets .* which TensorRT's DequantizeLayer does not take"):
+        lower_for_tensorrt(portable_graph(tmp_path / "ckpt", build)[3], build)
 
 
 def test_format_4_quantized_checkpoint_config_still_reads(mixed):

@@ -17,7 +17,7 @@ from .configio import from_dict, read_json, to_dict, write_json
 # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo); 3: ModelConfig's per-layer
 # attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3); 4:
 # ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE); 5: QuantConfig.tensor_group_sizes (GGUF
-# Q6_K's blocks of 16)
+# Q6_K's blocks of 16) and the int8_min_wo block format (Q5_K, fused tensors of mixed block formats)
 CHECKPOINT_FORMAT_VERSION = 5
 READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4, 5)  # an older checkpoint is a version-5 one whose new fields hold defaults
 # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph); 3: a torch AOTInductor engine's
@@ -73,6 +73,8 @@ class QFormat(enum.Enum):
     # The block formats ``trtbuild convert`` keeps from llama.cpp GGUF files (``trtbuild quantize`` does not make them):
     INT8_GROUP_WO = "int8_group_wo"  # int8 weight-only, per-group scales: w = q * scale (Q8_0, Q5_0, Q6_K)
     INT4_MIN_WO = "int4_min_wo"  # int4 codes 0..15, per-group float scale and min: w = q * scale + min (Q4_1, Q4_K)
+    # uint8 codes 0..255, per-group float scale and min (Q5_K; a fused tensor of parts in different block formats)
+    INT8_MIN_WO = "int8_min_wo"
 
 
 class ActivationScales(enum.Enum):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..config import ModelConfig
 from ..errors import BuildError, ConfigError
-from .formats import linear_format, unpack_int4
+from .formats import Numeric, linear_format, unpack_int4
 from .layout import expected_quantized_tensors, expected_tensors, expert_weight_names, unsigned_codes
 
 WEIGHTS_FILE = "rank0.safetensors"
@@ -70,10 +70,10 @@ def _float_weights(ckpt_dir: Path, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """A float or quantized checkpoint for the graph: float tensors as float32, quantized weights as int8,
-    ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked; ``ml_dtypes.uint4`` with zero
-    points, which load as ``ml_dtypes.uint4`` ``[out, groups]``); int4 experts stay packed (uint8 ``[E, rows,
-    in/2]``, the ``trtbuild::MoE`` op's input)."""
+    """A float or quantized checkpoint for the graph: float tensors as float32, quantized weights as int8, uint8
+    (``int8_min_wo``), ``ml_dtypes.float8_e4m3fn`` or ``ml_dtypes.int4`` ``[out, in]`` (unpacked;
+    ``ml_dtypes.uint4`` with zero points, which load as ``ml_dtypes.uint4`` ``[out, groups]``); int4 experts stay
+    packed (uint8 ``[E, rows, in/2]``, the ``trtbuild::MoE`` op's input)."""
     if not (ckpt_dir / "config.json").is_file():
         return load_checkpoint(ckpt_dir)  # its errors name what is missing
     cfg = _config(ckpt_dir)
@@ -104,6 +104,11 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
                     weights[name] = t.numpy()
                 elif name.endswith(".weight_zero_point"):
                     weights[name] = t.numpy().astype(ml_dtypes.uint4)
+                elif (
+                    dtype == "U8"
+                    and linear_format(cfg.quantization, name.removesuffix(".weight")).weights is Numeric.INT8
+                ):
+                    weights[name] = t.numpy()  # uint8 codes with offsets (int8_min_wo), as stored
                 elif dtype == "U8":
                     spec = linear_format(cfg.quantization, name.removesuffix(".weight"))
                     weights[name] = unpack_int4(t.numpy(), signed=not unsigned_codes(cfg.quantization, spec))

@@ -65,7 +65,7 @@ class FormatSpec:
     # input quantizers are made dynamic after calibration: ``calibrate.make_inputs_dynamic``).
     dynamic_block: int | None = None
     dynamic_modelopt_config: str | None = None
-    offset: bool = False  # unsigned codes and a float ``weight_offset`` per group: w = q * scale + offset (Q4_1)
+    offset: bool = False  # unsigned codes and a float ``weight_offset`` per group: w = q * scale + offset (Q4_1, Q5_K)
 
 
 DYNAMIC_INT8_BLOCK = 16  # what MatMulNBits quantizes its int8 activations by (backends/onnxruntime/build/weights.py)
@@ -82,6 +82,7 @@ FORMATS: dict[QFormat, FormatSpec] = {
     QFormat.INT4_AWQ: FormatSpec(QFormat.INT4_AWQ, Numeric.INT4, None, True, "INT4_AWQ_CFG", True),
     QFormat.INT8_GROUP_WO: FormatSpec(QFormat.INT8_GROUP_WO, Numeric.INT8, None, True, None, False),
     QFormat.INT4_MIN_WO: FormatSpec(QFormat.INT4_MIN_WO, Numeric.INT4, None, True, None, False, offset=True),
+    QFormat.INT8_MIN_WO: FormatSpec(QFormat.INT8_MIN_WO, Numeric.INT8, None, True, None, False, offset=True),
 }
 
 # The LM head, when quantized (``--exclude`` without ``lm_head``), is int8 weight-only in every format

@@ -22,9 +22,11 @@ A checkpoint converted from a GGUF file keeps llama.cpp's block formats (``Quant
 tensor has which, ``tensor_group_sizes`` which blocks are not 32 in-features): Q8_0 as ``int8_group_wo`` (int8
 ``weight``, ``weight_scale [out, in/32]``), Q6_K as ``int8_group_wo`` in blocks of 16 (codes ``q - 32``,
 ``weight_scale [out, in/16]``), Q4_0 as ``int4_wo`` at group 32, Q4_1 and Q4_K as ``int4_min_wo`` (unsigned codes,
-``weight_scale`` and ``weight_offset [out, in/32]``: ``w = q * scale + offset``); scales and offsets are stored
-float16 (GGUF's own d and m, exactly), the K-quants' float32 (``d * sc`` and ``-(dmin * m)``, exact products). A
-Q8_0 or Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
+``weight_scale`` and ``weight_offset [out, in/32]``: ``w = q * scale + offset``), Q5_K as ``int8_min_wo`` (uint8
+codes, ``weight_scale`` and ``weight_offset``); a fused tensor whose parts differ in format or block size is
+``int8_min_wo`` at the smallest block (``convert.readers.fused_blocks``). Scales and offsets are stored float16
+(GGUF's own d and m, exactly), the K-quants' float32 (``d * sc`` and ``-(dmin * m)``, exact products). A Q8_0 or
+Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
 """
 
 from __future__ import annotations
@@ -149,9 +151,11 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
                 out[prefix + ".weight_zero_point"] = ((rows, groups), "U8")
             if spec.offset:
                 out[prefix + ".weight_offset"] = ((rows, groups), "F32")
-        elif spec.blocked:  # int8 per group (GGUF Q8_0)
-            out[prefix + ".weight"] = ((rows, cols), "I8")
+        elif spec.blocked:  # int8 per group (GGUF Q8_0); with offsets, uint8 codes (GGUF Q5_K)
+            out[prefix + ".weight"] = ((rows, cols), "U8" if spec.offset else "I8")
             out[prefix + ".weight_scale"] = ((rows, groups), "F32")
+            if spec.offset:
+                out[prefix + ".weight_offset"] = ((rows, groups), "F32")
         else:
             out[prefix + ".weight"] = ((rows, cols), "F8_E4M3" if spec.weights is Numeric.FP8 else "I8")
             out[prefix + ".weight_scale"] = ((rows,), "F32")

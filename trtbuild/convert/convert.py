@@ -26,7 +26,7 @@ from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
 from .multimodal import TextModelReader, open_source
-from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader
+from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, fused_blocks
 from .tensor_names import Transform, fusion_of, is_ignored, match_source_name
 
 
@@ -71,7 +71,7 @@ def convert(
     src: Path, out: Path, dtype: DType | None = None, *, dequantize: bool = False, overwrite: bool = False
 ) -> ConvertResult:
     """Convert ``src`` into a checkpoint at ``out`` (written atomically), float tensors in ``dtype`` (default: the
-    source's, ``source_dtype``). A GGUF file's Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized (a
+    source's, ``source_dtype``). A GGUF file's Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized (a
     quantized checkpoint, ``checkpoint.layout``) unless ``dequantize``; other quantized types are dequantized
     (``ConvertResult.dequantized``)."""
     start = time.perf_counter()
@@ -145,9 +145,10 @@ def _convert_tensors(
         if all(p in pending for p in pieces):
             parts = {p: pending.pop(p) for p in pieces}
             blocks = [t for t in parts.values() if isinstance(t, BlockTensor)]
-            if len(blocks) == len(pieces) and len({(b.qformat, b.block) for b in blocks}) == 1:
-                out[target] = BlockTensor.cat(blocks)
-            else:  # a fused tensor has one format: parts of several (Q4_K_M's Q4_K q / k and Q6_K v) become float
+            fused = fused_blocks(blocks) if len(blocks) == len(pieces) else None
+            if fused is not None:
+                out[target] = fused
+            else:  # a fused tensor has one format: parts of a float one, or of inexact promotion, become float
                 fused = torch.cat([to_float(p, t) for p, t in parts.items()], dim=0)
                 experts = expected[target][0]
                 if len(expected[target]) == 3 and fused.shape[0] % experts == 0:  # [E * rows, in] -> [E, rows, in]

@@ -117,7 +117,8 @@ class BlockTensor:
 
     ``codes`` (int8): Q8_0's int8; Q6_K's ``q - 32`` (-32..31); Q5_0's ``q - 16`` (-16..15, kept as int8: exact,
     8 bits where the file has 5.5 or 6.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's
-    and Q4_K's ``q`` (0..15). ``scale`` and ``offset`` (Q4_1's min and Q4_K's negated ``dmin * m``, else None) are
+    and Q4_K's ``q`` (0..15). uint8 for ``int8_min_wo``: Q5_K's ``q`` (0..31), or a fused tensor's (``promoted``).
+    ``scale`` and ``offset`` (Q4_1's min and the K-quants' negated ``dmin * m``, else None) are
     ``[rows, cols / block]``: float16, GGUF's own values, except the K-quants' float32 products of a float16 and a
     6- or 8-bit integer (exact, as gguf-py computes them).
     """
@@ -150,6 +151,43 @@ class BlockTensor:
         return w.reshape(rows, cols)
 
 
+def fused_blocks(parts: list[BlockTensor]) -> BlockTensor | None:
+    """The rows of ``parts`` (a fused tensor's: q | k | v, gate | up) one after another in one block format: theirs
+    when they share format and block size, else ``int8_min_wo`` at the smallest block size where every part's
+    weights convert exactly (``_as_int8_min``; a Q4_K_M file's Q4_K q / k and Q6_K v); None when one does not."""
+    if len({(p.qformat, p.block) for p in parts}) == 1:
+        return BlockTensor.cat(parts)
+    block = min(p.block for p in parts)
+    converted = [_as_int8_min(p, block) if p.block % block == 0 else None for p in parts]
+    return None if any(c is None for c in converted) else BlockTensor.cat(converted)  # type: ignore[arg-type]
+
+
+def _as_int8_min(t: BlockTensor, block: int) -> BlockTensor | None:
+    """``t`` as ``int8_min_wo`` blocks of ``block`` (dividing ``t.block``: its factors repeated), or None unless
+    that dequantizes to ``t``'s weights bit for bit. Signed codes ``c`` become ``c + shift`` with offset
+    ``-shift * scale``, ``shift`` the smallest power of two >= ``-min(c)`` (so the offset is exact, and the codes
+    keep as few bits as they can: Q6_K's 6, Q8_0's 8)."""
+    codes = t.codes.to(torch.int16)
+    scale = t.scale.float()
+    if t.offset is None:
+        low = int(codes.min())
+        shift = 1 << (-low - 1).bit_length() if low < 0 else 0
+        codes, offset = codes + shift, -(shift * scale)
+    else:
+        offset = t.offset.float()
+    if int(codes.max()) > 255:
+        return None
+    repeat = t.block // block
+    out = BlockTensor(
+        QFormat.INT8_MIN_WO,
+        codes.to(torch.uint8),
+        scale.repeat_interleave(repeat, dim=1),
+        offset.repeat_interleave(repeat, dim=1),
+        block,
+    )
+    return out if torch.equal(out.dequantize(), t.dequantize()) else None
+
+
 def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
     """Split GGUF blocks (``data`` uint8 ``[rows, bytes per row]``) into codes, scales and offsets."""
     import gguf
@@ -160,6 +198,8 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
         return _q4_k_tensor(blocks)
     if qtype == gguf.GGMLQuantizationType.Q6_K:
         return _q6_k_tensor(blocks)
+    if qtype == gguf.GGMLQuantizationType.Q5_K:
+        return _q5_k_tensor(blocks)
     scale = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
@@ -181,10 +221,10 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
     return BlockTensor(QFormat.INT4_MIN_WO, _torch(q), _torch(scale), _torch(offset))
 
 
-def _q4_k_tensor(blocks: np.ndarray) -> BlockTensor:
-    """Q4_K super-blocks (uint8 ``[rows, supers, 144]``: float16 ``d`` and ``dmin``, 12 bytes of eight 6-bit scales
-    ``sc`` and mins ``m``, 128 bytes of 4-bit codes) as Q4_1-like blocks of 32: ``w = q * (d * sc) - dmin * m``,
-    which gguf-py computes in float32 from the same products, so ``int4_min_wo`` holds the weights exactly."""
+def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's per-32 factors of super-blocks (uint8 ``[rows, supers, bytes]`` led by float16 ``d`` and
+    ``dmin`` and 12 bytes of eight 6-bit scales ``sc`` and mins ``m``): float32 ``d * sc`` and ``-(dmin * m)``
+    ``[rows, supers * 8]``, the products gguf-py computes (exact: a float16 times a 6-bit integer)."""
     import gguf
 
     rows, supers = blocks.shape[:2]
@@ -193,12 +233,30 @@ def _q4_k_tensor(blocks: np.ndarray) -> BlockTensor:
     sc, m = gguf.quants.Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., 4:16]).reshape(rows * supers, 12))
     scale = d * sc.reshape(rows, supers, 8).astype(np.float32)
     offset = -(dmin * m.reshape(rows, supers, 8).astype(np.float32))
+    return scale.reshape(rows, -1), offset.reshape(rows, -1)
+
+
+def _q4_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q4_K super-blocks (uint8 ``[rows, supers, 144]``: ``_k_scales``' 16 bytes, 128 bytes of 4-bit codes) as
+    Q4_1-like blocks of 32: ``w = q * (d * sc) - dmin * m``, which gguf-py computes in float32 from the same
+    products, so ``int4_min_wo`` holds the weights exactly."""
+    rows = blocks.shape[0]
+    scale, offset = _k_scales(blocks)
     # 4 runs of 32 bytes a super-block: sub-block 2c is run c's low nibbles, sub-block 2c + 1 its high ones
-    runs = blocks[..., 16:].reshape(rows, supers, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    runs = blocks[..., 16:].reshape(rows, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)
     q = (runs & 0x0F).astype(np.int8).reshape(rows, -1)
-    return BlockTensor(
-        QFormat.INT4_MIN_WO, _torch(q), _torch(scale.reshape(rows, -1)), _torch(offset.reshape(rows, -1))
-    )
+    return BlockTensor(QFormat.INT4_MIN_WO, _torch(q), _torch(scale), _torch(offset))
+
+
+def _q5_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q5_K super-blocks (uint8 ``[rows, supers, 176]``: ``_k_scales``' 16 bytes, 32 bytes of fifth bits, 128 of
+    low 4 bits) as ``int8_min_wo`` blocks of 32 (codes 0..31): ``w = q * (d * sc) - dmin * m`` exactly, as Q4_K."""
+    rows = blocks.shape[0]
+    scale, offset = _k_scales(blocks)
+    runs = blocks[..., 48:].reshape(rows, -1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(2, 1)  # as Q4_K's
+    high = blocks[..., 16:48].reshape(rows, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)  # bit i: sub i
+    q = ((runs & 0x0F).reshape(rows, -1, 8, 32) | ((high & 0x01) << 4)).astype(np.uint8)
+    return BlockTensor(QFormat.INT8_MIN_WO, _torch(q.reshape(rows, -1)), _torch(scale), _torch(offset))
 
 
 def _q6_k_tensor(blocks: np.ndarray) -> BlockTensor:
@@ -225,7 +283,7 @@ def _torch(a: np.ndarray) -> torch.Tensor:
 
 class GGUFReader:
     """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
-    keeps a Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
+    keeps a Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -277,13 +335,13 @@ class GGUFReader:
         return self._tensors[name].tensor_type.name
 
     def get_block(self, name: str) -> BlockTensor | None:
-        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q6_K / Q5_0 / Q4_0 / Q4_1 /
-        Q4_K tensor."""
+        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 /
+        Q4_1 / Q4_K tensor."""
         import gguf
 
         t = self._tensors[name]
         kinds = gguf.GGMLQuantizationType
-        kept = (kinds.Q8_0, kinds.Q6_K, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
+        kept = (kinds.Q8_0, kinds.Q6_K, kinds.Q5_K, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
         if t.tensor_type not in kept or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)

@@ -26,7 +26,8 @@
 // zero), 3 (optional) weight offset float [groups, panels * 16]. Output: 0 y float [..., N]. Attributes: bits
 // (8 | 4), in_features K, out_features N, group, block.
 //
-// With offsets (llama.cpp's Q4_1: w = u * ws[g, n] + wo[g, n], the stored codes u themselves, zero point 0), step 3
+// With offsets (llama.cpp's Q4_1 and Q5_K: w = u * ws[g, n] + wo[g, n], the stored codes u themselves, 0..15 or
+// 0..255, zero point 0), step 3
 // is followed by the offset term, per row and column in block order after the products' result:
 //   y = fma(s[m, b] * float(sum_k q[m, k] over block b), wo[g(b), n], y) for b = 0, 1, ...
 // the quantized activation's block sums, as llama.cpp's Q8_1 carries them: y is then the quantized rows times the

@@ -99,7 +99,8 @@ void linear_tile(const LinearWork& w, int64_t r0, int64_t p0) {
       _mm_prefetch(reinterpret_cast<const char*>(w.ws + g * w.panels * kPanel + (p0 + 1) * kPanel), _MM_HINT_T0);
     for (int r = 0; r < R; ++r) {
       const int64_t at = (r0 + r) * w.blocks + b;
-      const __m256i corr = _mm256_set1_epi32(Bits == 8 ? 0 : w.zero_point * w.qsum[at]);
+      // int8 codes were flipped to c = u - 128 above, so d = sum (u - 128) q: correct it to sum (u - zero_point) q
+      const __m256i corr = _mm256_set1_epi32((Bits == 8 ? w.zero_point - 128 : w.zero_point) * w.qsum[at]);
       const __m256 s = _mm256_set1_ps(w.s[at]);
       for (int h = 0; h < H; ++h) {
         const __m256 f = _mm256_cvtepi32_ps(_mm256_sub_epi32(d[r][h], corr));

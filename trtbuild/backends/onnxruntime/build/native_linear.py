@@ -13,9 +13,10 @@ It replaces onnxruntime's ``MatMulNBits`` and ``MatMulInteger`` for the three li
 - a symmetric int4 weight blocked along in-features (``int4_wo`` / ``int4_awq`` without zero points, GGUF Q4_0):
   activation blocks of the weight's group, as ``MatMulNBits``' accuracy level 4 ran them;
 - an int8 weight blocked along in-features (GGUF Q8_0, ``int8_group_wo``): activation blocks of the group;
-- GGUF Q4_1 (``int4_min_wo``): unsigned int4 codes blocked along in-features whose dequantized weight gets a float
-  offset per group (``checkpoint.graph.emit_weight_offset``: ``Reshape -> Add -> Reshape``): the codes as they are (zero
-  point 0) and the offsets as ``QLinear``'s fourth input (the offset term: ``linear.h``).
+- GGUF Q4_1 / Q4_K (``int4_min_wo``) and Q5_K (``int8_min_wo``): unsigned int4 / uint8 codes blocked along in-features
+  whose dequantized weight gets a float offset per group (``checkpoint.graph.emit_weight_offset``: ``Reshape -> Add ->
+  Reshape``): the codes as they are (zero point 0) and the offsets as ``QLinear``'s fourth input (the offset term:
+  ``linear.h``).
 
 Why: at one row the kernel streams its weights at close to the machine's read bandwidth, and at 64 rows it runs
 the int4 product on the integer units where ``MatMulNBits`` is nearly as slow as float32
@@ -164,7 +165,7 @@ def _weight_form(
 ) -> tuple[int, int, np.ndarray] | None:
     """(bits, group, scales) of a weight ``DequantizeLinear`` ``QLinear`` takes, else None: int8 per output
     channel (``axis=1``, scales ``[N]``), or int8 / int4 blocked along in-features (``axis=0``), no zero points;
-    ``unsigned``: uint4 codes (GGUF Q4_1, whose offsets follow the DequantizeLinear) instead of int4."""
+    ``unsigned``: uint8 / uint4 codes (GGUF Q5_K / Q4_1, whose offsets follow the DequantizeLinear) instead."""
     if dq.op_type != "DequantizeLinear" or len(dq.input) > 2:
         return None
     weight, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
@@ -175,11 +176,9 @@ def _weight_form(
     per_channel = attrs.get("axis") == 1 and "block_size" not in attrs and list(scale.dims) == [n]
     if weight.data_type == TensorProto.INT8 and per_channel and not unsigned:
         return 8, k, numpy_helper.to_array(scale)
-    int4 = TensorProto.UINT4 if unsigned else TensorProto.INT4
-    if weight.data_type in (int4, TensorProto.INT8) and attrs.get("axis") == 0:
-        bits, group = (
-            (8, attrs.get("block_size", 0)) if weight.data_type == TensorProto.INT8 else (4, attrs.get("block_size", 0))
-        )
+    int4, int8 = (TensorProto.UINT4, TensorProto.UINT8) if unsigned else (TensorProto.INT4, TensorProto.INT8)
+    if weight.data_type in (int4, int8) and attrs.get("axis") == 0:
+        bits, group = 8 if weight.data_type == int8 else 4, attrs.get("block_size", 0)
         if group % STEP[bits] == 0 and list(scale.dims) == [-(-k // group), n]:
             return bits, group, numpy_helper.to_array(scale)
     return None
@@ -207,9 +206,11 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         offset: np.ndarray | None = None,
     ):
         bits, group, scale = form
-        codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int8)
-        if offset is not None:  # unsigned codes u, zero point 0: packed as c = u - 8 (the packing adds 8 back)
-            codes = codes - np.int8(ZERO_POINT[4])
+        codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int32)
+        if (
+            offset is not None
+        ):  # unsigned codes u, zero point 0: packed as c = u - 8 or - 128 (the packing adds it back)
+            codes = codes - ZERO_POINT[bits]
         k, n = codes.shape
         name = matmul.name + ".q"
         packed.append(numpy_helper.from_array(pack_weight(codes, bits), name + ".packed"))
@@ -243,7 +244,7 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
         if found is not None:  # GGUF Q4_1: codes, scales, offsets
             dq, offset, pattern = found
             form = _weight_form(dq, inits, unsigned=True)
-            if form is None or form[0] != 4 or offset.shape != form[2].shape:
+            if form is None or offset.shape != form[2].shape:
                 continue
             dead.update(pattern)
         else:

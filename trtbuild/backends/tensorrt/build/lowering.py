@@ -211,8 +211,9 @@ def _check_static_activations(graph: onnx.GraphProto) -> None:
 
 def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.TensorProto]) -> None:
     """Refuse blocked ``DequantizeLinear`` weights whose last block is partial (ONNX and onnxruntime allow it; the
-    TensorRT block quantization this backend was written against takes whole blocks only, unverified here), and
-    int4 weights with zero points (``uint4``; TensorRT's DequantizeLayer takes no zero point)."""
+    TensorRT block quantization this backend was written against takes whole blocks only, unverified here), int4
+    weights with zero points (``uint4``; TensorRT's DequantizeLayer takes no zero point) and uint8 codes with offsets
+    (``int8_min_wo``)."""
     for node in graph.node:
         weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
         if weight is None:
@@ -225,6 +226,12 @@ def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.Ten
             raise BuildError(
                 f"{node.name}: int4 with zero points, which TensorRT's DequantizeLayer does not take: quantize "
                 "without --zero-points, or build with --backend onnxruntime or torch"
+            )
+        if weight.data_type == TensorProto.UINT8:
+            raise BuildError(
+                f"{node.name}: uint8 codes with offsets (a GGUF file's Q5_K, or a fused tensor of mixed block "
+                "formats), which TensorRT's DequantizeLayer does not take: convert with --dequantize, or build with "
+                "--backend onnxruntime or torch"
             )
         axis = attrs.get("axis", 1) % len(weight.dims)
         if weight.dims[axis] % block:
