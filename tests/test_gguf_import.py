@@ -67,7 +67,29 @@ def random_q5_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return blocks.reshape(rows, -1)
 
 
-RANDOM_K_QUANTS = {T.Q4_K: random_q4_k, T.Q5_K: random_q5_k, T.Q6_K: random_q6_k}
+def random_q3_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q3_K super-blocks (random 3-bit codes and 6-bit scales, ``d`` a small float16 of either sign: weights
+    ``d * (sc - 32) * q`` centre on 0); uint8 ``[rows, cols / 256 * 110]``."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 256, 110), dtype=np.uint8)
+    blocks[:, 108:] = rng.uniform(-3e-3, 3e-3, (rows * cols // 256, 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def random_q2_k(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random Q2_K super-blocks whose weights centre on 0: random 2-bit codes, each block's 4-bit scale and min one
+    random value ``v``, ``dmin = 1.5 * d``, so ``w = d * v * (q - 1.5)``; uint8 ``[rows, cols / 256 * 84]``."""
+    rows, cols = shape
+    blocks = rng.integers(0, 256, (rows * cols // 256, 84), dtype=np.uint8)
+    v = rng.integers(0, 16, (rows * cols // 256, 16), dtype=np.uint8)
+    blocks[:, :16] = v | (v << 4)
+    d = rng.uniform(-8e-3, 8e-3, (rows * cols // 256, 1)).astype(np.float16)
+    blocks[:, 80:] = np.concatenate([d, (d.astype(np.float32) * 1.5).astype(np.float16)], axis=1).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+RANDOM_K_QUANTS = {T.Q2_K: random_q2_k, T.Q3_K: random_q3_k, T.Q4_K: random_q4_k, T.Q5_K: random_q5_k}
+RANDOM_K_QUANTS |= {T.Q6_K: random_q6_k}
 
 
 def write_gguf(
@@ -476,7 +498,7 @@ def test_q6_k_stays_quantized_as_int8_blocks_of_16(tmp_path):
     )
 
 
-@pytest.mark.parametrize("kind", [T.Q4_K, T.Q5_K, T.Q6_K])
+@pytest.mark.parametrize("kind", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_k_quant_blocks_of_random_bytes_equal_gguf_dequantization(kind):
     """Every byte of the K-quants' super-blocks read as gguf-py reads it: random bytes (scales, mins, codes, and
     float16 factors of either sign) dequantize bit for bit as ``gguf.quants.dequantize`` does."""
@@ -485,7 +507,7 @@ def test_k_quant_blocks_of_random_bytes_equal_gguf_dequantization(kind):
     rng = np.random.default_rng(7)
     size = gguf.GGML_QUANT_SIZES[kind][1]
     data = rng.integers(0, 256, (6, 3 * size), dtype=np.uint8).reshape(6, 3, size)
-    at = {T.Q6_K: slice(208, 210)}.get(kind, slice(0, 4))  # the float16 factors: d (Q6_K), d and dmin
+    at = {T.Q6_K: slice(208, 210), T.Q3_K: slice(108, 110), T.Q2_K: slice(80, 84)}.get(kind, slice(0, 4))  # float16s
     data[..., at] = rng.uniform(-3e-3, 3e-3, (6, 3, (at.stop - at.start) // 2)).astype(np.float16).view(np.uint8)
     got = _block_tensor(data.reshape(6, -1), kind).dequantize().numpy()
     want = gguf.quants.dequantize(data.reshape(6, -1), kind).reshape(6, -1).astype(np.float32)
@@ -539,6 +561,30 @@ def test_q5_k_and_fused_mixed_blocks_stay_quantized(tmp_path):
     build = BuildConfig(max_seq_len=128, kv_block_size=4)
     with pytest.raises(BuildError, match=r"uint8 codes with offsets .* which TensorRT's DequantizeLayer does not take"):
         lower_for_tensorrt(portable_graph(tmp_path / "ckpt", build)[3], build)
+
+
+def test_q3_k_and_q2_k_stay_quantized(tmp_path):
+    """Q3_K (codes -4..3, a signed 6-bit scale per 16) is kept as ``int8_group_wo`` blocks of 16 and Q2_K (codes
+    0..3, a 4-bit scale and min per 16) as ``int8_min_wo`` blocks of 16: 8 bits a code where the file has 3.4 and
+    2.6, exact, at int8 speed. The engine's logits are close to the float engine's."""
+    types = dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up"), T.Q3_K)
+    src = write_gguf(tmp_path / "q3k.gguf", types | {"ffn_down": T.Q2_K}, hidden=256, inter=512)
+    assert convert(src, tmp_path / "ckpt").dequantized_line() is None
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    q = cfg.quantization
+    downs = [f"layers.{i}.mlp.down" for i in range(LAYERS)]
+    linears = [f"layers.{i}.{m}" for i in range(LAYERS) for m in ("attn.qkv", "attn.out", "mlp.gate_up", "mlp.down")]
+    assert q is not None and q.qformat is QFormat.INT8_GROUP_WO and q.exclude == []
+    assert q.tensor_formats == {"embed": QFormat.INT8_GROUP_WO} | dict.fromkeys(downs, QFormat.INT8_MIN_WO)
+    assert q.tensor_group_sizes == dict.fromkeys(linears, 16)
+    _, reference = load_checkpoint(tmp_path / "float")
+    for prefix in linears:
+        np.testing.assert_array_equal(dequantized(weights, prefix), reference[prefix + ".weight"], err_msg=prefix)
+    assert weights["layers.0.attn.qkv.weight"].min() == -4 and weights["layers.0.mlp.down.weight"].max() == 3
+    build_engine(tmp_path / "ckpt", tmp_path / "q", BuildConfig(max_seq_len=128, kv_block_size=4))
+    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    close_to_float_engine(tmp_path / "q", tmp_path / "f")
 
 
 def test_format_4_quantized_checkpoint_config_still_reads(mixed):

@@ -243,7 +243,7 @@ def test_inspect_checkpoint_and_engine(artifacts):
         inspect_path(artifacts / "tiny")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.run([*TRTBUILD, "inspect", str(artifacts / "nope")], capture_output=True, text=True, env=env)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such checkpoint or engine" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "no such file or directory" in proc.stderr
 
 
 def test_inspect_refuses_a_truncated_or_padded_safetensors_file(tiny_engines, tmp_path):

@@ -24,8 +24,9 @@ from .options import OutputPath, explicit_options, load_recipe_option, recipe_op
 @click.option(
     "--dequantize",
     is_flag=True,
-    help="GGUF files: dequantize every tensor to float (by default Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K "
-    "tensors stay quantized: a quantized checkpoint, and an engine of the same size class as the file)",
+    help="GGUF files: dequantize every tensor to float (by default Q8_0 / Q5_0 / Q4_0 / Q4_1 tensors and the "
+    "K-quants Q6_K / Q5_K / Q4_K / Q3_K / Q2_K stay quantized: a quantized checkpoint, and an engine of the same size "
+    "class as the file or larger)",
 )
 @recipe_option
 @click.option("--overwrite", is_flag=True, help="replace an existing output directory")
@@ -34,11 +35,12 @@ def convert(
 ) -> None:
     """Convert a Hugging Face folder or a .gguf file into a trtbuild checkpoint.
 
-    A GGUF file's Q8_0, Q6_K, Q5_K, Q5_0, Q4_0, Q4_1 and Q4_K tensors are kept as they are (int8 and int4 with
-    scales, and the mins of Q4_1 and the K-quants, per block of 32; Q6_K's per block of 16): the checkpoint builds
-    into a quantized engine whose weights equal llama.cpp's. A fused tensor (q / k / v, gate / up) whose parts
-    differ in type is kept as 8-bit codes with a scale and min per block, also exactly. Tensors of other quantized
-    types (Q3_K, Q2_K, ...) are dequantized, with their fused partners, and one line names them. With --recipe, SRC
+    A GGUF file's Q8_0, Q5_0, Q4_0 and Q4_1 tensors and its K-quants (Q6_K, Q5_K, Q4_K, Q3_K, Q2_K) are kept as
+    they are (int8 and int4 codes with scales, and mins where the type has them, per block of 32 or of 16; 5-, 3-
+    and 2-bit codes take a byte each): the checkpoint builds into a quantized engine whose weights equal llama.cpp's.
+    A fused tensor (q / k / v, gate / up) whose parts differ in type is kept as 8-bit codes with a scale and min per
+    block, also exactly. Tensors of other quantized types (Q5_1, the IQ types, ...) are dequantized, with their
+    fused partners, and one line names them. With --recipe, SRC
     and --dtype default to the recipe's model source and dtype.
     """
     spec = load_recipe_option(recipe)

@@ -71,9 +71,9 @@ def convert(
     src: Path, out: Path, dtype: DType | None = None, *, dequantize: bool = False, overwrite: bool = False
 ) -> ConvertResult:
     """Convert ``src`` into a checkpoint at ``out`` (written atomically), float tensors in ``dtype`` (default: the
-    source's, ``source_dtype``). A GGUF file's Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K tensors stay quantized (a
-    quantized checkpoint, ``checkpoint.layout``) unless ``dequantize``; other quantized types are dequantized
-    (``ConvertResult.dequantized``)."""
+    source's, ``source_dtype``). A GGUF file's Q8_0 / Q5_0 / Q4_0 / Q4_1 tensors and K-quants (Q6_K ... Q2_K) stay
+    quantized (a quantized checkpoint, ``checkpoint.layout``) unless ``dequantize``; other quantized types are
+    dequantized (``ConvertResult.dequantized``)."""
     start = time.perf_counter()
     reader = open_source(src)
     try:

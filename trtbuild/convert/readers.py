@@ -107,7 +107,7 @@ _GGUF_ARCHS = {
 
 
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
-Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K (its super-block of 256 holds 16, each with an int8 scale)
+Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K, Q3_K and Q2_K (sixteen to a super-block of 256)
 
 
 @dataclass(frozen=True)
@@ -115,12 +115,12 @@ class BlockTensor:
     """A GGUF tensor kept in its llama.cpp block format, ``[rows, cols]`` in GGUF's row order (``block``
     in-features per block): ``w = codes * scale (+ offset)`` per block, as ``gguf.quants.dequantize`` computes it.
 
-    ``codes`` (int8): Q8_0's int8; Q6_K's ``q - 32`` (-32..31); Q5_0's ``q - 16`` (-16..15, kept as int8: exact,
-    8 bits where the file has 5.5 or 6.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric int4); Q4_1's
-    and Q4_K's ``q`` (0..15). uint8 for ``int8_min_wo``: Q5_K's ``q`` (0..31), or a fused tensor's (``promoted``).
-    ``scale`` and ``offset`` (Q4_1's min and the K-quants' negated ``dmin * m``, else None) are
-    ``[rows, cols / block]``: float16, GGUF's own values, except the K-quants' float32 products of a float16 and a
-    6- or 8-bit integer (exact, as gguf-py computes them).
+    ``codes`` (int8): Q8_0's int8; Q6_K's ``q - 32`` (-32..31); Q3_K's -4..3; Q5_0's ``q - 16`` (-16..15, kept as
+    int8: exact, 8 bits where the file has 5.5 or 6.5); Q4_0's ``q - 8`` (signed int4, -8..7: trtbuild's symmetric
+    int4); Q4_1's and Q4_K's ``q`` (0..15). uint8 for ``int8_min_wo``: Q5_K's and Q2_K's ``q`` (0..31, 0..3), or a
+    fused tensor's (``fused_blocks``). ``scale`` and ``offset`` (Q4_1's min and the K-quants' negated ``dmin * m``,
+    else None) are ``[rows, cols / block]``: float16, GGUF's own values, except the K-quants' float32 products of a
+    float16 and a 6- or 8-bit integer (exact, as gguf-py computes them).
     """
 
     qformat: QFormat
@@ -200,6 +200,10 @@ def _block_tensor(data: np.ndarray, qtype: Any) -> BlockTensor:
         return _q6_k_tensor(blocks)
     if qtype == gguf.GGMLQuantizationType.Q5_K:
         return _q5_k_tensor(blocks)
+    if qtype == gguf.GGMLQuantizationType.Q3_K:
+        return _q3_k_tensor(blocks)
+    if qtype == gguf.GGMLQuantizationType.Q2_K:
+        return _q2_k_tensor(blocks)
     scale = np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0]
     if qtype == gguf.GGMLQuantizationType.Q8_0:
         codes = np.ascontiguousarray(blocks[..., 2:]).view(np.int8)
@@ -277,13 +281,52 @@ def _q6_k_tensor(blocks: np.ndarray) -> BlockTensor:
     )
 
 
+def _q3_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q3_K super-blocks (uint8 ``[rows, supers, 110]``: 32 bytes of high bits, 64 of low 2 bits, 12 of sixteen
+    6-bit scales, a float16 ``d``) as int8 blocks of 16: ``w = q * (d * (sc - 32))``, q = low 2 bits - 4 where the
+    high bit is 0 (-4..3), which gguf-py computes in float32 from the same product: ``int8_group_wo``, exactly."""
+    rows, supers = blocks.shape[:2]
+    low_sc = blocks[..., 96:104].reshape(rows, supers, 1, 8) >> np.array([0, 4], np.uint8).reshape(2, 1)
+    high_sc = blocks[..., 104:108].reshape(rows, supers, 1, 4) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    sc = (low_sc.reshape(rows, supers, 16) & 0x0F) | ((high_sc.reshape(rows, supers, 16) & 0x03) << 4)
+    d = np.ascontiguousarray(blocks[..., 108:110]).view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    scale = d * (sc.astype(np.int8) - np.int8(32)).astype(np.float32)
+    low = blocks[..., 32:96].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)
+    high = blocks[..., :32].reshape(rows, supers, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)
+    q = (low & 0x03).reshape(rows, supers, 256).astype(np.int8)
+    q = q - (((high & 0x01) ^ 0x01).reshape(rows, supers, 256) << 2).astype(np.int8)
+    return BlockTensor(
+        QFormat.INT8_GROUP_WO, _torch(q.reshape(rows, -1)), _torch(scale.reshape(rows, -1)), None, Q6_K_BLOCK
+    )
+
+
+def _q2_k_tensor(blocks: np.ndarray) -> BlockTensor:
+    """Q2_K super-blocks (uint8 ``[rows, supers, 84]``: sixteen bytes of a 4-bit scale and min each, 64 bytes of
+    2-bit codes, float16 ``d`` and ``dmin``) as ``int8_min_wo`` blocks of 16: ``w = q * (d * sc) - dmin * m``, q
+    0..3, exactly as gguf-py computes it."""
+    rows, supers = blocks.shape[:2]
+    d = np.ascontiguousarray(blocks[..., 80:82]).view(np.float16).astype(np.float32)  # [rows, supers, 1]
+    dmin = np.ascontiguousarray(blocks[..., 82:84]).view(np.float16).astype(np.float32)
+    scale = d * (blocks[..., :16] & 0x0F).astype(np.float32)
+    offset = -(dmin * (blocks[..., :16] >> 4).astype(np.float32))
+    q = (blocks[..., 16:80].reshape(rows, supers, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03
+    return BlockTensor(
+        QFormat.INT8_MIN_WO,
+        _torch(q.reshape(rows, -1)),
+        _torch(scale.reshape(rows, -1)),
+        _torch(offset.reshape(rows, -1)),
+        Q6_K_BLOCK,
+    )
+
+
 def _torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a))  # a writable copy, off the memory map
 
 
 class GGUFReader:
     """A llama.cpp GGUF file. ``get`` dequantizes any tensor to float32 (as transformers does); ``get_block``
-    keeps a Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K one in its block format (``BlockTensor``)."""
+    keeps a Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 / Q4_1 / Q4_K / Q3_K / Q2_K one in its block format
+    (``BlockTensor``)."""
 
     format = SourceFormat.GGUF
 
@@ -336,12 +379,22 @@ class GGUFReader:
 
     def get_block(self, name: str) -> BlockTensor | None:
         """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 /
-        Q4_1 / Q4_K tensor."""
+        Q4_1 / Q4_K / Q3_K / Q2_K tensor."""
         import gguf
 
         t = self._tensors[name]
         kinds = gguf.GGMLQuantizationType
-        kept = (kinds.Q8_0, kinds.Q6_K, kinds.Q5_K, kinds.Q5_0, kinds.Q4_0, kinds.Q4_1, kinds.Q4_K)
+        kept = (
+            kinds.Q8_0,
+            kinds.Q6_K,
+            kinds.Q5_K,
+            kinds.Q5_0,
+            kinds.Q4_0,
+            kinds.Q4_1,
+            kinds.Q4_K,
+            kinds.Q3_K,
+            kinds.Q2_K,
+        )
         if t.tensor_type not in kept or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
