@@ -4,6 +4,7 @@
         [--blocks 16,32,64] [--bits 8|4] [--native] [--threads 2]
     .venv/bin/python benchmarks/cpu_linear.py --library OLD.so NEW.so [--rows 16,64,2048] [--copies 4]  # QLinear A/B
     .venv/bin/python benchmarks/cpu_linear.py --engine ENGINE_DIR   # the engine's matrix products, cut out
+    .venv/bin/python benchmarks/cpu_linear.py --gguf [--shapes ...] [--rows 1,64] [--library X.so]  # GGUF's forms
 
 The first form times, per ``KxN`` shape and row count, a float32 ``MatMul`` (MLAS) and ``MatMulNBits`` with 8-bit
 (``--bits 4``: 4-bit) weights at each activation block size (accuracy level 4: int8 activations per block, as
@@ -87,25 +88,73 @@ def linear_model(k: int, n: int, copies: int, block: int | None, bits: int = 8) 
     return helper.make_model(graph, opset_imports=opsets)
 
 
-def native_model(k: int, n: int, copies: int, block: int, bits: int) -> onnx.ModelProto:
+def native_model(
+    k: int, n: int, copies: int, block: int, bits: int, group: int | None = None, offsets: bool = False
+) -> onnx.ModelProto:
     """``copies`` products on trtbuild's native ``QLinear`` (int8: per channel, activation blocks of ``block``;
-    int4: groups and activation blocks of ``block``)."""
-    from trtbuild.backends.onnxruntime.build.native_linear import pack_weight, pad_scales, qlinear_node
+    int4: groups and activation blocks of ``block``; ``group``: that weight group, activation blocks of ``block``;
+    ``offsets``: unsigned codes and a float offset per group, as GGUF's Q4_1 / K-quants)."""
+    from trtbuild.backends.onnxruntime.build.native_linear import ZERO_POINT, pack_weight, pad_scales, qlinear_node
 
     rng = np.random.default_rng(0)
     inits, nodes = [], []
-    group = k if bits == 8 else block
+    group = group or (k if bits == 8 else block)
     for i in range(copies):
         codes = rng.integers(-(1 << (bits - 1)), 1 << (bits - 1), (k, n)).astype(np.int8)
         scales = (rng.random((-(-k // group), n)) * 0.01).astype(np.float32)
         inits += [numpy_helper.from_array(pack_weight(codes, bits), f"w{i}.packed"),
                   numpy_helper.from_array(pad_scales(scales), f"w{i}.scales")]  # fmt: skip
-        nodes.append(qlinear_node(f"w{i}", "x", f"y{i}", k=k, n=n, bits=bits, group=group, block=block))
+        if offsets:  # the stored codes read as unsigned: c + ZERO_POINT[bits]
+            inits.append(numpy_helper.from_array(pad_scales(-ZERO_POINT[bits] * scales), f"w{i}.offsets"))
+        node = qlinear_node(f"w{i}", "x", f"y{i}", k=k, n=n, bits=bits, group=group, block=block, offsets=offsets)
+        nodes.append(node)
     graph = helper.make_graph(
         nodes, "linears", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
         [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["M", n]) for i in range(copies)], inits,
     )  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("trtbuild.cpu", 1)])
+
+
+# GGUF block types as ``QLinear`` runs them (convert/readers.py): (bits, group, offsets, bytes a weight read)
+GGUF_FORMS = {
+    "Q8_0, Q5_0": (8, 32, False, 1 + 4 / 32),
+    "Q6_K, Q3_K": (8, 16, False, 1 + 4 / 16),
+    "Q5_K": (8, 32, True, 1 + 8 / 32),
+    "Q2_K, fused mixed": (8, 16, True, 1 + 8 / 16),
+    "Q4_0": (4, 32, False, 0.5 + 4 / 32),
+    "Q4_1, Q4_K": (4, 32, True, 0.5 + 8 / 32),
+}
+
+
+def gguf_table(args: argparse.Namespace) -> None:
+    """Per shape and row count, a float32 ``MatMul`` and ``QLinear`` in each GGUF block form (on each ``--library``
+    build, else this checkout's): ms and GB/s read, scales and offsets counted."""
+    from trtbuild.kernels.library import library_path
+
+    print(f"{args.threads} threads, {args.copies} copies of each weight, median of {args.reps}")
+    for shape in args.shapes:
+        k, n = (int(v) for v in shape.split("x"))
+        copies = max(2, min(args.copies, (1 << 30) // (k * n * 4)))
+        for rows in args.rows:
+            x = {"x": np.random.default_rng(1).standard_normal((rows, k)).astype(np.float32)}
+            session = ort.InferenceSession(
+                linear_model(k, n, copies, None).SerializeToString(), _options(args.threads),
+                providers=["CPUExecutionProvider"],
+            )  # fmt: skip
+            ms = _median_ms(session, x, args.reps) / copies
+            cells = [f"float32 {ms:.3f} ms ({k * n * 4 / ms / 1e6:.1f} GB/s)"]
+            for name, (bits, group, offsets, width) in GGUF_FORMS.items():
+                model = native_model(k, n, copies, group, bits, group, offsets).SerializeToString()
+                for library in args.library or [str(library_path())]:
+                    opts = _options(args.threads)
+                    opts.register_custom_ops_library(library)
+                    if args.library and len(args.library) > 1:
+                        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+                    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+                    ms = _median_ms(session, x, args.reps) / copies
+                    build = f" [{Path(library).name}]" if args.library else ""
+                    cells.append(f"{name}{build} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
+            print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
 
 
 def shapes_table(args: argparse.Namespace) -> None:
@@ -221,6 +270,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--engine", help="time this engine's matrix products alone, next to its decode step")
+    parser.add_argument("--gguf", action="store_true", help="time QLinear in each GGUF block form (GGUF_FORMS)")
     parser.add_argument(
         "--library", nargs="+", help="time QLinear alone on each of these builds of the native library (an A/B)"
     )
@@ -228,6 +278,8 @@ def main() -> None:
     args.native = args.native or bool(args.library)
     if args.engine:
         engine_linears(args)
+    elif args.gguf:
+        gguf_table(args)
     else:
         shapes_table(args)
 

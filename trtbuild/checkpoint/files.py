@@ -104,14 +104,12 @@ def load_any_checkpoint(ckpt_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
                     weights[name] = t.numpy()
                 elif name.endswith(".weight_zero_point"):
                     weights[name] = t.numpy().astype(ml_dtypes.uint4)
-                elif (
-                    dtype == "U8"
-                    and linear_format(cfg.quantization, name.removesuffix(".weight")).weights is Numeric.INT8
-                ):
-                    weights[name] = t.numpy()  # uint8 codes with offsets (int8_min_wo), as stored
                 elif dtype == "U8":
                     spec = linear_format(cfg.quantization, name.removesuffix(".weight"))
-                    weights[name] = unpack_int4(t.numpy(), signed=not unsigned_codes(cfg.quantization, spec))
+                    if spec.weights is Numeric.INT8:  # uint8 codes with offsets (int8_min_wo), as stored
+                        weights[name] = t.numpy()
+                    else:
+                        weights[name] = unpack_int4(t.numpy(), signed=not unsigned_codes(cfg.quantization, spec))
                 elif dtype == "I8":
                     weights[name] = t.numpy()
                 else:

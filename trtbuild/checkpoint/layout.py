@@ -23,10 +23,11 @@ tensor has which, ``tensor_group_sizes`` which blocks are not 32 in-features): Q
 ``weight``, ``weight_scale [out, in/32]``), Q6_K as ``int8_group_wo`` in blocks of 16 (codes ``q - 32``,
 ``weight_scale [out, in/16]``), Q4_0 as ``int4_wo`` at group 32, Q4_1 and Q4_K as ``int4_min_wo`` (unsigned codes,
 ``weight_scale`` and ``weight_offset [out, in/32]``: ``w = q * scale + offset``), Q5_K as ``int8_min_wo`` (uint8
-codes, ``weight_scale`` and ``weight_offset``); a fused tensor whose parts differ in format or block size is
-``int8_min_wo`` at the smallest block (``convert.readers.fused_blocks``). Scales and offsets are stored float16
-(GGUF's own d and m, exactly), the K-quants' float32 (``d * sc`` and ``-(dmin * m)``, exact products). A Q8_0 or
-Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a tied head then reads those tensors.
+codes, ``weight_scale`` and ``weight_offset``), Q3_K and Q2_K as Q6_K and Q5_K in blocks of 16; a fused tensor whose
+parts differ in format or block size is ``int8_min_wo`` at the smallest block (``convert.readers.fused_blocks``).
+Scales and offsets are stored float16 (GGUF's own d and m, exactly), the K-quants' float32 (exact products such as
+``d * sc`` and ``-(dmin * m)``). A Q8_0 or Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a
+tied head then reads those tensors.
 """
 
 from __future__ import annotations

@@ -118,6 +118,19 @@ void offset_task(void* data, size_t task) {
   }
 }
 
+// A task's products and then its offset term, in one dispatch of the pool (the same arithmetic, in the same order,
+// as two dispatches in turn: the offset term of a task's rows and panels reads only what its products wrote).
+using TaskFn = void (*)(void*, size_t);
+template <TaskFn Products>
+void products_then_offsets(void* data, size_t task) {
+  Products(data, task);
+  offset_task(data, task);
+}
+template <TaskFn Products>
+TaskFn products_task(bool offsets) {
+  return offsets ? products_then_offsets<Products> : Products;
+}
+
 struct QuantizeWork {
   const float* x;
   const LinearWork* w;
@@ -181,13 +194,14 @@ void qlinear(OrtKernelContext* ctx, const LinearAttrs& a, const float* x, int64_
   w.panels_per_task = std::max<int64_t>(4, ((w.panels + kMaxPanelChunks - 1) / kMaxPanelChunks + 3) / 4 * 4);
   const int64_t panel_chunks = (w.panels + w.panels_per_task - 1) / w.panels_per_task;
   const size_t tasks = size_t(panel_chunks * ((w.rows + kRowsPerLinearTask - 1) / kRowsPerLinearTask));
+  const bool offsets = w.wo != nullptr;
 #if defined(TRTBUILD_LINEAR_AMX)
   if (amx)
-    run_tasks(ctx, a.bits == 8 ? amx_task<8> : amx_task<4>, tasks, &w);
+    run_tasks(ctx, a.bits == 8 ? products_task<amx_task<8>>(offsets) : products_task<amx_task<4>>(offsets), tasks, &w);
   else
 #endif
-    run_tasks(ctx, a.bits == 8 ? linear_task<8> : linear_task<4>, tasks, &w);
-  if (w.wo) run_tasks(ctx, offset_task, tasks, &w);
+    run_tasks(ctx, a.bits == 8 ? products_task<linear_task<8>>(offsets) : products_task<linear_task<4>>(offsets),
+              tasks, &w);
 }
 
 }  // namespace trtbuild::cpu
