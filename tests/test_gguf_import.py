@@ -261,6 +261,20 @@ def close_to_float_engine(engine: Path, float_engine: Path) -> tuple[np.ndarray,
     return got, ref
 
 
+def both_cpu_linears_close_to_float(root: Path) -> dict[str, dict[str, int]]:
+    """Engines of ``root/float`` and of ``root/ckpt`` with each CPU linear (native ``QLinear``, onnxruntime's),
+    each close to the float one (``close_to_float_engine``). Returns the native engine's ``QLinear`` nodes by name:
+    their attributes and ``inputs``, their input count (4 with offsets)."""
+    build_engine(root / "float", root / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
+    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
+        engine = root / cpu_linear.value
+        build_engine(root / "ckpt", engine, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear))
+        close_to_float_engine(engine, root / "f")
+    nodes = [n for n in _engine_graph(root / CpuLinear.NATIVE.value).node if n.op_type == "QLinear"]
+    return {n.name: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} | {"inputs": len(n.input)}
+            for n in nodes}  # fmt: skip
+
+
 def torch_logits_are_the_float_checkpoints(ckpt: Path, float_ckpt: Path) -> dict[str, tuple[int, bool]]:
     """The torch importer on ``ckpt``: its graph's dequantized weights are ``float_ckpt``'s (equal logits), and its
     one-row products (``RowProducts.QUANTIZED``, which read the blocks' codes and factors) give them within 1e-4,
@@ -484,13 +498,8 @@ def test_q6_k_stays_quantized_as_int8_blocks_of_16(tmp_path):
     assert tensors["embed.weight_scale"] == ("F32", [VOCAB, 16])
     down = weights["layers.0.mlp.down.weight"]
     assert down.min() >= -32 and down.max() <= 31
-    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
-    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
-        engine = tmp_path / cpu_linear.value
-        build_engine(tmp_path / "ckpt", engine, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear))
-        close_to_float_engine(engine, tmp_path / "f")
-    nodes = {n.name: n for n in _engine_graph(tmp_path / CpuLinear.NATIVE.value).node}
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes["layers.0.mlp.down.q"].attribute}
+    qlinears = both_cpu_linears_close_to_float(tmp_path)
+    attrs = qlinears["layers.0.mlp.down.q"]
     assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, 16, 16)
     blocks = torch_logits_are_the_float_checkpoints(tmp_path / "ckpt", tmp_path / "float")
     assert {codes: size for codes, (size, _) in blocks.items() if size != 32} == dict.fromkeys(
@@ -542,16 +551,10 @@ def test_q5_k_and_fused_mixed_blocks_stay_quantized(tmp_path):
     assert tensors["layers.0.attn.qkv.weight_scale"] == ("F32", [512, 16])  # [q | k | v rows, 256 / 16]
     qkv = weights["layers.0.attn.qkv.weight"]
     assert qkv.dtype == np.uint8 and qkv[:384].max() <= 31 and qkv[384:].max() <= 63  # Q5_K rows, Q6_K's + 32
-    build_engine(tmp_path / "float", tmp_path / "f", BuildConfig(max_seq_len=128, kv_block_size=4))
-    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
-        engine = tmp_path / cpu_linear.value
-        build_engine(tmp_path / "ckpt", engine, BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear))
-        close_to_float_engine(engine, tmp_path / "f")
-    nodes = {n.name: n for n in _engine_graph(tmp_path / CpuLinear.NATIVE.value).node}
+    qlinears = both_cpu_linears_close_to_float(tmp_path)
     for prefix, group in (("layers.0.attn.qkv", 16), ("layers.0.mlp.gate_up", 32)):
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nodes[prefix + ".q"].attribute}
-        assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, group, group), prefix
-        assert len(nodes[prefix + ".q"].input) == 4, prefix  # the offsets
+        attrs = qlinears[prefix + ".q"]
+        assert (attrs["bits"], attrs["group"], attrs["block"], attrs["inputs"]) == (8, group, group, 4), prefix
     blocks = torch_logits_are_the_float_checkpoints(tmp_path / "ckpt", tmp_path / "float")
     assert blocks["layers.0.attn.qkv.weight"] == (16, True) and blocks["layers.0.mlp.gate_up.weight"] == (32, True)
     from trtbuild.backends.build_request import portable_graph
