@@ -423,6 +423,8 @@ def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
     from trtbuild.cli import cli
 
     src = write_gguf(tmp_path / "q5.gguf", dict(MIXED, attn_v=T.Q5_1))
+    inspected = CliRunner().invoke(cli, ["inspect", str(src)])  # says so before converting
+    assert "dequantized by convert: Q5_1 (" in inspected.output, inspected.output
     result = CliRunner().invoke(cli, ["convert", str(src), "-o", str(tmp_path / "ckpt")])
     assert result.exit_code == 0, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("dequantized")]

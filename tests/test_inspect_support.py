@@ -150,7 +150,7 @@ def test_the_smollm2_gguf_is_supported_from_its_metadata():
     model = info["model"]
     assert (model["layers"], model["hidden_size"], model["heads"], model["kv_heads"]) == (30, 576, 9, 3)
     assert model["vocab_size"] == 49152 and model["tied_head"] is True
-    assert info["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1}
+    assert info["tensor_types"] == {"Q4_1": 210, "F32": 61, "Q8_0": 1} and info["dequantized_types"] == []
 
 
 def test_cli_exit_status_and_json(monkeypatch, capsys, folders, tmp_path):

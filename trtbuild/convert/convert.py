@@ -26,7 +26,7 @@ from ..config import DType, ModelConfig, QFormat, QuantConfig
 from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
 from .multimodal import TextModelReader, open_source
-from .readers import GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, fused_blocks
+from .readers import FLOAT_GGUF_TYPES, GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, fused_blocks
 from .tensor_names import Transform, fusion_of, is_ignored, match_source_name
 
 
@@ -183,9 +183,6 @@ def _read(
     if keep_blocks and kind not in FLOAT_GGUF_TYPES:
         dequantized.setdefault(kind, []).append(name)
     return reader.get(name)
-
-
-FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 def _rows(t: Tensor, fn: Callable[[torch.Tensor], torch.Tensor]) -> Tensor:  # fn: a permutation of rows

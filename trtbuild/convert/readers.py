@@ -108,6 +108,10 @@ _GGUF_ARCHS = {
 
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
 Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K, Q3_K and Q2_K (sixteen to a super-block of 256)
+# The GGUF types whose 2-D tensors ``convert`` keeps in their block format (``GGUFReader.get_block``); float types
+# are kept as float, any other type is dequantized.
+KEPT_GGUF_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")
+FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
 @dataclass(frozen=True)
@@ -378,24 +382,9 @@ class GGUFReader:
         return self._tensors[name].tensor_type.name
 
     def get_block(self, name: str) -> BlockTensor | None:
-        """Tensor ``name`` in its block format, or None when it is not a 2-D Q8_0 / Q6_K / Q5_K / Q5_0 / Q4_0 /
-        Q4_1 / Q4_K / Q3_K / Q2_K tensor."""
-        import gguf
-
+        """Tensor ``name`` in its block format, or None when it is not a 2-D tensor of a ``KEPT_GGUF_TYPES`` type."""
         t = self._tensors[name]
-        kinds = gguf.GGMLQuantizationType
-        kept = (
-            kinds.Q8_0,
-            kinds.Q6_K,
-            kinds.Q5_K,
-            kinds.Q5_0,
-            kinds.Q4_0,
-            kinds.Q4_1,
-            kinds.Q4_K,
-            kinds.Q3_K,
-            kinds.Q2_K,
-        )
-        if t.tensor_type not in kept or len(t.shape) != 2:
+        if t.tensor_type.name not in KEPT_GGUF_TYPES or len(t.shape) != 2:
             return None
         return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
 

@@ -50,6 +50,7 @@ class SupportReport:
     model: ModelConfig | None = None
     text_model: ModelConfig | None = None
     tensor_types: dict[str, int] = field(default_factory=dict)  # GGUF: tensor type -> count
+    dequantized_types: list[str] = field(default_factory=list)  # GGUF: the quantized types convert dequantizes
     notes: list[str] = field(default_factory=list)  # what convert would leave out (a multimodal folder's towers)
 
     @property
@@ -67,6 +68,7 @@ class SupportReport:
             "model": None if self.model is None else model_summary(self.model),
             "text_model": None if self.text_model is None else model_summary(self.text_model),
             "tensor_types": self.tensor_types,
+            "dequantized_types": self.dequantized_types,
             "notes": self.notes,
         }
 
@@ -82,6 +84,11 @@ class SupportReport:
         lines = [f"{kind}: {self.path}", f"architecture: {', '.join(self.architectures) or 'none'}"]
         if self.tensor_types:
             lines.append("tensor types: " + ", ".join(f"{n} {t}" for t, n in self.tensor_types.items()))
+            if self.dequantized_types:
+                lines.append(
+                    f"dequantized by convert: {', '.join(self.dequantized_types)} (no trtbuild format keeps them; "
+                    "their fused partners are dequantized with them)"
+                )
         lines.append("supported: yes (trtbuild convert converts it)" if self.supported else "supported: no")
         lines += [f"  problem: {p}" for p in self.problems]
         lines += [f"  note: {n}" for n in self.notes]
@@ -171,7 +178,7 @@ def check_source(path: Path) -> SupportReport:
 
 def _check_gguf(path: Path) -> SupportReport:
     from .convert import source_dtype
-    from .readers import GGUFReader
+    from .readers import FLOAT_GGUF_TYPES, KEPT_GGUF_TYPES, GGUFReader
 
     try:
         reader = GGUFReader(path)  # metadata and tensor infos; the tensor data stays memory-mapped, unread
@@ -180,7 +187,11 @@ def _check_gguf(path: Path) -> SupportReport:
     types = Counter(reader.type_name(name) for name in reader.names())
     archs = list(reader.hf_config["architectures"])
     cfg, problems = config_problems(reader.hf_config, source_dtype(reader))
-    return SupportReport(path, SourceFormat.GGUF, archs, problems, cfg, tensor_types=dict(types.most_common()))
+    dequantized = [t for t, _ in types.most_common() if t not in KEPT_GGUF_TYPES + FLOAT_GGUF_TYPES]
+    return SupportReport(
+        path, SourceFormat.GGUF, archs, problems, cfg, tensor_types=dict(types.most_common()),
+        dequantized_types=dequantized,
+    )  # fmt: skip
 
 
 def _check_hf(folder: Path) -> SupportReport:
