@@ -438,6 +438,19 @@ def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
     )
 
 
+def test_an_embedding_of_a_4_bit_type_is_dequantized_and_inspect_says_so(tmp_path):
+    """Only int8 rows are gathered quantized: a Q4_1 embedding is dequantized (its tied head with it), which
+    ``inspect`` reports before converting and ``convert`` after."""
+    from trtbuild.convert.support import check_source
+
+    src = write_gguf(tmp_path / "e.gguf", MIXED, embed=T.Q4_1)
+    assert [t.split(" ")[0] for t in check_source(src).dequantized_types] == ["Q4_1"]
+    assert "token_embd.weight" in check_source(src).render_text()
+    result = convert(src, tmp_path / "ckpt")
+    assert result.dequantized == {"Q4_1": ["token_embd.weight"]}
+    assert "embed" not in ModelConfig.load(tmp_path / "ckpt").quantization.tensor_formats
+
+
 def test_q4_k_stays_quantized_and_equals_gguf_dequantization(tmp_path):
     """Q4_K (llama.cpp's K-quant of Q4_K_M files: super-blocks of 256, 6-bit scales and mins per 32) is kept as
     ``int4_min_wo`` blocks of 32 whose float32 scales and offsets reproduce gguf-py's dequantization exactly; its

@@ -108,9 +108,19 @@ _GGUF_ARCHS = {
 
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
 Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K, Q3_K and Q2_K (sixteen to a super-block of 256)
-# The GGUF types whose 2-D tensors ``convert`` keeps in their block format (``GGUFReader.get_block``); float types
-# are kept as float, any other type is dequantized.
-KEPT_GGUF_TYPES = ("Q8_0", "Q6_K", "Q5_K", "Q5_0", "Q4_0", "Q4_1", "Q4_K", "Q3_K", "Q2_K")
+# The GGUF types whose 2-D tensors ``convert`` keeps in a block format (``GGUFReader.get_block``), and which; float
+# types are kept as float, any other type is dequantized. An embedding stays quantized as ``int8_group_wo`` only.
+KEPT_GGUF_TYPES = {
+    "Q8_0": QFormat.INT8_GROUP_WO,
+    "Q6_K": QFormat.INT8_GROUP_WO,
+    "Q5_0": QFormat.INT8_GROUP_WO,
+    "Q3_K": QFormat.INT8_GROUP_WO,
+    "Q5_K": QFormat.INT8_MIN_WO,
+    "Q2_K": QFormat.INT8_MIN_WO,
+    "Q4_0": QFormat.INT4_WO,
+    "Q4_1": QFormat.INT4_MIN_WO,
+    "Q4_K": QFormat.INT4_MIN_WO,
+}
 FLOAT_GGUF_TYPES = ("F32", "F16", "BF16", "F64")
 
 
