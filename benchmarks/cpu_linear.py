@@ -88,6 +88,18 @@ def linear_model(k: int, n: int, copies: int, block: int | None, bits: int = 8) 
     return helper.make_model(graph, opset_imports=opsets)
 
 
+def _qlinear_ms(model: bytes, library: str, args: argparse.Namespace, feeds: dict) -> float:
+    """Median ms of ``model`` (``QLinear`` nodes) on the native library ``library``; with several ``--library``
+    builds in one process, their workers do not spin between calls (so that one build's idle pool does not slow
+    the other's)."""
+    opts = _options(args.threads)
+    opts.register_custom_ops_library(library)
+    if args.library and len(args.library) > 1:
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return _median_ms(session, feeds, args.reps)
+
+
 def native_model(
     k: int, n: int, copies: int, block: int, bits: int, group: int | None = None, offsets: bool = False
 ) -> onnx.ModelProto:
@@ -146,12 +158,7 @@ def gguf_table(args: argparse.Namespace) -> None:
             for name, (bits, group, offsets, width) in GGUF_FORMS.items():
                 model = native_model(k, n, copies, group, bits, group, offsets).SerializeToString()
                 for library in args.library or [str(library_path())]:
-                    opts = _options(args.threads)
-                    opts.register_custom_ops_library(library)
-                    if args.library and len(args.library) > 1:
-                        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                    session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-                    ms = _median_ms(session, x, args.reps) / copies
+                    ms = _qlinear_ms(model, library, args, x) / copies
                     build = f" [{Path(library).name}]" if args.library else ""
                     cells.append(f"{name}{build} {ms:.3f} ms ({k * n * width / ms / 1e6:.1f} GB/s)")
             print(f"{k}x{n}, {rows} row(s): " + "; ".join(cells), flush=True)
@@ -182,12 +189,7 @@ def shapes_table(args: argparse.Namespace) -> None:
                 for block in [*per_token, *[b for b in args.blocks if b % 8 == 0]]:
                     model = native_model(k, n, copies, block, args.bits).SerializeToString()
                     for library in libraries:
-                        opts = _options(args.threads)
-                        opts.register_custom_ops_library(library)
-                        if len(libraries) > 1:
-                            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                        session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
-                        ms = _median_ms(session, x, args.reps) / copies
+                        ms = _qlinear_ms(model, library, args, x) / copies
                         label = "per token" if block == k else str(block)
                         gbps = k * n * args.bits / 8 / ms / 1e6
                         build = f" [{Path(library).name}]" if args.library else ""

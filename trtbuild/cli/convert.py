@@ -40,8 +40,8 @@ def convert(
     and 2-bit codes take a byte each): the checkpoint builds into a quantized engine whose weights equal llama.cpp's.
     A fused tensor (q / k / v, gate / up) whose parts differ in type is kept as 8-bit codes with a scale and min per
     block, also exactly. Tensors of other quantized types (Q5_1, the IQ types, ...) are dequantized, with their
-    fused partners, and one line names them. With --recipe, SRC
-    and --dtype default to the recipe's model source and dtype.
+    fused partners, and one line names them. With --recipe, SRC and --dtype default to the recipe's model source
+    and dtype.
     """
     spec = load_recipe_option(recipe)
     if spec is not None:

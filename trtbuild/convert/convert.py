@@ -22,11 +22,19 @@ from ..checkpoint.dtypes import torch_dtype
 from ..checkpoint.files import copy_tokenizer_files, save_checkpoint
 from ..checkpoint.formats import FORMATS, Numeric, pack_int4
 from ..checkpoint.layout import canonical_linears, expected_quantized_tensors, expected_tensors
-from ..config import DType, ModelConfig, QFormat, QuantConfig
+from ..config import DType, ModelConfig, QuantConfig
 from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
 from .multimodal import TextModelReader, open_source
-from .readers import FLOAT_GGUF_TYPES, GGUF_BLOCK, BlockTensor, GGUFReader, HFReader, fused_blocks
+from .readers import (
+    EMBEDDING_FORMAT,
+    FLOAT_GGUF_TYPES,
+    GGUF_BLOCK,
+    BlockTensor,
+    GGUFReader,
+    HFReader,
+    fused_blocks,
+)
 from .tensor_names import Transform, fusion_of, is_ignored, match_source_name
 
 
@@ -166,7 +174,7 @@ def _convert_tensors(
         got = out[name].codes.shape if isinstance(out[name], BlockTensor) else out[name].shape
         if tuple(got) != shape:
             raise ConvertError(f"tensor {name} has shape {tuple(got)}, config implies {shape}")
-    if isinstance(out.get("embed.weight"), BlockTensor) and out["embed.weight"].qformat is not QFormat.INT8_GROUP_WO:
+    if isinstance(out.get("embed.weight"), BlockTensor) and out["embed.weight"].qformat is not EMBEDDING_FORMAT:
         out["embed.weight"] = to_float("embed.weight", out["embed.weight"])  # only int8 rows are gathered quantized
     return out
 

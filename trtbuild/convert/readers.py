@@ -109,7 +109,9 @@ _GGUF_ARCHS = {
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
 Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K, Q3_K and Q2_K (sixteen to a super-block of 256)
 # The GGUF types whose 2-D tensors ``convert`` keeps in a block format (``GGUFReader.get_block``), and which; float
-# types are kept as float, any other type is dequantized. An embedding stays quantized as ``int8_group_wo`` only.
+# types are kept as float, any other type is dequantized. An embedding stays quantized in ``EMBEDDING_FORMAT`` only
+# (its int8 rows are gathered, then dequantized: ``graph.emit``); of another kept type, it is dequantized.
+EMBEDDING_FORMAT = QFormat.INT8_GROUP_WO
 KEPT_GGUF_TYPES = {
     "Q8_0": QFormat.INT8_GROUP_WO,
     "Q6_K": QFormat.INT8_GROUP_WO,
@@ -396,7 +398,9 @@ class GGUFReader:
         t = self._tensors[name]
         if t.tensor_type.name not in KEPT_GGUF_TYPES or len(t.shape) != 2:
             return None
-        return _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
+        block = _block_tensor(np.asarray(t.data).reshape(int(t.shape[1]), -1), t.tensor_type)
+        assert block.qformat is KEPT_GGUF_TYPES[t.tensor_type.name], (t.tensor_type.name, block.qformat)
+        return block
 
     def close(self) -> None:
         pass

@@ -207,9 +207,8 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     ):
         bits, group, scale = form
         codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int32)
-        if (
-            offset is not None
-        ):  # unsigned codes u, zero point 0: packed as c = u - 8 or - 128 (the packing adds it back)
+        if offset is not None:
+            # unsigned codes u, zero point 0: packed as c = u - 8 (int4) or u - 128 (int8); the packing adds it back
             codes = codes - ZERO_POINT[bits]
         k, n = codes.shape
         name = matmul.name + ".q"
