@@ -438,17 +438,86 @@ def test_unsupported_types_are_dequantized_with_one_line(tmp_path):
     )
 
 
-def test_an_embedding_of_a_4_bit_type_is_dequantized_and_inspect_says_so(tmp_path):
-    """Only int8 rows are gathered quantized: a Q4_1 embedding is dequantized (its tied head with it), which
-    ``inspect`` reports before converting and ``convert`` after."""
-    from trtbuild.convert.support import check_source
+def with_float_embedding(ckpt: Path, out: Path) -> Path:
+    """A copy of the GGUF checkpoint ``ckpt`` whose embedding is its float32 weights (a tied head reading them as a
+    float ``Gemm``), every other tensor as it is."""
+    import shutil
+    from dataclasses import replace
 
-    src = write_gguf(tmp_path / "e.gguf", MIXED, embed=T.Q4_1)
-    assert [t.split(" ")[0] for t in check_source(src).dequantized_types] == ["Q4_1"]
-    assert "token_embd.weight" in check_source(src).render_text()
-    result = convert(src, tmp_path / "ckpt")
-    assert result.dequantized == {"Q4_1": ["token_embd.weight"]}
-    assert "embed" not in ModelConfig.load(tmp_path / "ckpt").quantization.tensor_formats
+    import torch
+    from safetensors.torch import load_file
+
+    from trtbuild.checkpoint.files import save_checkpoint
+
+    shutil.copytree(ckpt, out)
+    cfg, weights = load_any_checkpoint(ckpt)
+    tensors = {n: t for n, t in load_file(str(ckpt / "rank0.safetensors")).items() if not n.startswith("embed.")}
+    tensors["embed.weight"] = torch.from_numpy(dequantized(weights, "embed"))
+    q = cfg.quantization
+    formats = {n: f for n, f in q.tensor_formats.items() if n != "embed"}
+    exclude = [*q.exclude, "lm_head"] if cfg.tie_word_embeddings else q.exclude
+    save_checkpoint(out, replace(cfg, quantization=replace(q, tensor_formats=formats, exclude=exclude)), tensors)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("embed", "tied", "top"), [(T.Q4_K, True, 15), (T.Q4_1, False, 15), (T.Q4_0, True, 15), (T.Q5_K, True, 31)]
+)
+def test_a_4_or_5_bit_embedding_is_gathered_from_a_byte_a_code(tmp_path, embed, tied, top):
+    """A Q4_0 / Q4_1 / Q4_K / Q5_K embedding (a Q4_K_M file's ``token_embd`` where the head is untied) stays
+    quantized as ``int8_min_wo`` rows: uint8 codes with a float32 scale and offset per block of 32, exact (Q4_0's
+    codes + 8 with offset ``-8 * scale``), where it was dequantized to float32 before; nothing is reported as
+    dequantized. Its engine's logits equal those of the same checkpoint with a float32 embedding, but for a tied
+    head on the native linears: ``QLinear`` of the same codes with offsets (its activations int8 per block, and no
+    float copy of the vocabulary in the engine); on onnxruntime's linears a float ``Gemm``. The torch importer's
+    one-row product of the tied head reads the codes too."""
+    from click.testing import CliRunner
+
+    from trtbuild.cli import cli
+
+    types = dict.fromkeys(("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"), T.Q4_K)
+    src = write_gguf(tmp_path / "e.gguf", types, embed=embed, tied=tied, hidden=256, inter=512)
+    assert "dequantized" not in CliRunner().invoke(cli, ["inspect", str(src)]).output
+    assert convert(src, tmp_path / "ckpt").dequantized_line() is None
+    convert(src, tmp_path / "float", dequantize=True)
+    cfg, weights = load_any_checkpoint(tmp_path / "ckpt")
+    assert cfg.quantization.tensor_formats["embed"] is QFormat.INT8_MIN_WO
+    _, reference = load_checkpoint(tmp_path / "float")
+    np.testing.assert_array_equal(dequantized(weights, "embed"), reference["embed.weight"])
+    assert stored(tmp_path / "ckpt")["embed.weight"] == ("U8", [VOCAB, 256])
+    assert weights["embed.weight"].max() == top
+    with_float_embedding(tmp_path / "ckpt", tmp_path / "ref")
+    tokens = list(map(int, np.random.default_rng(1).integers(0, VOCAB, 24)))
+    for cpu_linear in (CpuLinear.NATIVE, CpuLinear.ONNXRUNTIME):
+        build = BuildConfig(max_seq_len=128, kv_block_size=4, cpu_linear=cpu_linear)
+        engine, ref_engine = tmp_path / cpu_linear.value, tmp_path / f"ref-{cpu_linear.value}"
+        build_engine(tmp_path / "ckpt", engine, build)
+        build_engine(tmp_path / "ref", ref_engine, build)
+        got, want = step_logits(engine, tokens), step_logits(ref_engine, tokens)
+        graph = _engine_graph(engine)
+        inits = {t.name: list(t.dims) for t in graph.initializer}
+        assert inits["embed.weight"] == [VOCAB, 256] and inits["embed.weight_offset"] == [VOCAB, 8, 1]
+        if not tied or cpu_linear is CpuLinear.ONNXRUNTIME:
+            np.testing.assert_array_equal(got, want, err_msg=cpu_linear.value)
+            assert (inits.get("lm_head.weight") == [VOCAB, 256]) is tied  # a tied head's float Gemm weight
+            continue
+        assert np.abs(got - want).max() < 0.02 * np.abs(want).max(), np.abs(got - want).max()
+        head = next(n for n in graph.node if n.name == "lm_head.q")
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in head.attribute}
+        assert (head.op_type, len(head.input)) == ("QLinear", 4)  # with the offsets
+        assert (attrs["bits"], attrs["group"], attrs["block"]) == (8, 32, 32)
+        assert not [n for n, dims in inits.items() if dims == [VOCAB, 256] and n != "embed.weight"]
+    if tied:
+        blocks = torch_logits_are_the_float_checkpoints(tmp_path / "ckpt", tmp_path / "float")
+        assert blocks["embed.weight"] == (32, True)
+    else:  # the embedding's uint8 rows: the first thing TensorRT's lowering meets
+        from trtbuild.backends.build_request import portable_graph
+        from trtbuild.backends.tensorrt.build.lowering import lower_for_tensorrt
+        from trtbuild.errors import BuildError
+
+        build = BuildConfig(max_seq_len=128, kv_block_size=4)
+        with pytest.raises(BuildError, match=r"^embed.dq: uint8 codes with offsets .* 4- or 5-bit embedding"):
+            lower_for_tensorrt(portable_graph(tmp_path / "ckpt", build)[3], build)
 
 
 def test_q4_k_stays_quantized_and_equals_gguf_dequantization(tmp_path):

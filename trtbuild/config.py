@@ -17,9 +17,10 @@ from .configio import from_dict, read_json, to_dict, write_json
 # 2: QuantConfig.tensor_formats and the GGUF block formats (int8_group_wo, int4_min_wo); 3: ModelConfig's per-layer
 # attention kinds, sliding window, soft-capping, embedding multiplier, sandwich norms and GeGLU (Gemma 3); 4:
 # ModelConfig.moe, sparse mixture-of-experts MLPs (Mixtral, Qwen3-MoE); 5: QuantConfig.tensor_group_sizes (GGUF
-# Q6_K's blocks of 16) and the int8_min_wo block format (Q5_K, fused tensors of mixed block formats)
-CHECKPOINT_FORMAT_VERSION = 5
-READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4, 5)  # an older checkpoint is a version-5 one whose new fields hold defaults
+# Q6_K's blocks of 16) and the int8_min_wo block format (Q5_K, fused tensors of mixed block formats); 6: an
+# int8_min_wo embedding (a GGUF file's 4- or 5-bit token_embd, with embed.weight_offset)
+CHECKPOINT_FORMAT_VERSION = 6
+READABLE_CHECKPOINT_VERSIONS = (1, 2, 3, 4, 5, 6)  # an older one: a version-6 checkpoint whose new fields hold defaults
 # 2: BuildConfig.cpu_attention (native attention writes the cache in the graph); 3: a torch AOTInductor engine's
 # package holds code only (a step program and a one-token decode program) and its weights.safetensors beside it
 ENGINE_FORMAT_VERSION = 3

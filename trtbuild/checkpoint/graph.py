@@ -79,6 +79,16 @@ def emit_weight_offset(g: Any, wd: str, offset: np.ndarray, group: int, prefix: 
     return g.op("Reshape", [shifted, g.const([groups * group, out_f])], name=prefix + ".weight_rows")
 
 
+def emit_row_offset(g: Any, rows: str, offset: str, group: int, width: int, prefix: str) -> str:
+    """Dequantized rows ``rows`` ``[N, width]`` (an embedding's, laid out as the checkpoint's ``[out, in]``) plus
+    ``offset`` ``[N, width / group, 1]`` over each group of ``group`` (``Reshape -> Add -> Reshape``, the nodes
+    ``{prefix}.weight_groups`` / ``_offset_add`` / ``_rows``)."""
+    assert width % group == 0, (prefix, width, group)  # GGUF rows are whole blocks
+    shaped = g.op("Reshape", [rows, g.const([-1, width // group, group])], name=prefix + ".weight_groups")
+    shifted = g.op("Add", [shaped, offset], name=prefix + ".weight_offset_add")
+    return g.op("Reshape", [shifted, g.const([-1, width])], name=prefix + ".weight_rows")
+
+
 def emit_dynamic_quantization(g: Any, x: str, numeric: Numeric, block: int, width: int, name: str) -> str:
     """``x`` ``[tokens, width]`` through symmetric Q/DQ with scales computed from its own values: per block of
     ``block`` in-features of each token, ``s = max(amax / bound, tiny)`` (an all-zero block stays zero); the nodes

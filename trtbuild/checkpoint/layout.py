@@ -26,8 +26,9 @@ tensor has which, ``tensor_group_sizes`` which blocks are not 32 in-features): Q
 codes, ``weight_scale`` and ``weight_offset``), Q3_K and Q2_K as Q6_K and Q5_K in blocks of 16; a fused tensor whose
 parts differ in format or block size is ``int8_min_wo`` at the smallest block (``convert.readers.fused_blocks``).
 Scales and offsets are stored float16 (GGUF's own d and m, exactly), the K-quants' float32 (exact products such as
-``d * sc`` and ``-(dmin * m)``). A Q8_0 or Q6_K embedding is ``embed.weight`` int8 + ``embed.weight_scale``, and a
-tied head then reads those tensors.
+``d * sc`` and ``-(dmin * m)``). A Q8_0, Q6_K, Q5_0 or Q3_K embedding is ``embed.weight`` int8 +
+``embed.weight_scale``; a Q4_0, Q4_1, Q4_K, Q5_K or Q2_K one is ``int8_min_wo`` (uint8 ``embed.weight`` a byte a
+code, ``embed.weight_scale`` and ``embed.weight_offset``); a tied head then reads those tensors.
 """
 
 from __future__ import annotations
@@ -172,11 +173,14 @@ def expected_quantized_tensors(cfg: ModelConfig) -> dict[str, tuple[tuple[int, .
         else:  # int8, a scale per expert row
             out[name] = (shape, "I8")
             out[name + "_scale"] = (shape[:2], "F32")
-    if "embed" in q.tensor_formats:  # int8 per group (GGUF Q8_0, Q6_K), gathered and dequantized row by row
-        assert FORMATS[q.tensor_formats["embed"]].qformat is QFormat.INT8_GROUP_WO
-        out["embed.weight"] = ((cfg.vocab_size, cfg.hidden_size), "I8")
+    if "embed" in q.tensor_formats:  # GGUF blocks (convert.readers.EMBEDDING_FORMATS), gathered row by row
+        spec = FORMATS[q.tensor_formats["embed"]]
+        assert spec.qformat in (QFormat.INT8_GROUP_WO, QFormat.INT8_MIN_WO), spec.qformat
+        out["embed.weight"] = ((cfg.vocab_size, cfg.hidden_size), "U8" if spec.offset else "I8")
         groups = -(-cfg.hidden_size // linear_group_size(q, "embed"))
         out["embed.weight_scale"] = ((cfg.vocab_size, groups), "F32")
+        if spec.offset:
+            out["embed.weight_offset"] = ((cfg.vocab_size, groups), "F32")
     if q.kv_cache_dtype is not KVCacheDType.FLOAT32:
         for n in range(cfg.num_layers):
             out[f"layers.{n}.attn.k_scale"] = ((), "F32")

@@ -27,12 +27,12 @@ from ..errors import ConvertError
 from ..models import hf_dtype, model_config_from_hf
 from .multimodal import TextModelReader, open_source
 from .readers import (
-    EMBEDDING_FORMAT,
     FLOAT_GGUF_TYPES,
     GGUF_BLOCK,
     BlockTensor,
     GGUFReader,
     HFReader,
+    embedding_blocks,
     fused_blocks,
 )
 from .tensor_names import Transform, fusion_of, is_ignored, match_source_name
@@ -174,8 +174,8 @@ def _convert_tensors(
         got = out[name].codes.shape if isinstance(out[name], BlockTensor) else out[name].shape
         if tuple(got) != shape:
             raise ConvertError(f"tensor {name} has shape {tuple(got)}, config implies {shape}")
-    if isinstance(out.get("embed.weight"), BlockTensor) and out["embed.weight"].qformat is not EMBEDDING_FORMAT:
-        out["embed.weight"] = to_float("embed.weight", out["embed.weight"])  # only int8 rows are gathered quantized
+    if isinstance(embed := out.get("embed.weight"), BlockTensor):  # its rows are gathered: a byte a code
+        out["embed.weight"] = embedding_blocks(embed) or to_float("embed.weight", embed)
     return out
 
 

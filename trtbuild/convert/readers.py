@@ -109,9 +109,10 @@ _GGUF_ARCHS = {
 GGUF_BLOCK = 32  # in-features per block of llama.cpp's Q8_0, Q4_0 and Q4_1, and per sub-block of Q4_K
 Q6_K_BLOCK = 16  # in-features per sub-block of Q6_K, Q3_K and Q2_K (sixteen to a super-block of 256)
 # The GGUF types whose 2-D tensors ``convert`` keeps in a block format (``GGUFReader.get_block``), and which; float
-# types are kept as float, any other type is dequantized. An embedding stays quantized in ``EMBEDDING_FORMAT`` only
-# (its int8 rows are gathered, then dequantized: ``graph.emit``); of another kept type, it is dequantized.
-EMBEDDING_FORMAT = QFormat.INT8_GROUP_WO
+# types are kept as float, any other type is dequantized. An embedding's rows are gathered, then dequantized
+# (``graph.emit``), from one of ``EMBEDDING_FORMATS``: a kept type's embedding in another format is converted to
+# ``int8_min_wo`` (``embedding_blocks``: a byte a code, exact).
+EMBEDDING_FORMATS = (QFormat.INT8_GROUP_WO, QFormat.INT8_MIN_WO)
 KEPT_GGUF_TYPES = {
     "Q8_0": QFormat.INT8_GROUP_WO,
     "Q6_K": QFormat.INT8_GROUP_WO,
@@ -176,6 +177,12 @@ def fused_blocks(parts: list[BlockTensor]) -> BlockTensor | None:
     block = min(p.block for p in parts)
     converted = [_as_int8_min(p, block) if p.block % block == 0 else None for p in parts]
     return None if any(c is None for c in converted) else BlockTensor.cat(converted)  # type: ignore[arg-type]
+
+
+def embedding_blocks(t: BlockTensor) -> BlockTensor | None:
+    """The embedding ``t`` in one of ``EMBEDDING_FORMATS``: itself, or as ``int8_min_wo`` at its own block size
+    (Q4_0, Q4_1, Q4_K: their 4-bit codes a byte each); None when that would not give its weights bit for bit."""
+    return t if t.qformat in EMBEDDING_FORMATS else _as_int8_min(t, t.block)
 
 
 def _as_int8_min(t: BlockTensor, block: int) -> BlockTensor | None:

@@ -178,7 +178,7 @@ def check_source(path: Path) -> SupportReport:
 
 def _check_gguf(path: Path) -> SupportReport:
     from .convert import source_dtype
-    from .readers import EMBEDDING_FORMAT, FLOAT_GGUF_TYPES, KEPT_GGUF_TYPES, GGUFReader
+    from .readers import FLOAT_GGUF_TYPES, KEPT_GGUF_TYPES, GGUFReader
 
     try:
         reader = GGUFReader(path)  # metadata and tensor infos; the tensor data stays memory-mapped, unread
@@ -188,9 +188,6 @@ def _check_gguf(path: Path) -> SupportReport:
     archs = list(reader.hf_config["architectures"])
     cfg, problems = config_problems(reader.hf_config, source_dtype(reader))
     dequantized = [t for t, _ in types.most_common() if t not in (*KEPT_GGUF_TYPES, *FLOAT_GGUF_TYPES)]
-    embed = reader.type_name("token_embd.weight") if "token_embd.weight" in reader.names() else None
-    if embed in KEPT_GGUF_TYPES and KEPT_GGUF_TYPES[embed] is not EMBEDDING_FORMAT:
-        dequantized.append(f"{embed} (token_embd.weight: an embedding stays quantized as int8 rows only)")
     return SupportReport(
         path, SourceFormat.GGUF, archs, problems, cfg, tensor_types=dict(types.most_common()),
         dequantized_types=dequantized,

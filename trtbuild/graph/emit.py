@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from ..checkpoint.formats import activation_block, dynamic_activations, linear_group_size
-from ..checkpoint.graph import emit_quantized_linear
+from ..checkpoint.graph import emit_quantized_linear, emit_row_offset
 from ..checkpoint.layout import GATED_MLPS
 from ..config import BuildConfig, EngineIO, KVCacheDType, MlpKind, ModelConfig, NormKind, PositionKind, RopeConfig
 from ..plugins import moe as moe_op
@@ -50,13 +50,17 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
     sliding_cache_shape = ["num_sliding_blocks", "block_size", hkv, d]
     cache_type = KV_CACHE_ELEM_TYPES[cfg.kv_cache_dtype]
 
-    if "embed.weight_scale" in weights:  # int8 rows with a scale per group (GGUF Q8_0): gathered, then dequantized
+    if "embed.weight_scale" in weights:  # GGUF blocks (checkpoint.layout): the rows gathered, then dequantized
         assert cfg.quantization is not None
         rows = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
         scale = g.initializer("embed.weight_scale", np.asarray(weights["embed.weight_scale"], np.float32))
         scales = g.op("Gather", [scale, ids], name="embed.scale")
         group = linear_group_size(cfg.quantization, "embed")
         x = g.op("DequantizeLinear", [rows, scales], name="embed.dq", axis=1, block_size=group)
+        if "embed.weight_offset" in weights:  # int8_min_wo: uint8 codes, + an offset per group
+            offset = np.asarray(weights["embed.weight_offset"], np.float32)[..., None]  # [V, G, 1], as the rows'
+            offsets = g.op("Gather", [g.initializer("embed.weight_offset", offset), ids], name="embed.offset")
+            x = emit_row_offset(g, x, offsets, group, cfg.hidden_size, "embed")
     else:
         x = g.op("Gather", [g.initializer("embed.weight", weights["embed.weight"]), ids], name="embed")
     if cfg.embed_multiplier != 1.0:  # Gemma: rows scaled by sqrt(hidden) (the tied head reads the raw table)
@@ -129,6 +133,8 @@ def emit_portable_graph(cfg: ModelConfig, weights: Weights, build: BuildConfig, 
             axis=1,
             block_size=group,
         )
+        if "embed.weight_offset" in weights:
+            w = emit_row_offset(g, w, "embed.weight_offset", group, cfg.hidden_size, "lm_head")
         logits = g.op("Gemm", [x, w], name="lm_head", transB=1)
     elif cfg.tie_word_embeddings and "lm_head.weight_scale" not in weights:  # a quantized tied head has its own copy
         logits = g.op("Gemm", [x, "embed.weight"], name="lm_head", transB=1)

@@ -51,8 +51,9 @@ def default_row_products(device: torch.device) -> RowProducts:
 class BlockedRows:
     """A row weight dequantized in blocks of ``block`` in-features (int4; llama.cpp's Q8_0 / Q4_1 blocks), as the
     module holds it: its codes ``[out, in]`` (int8, or uint8 with zero points or an offset), float32 scales and any
-    zero points or offsets ``[out, ceil(in / block)]`` (the last block may be partial): ``w = (code - zero point) *
-    scale + offset``. Names are the initializers'."""
+    zero points or offsets ``[out, ceil(in / block)]`` (the last block may be partial; a tied head's offsets
+    ``[out, blocks, 1]``, the embedding gather's shape): ``w = (code - zero point) * scale + offset``. Names are the
+    initializers'."""
 
     codes: str
     scale: str
@@ -88,7 +89,7 @@ def row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_on
     initializer read by the dequantizer only: int8 / fp8 per channel or per tensor (the dequantizer's ``axis``
     flipped), or in blocks of in-features with 2-D scales and zero points of their own (int4, Q8_0), a GGUF Q4_1
     offset added on the way; a ``Gemm``'s ``transB`` weight (a tied head), ``[out, in]`` already, float or dequantized
-    per row or in blocks."""
+    per row or in blocks (with an offset: a GGUF ``int8_min_wo`` embedding's, ``checkpoint.graph.emit_row_offset``)."""
     readers: dict[str, set[tuple[str, int]]] = {}
     for node in nodes:
         for slot, name in enumerate(node.inputs):
@@ -102,17 +103,19 @@ def row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_on
         i = producers.get(name)
         return i if i is not None and nodes[i].op == op and only_read_by(name, *read_by) else None
 
-    def dequantized(name: str, reader: tuple[str, int]) -> tuple[list[int], str | None] | None:
+    def dequantized(name: str, reader: tuple[str, int], own: bool = True) -> tuple[list[int], str | None] | None:
         """The nodes computing weight ``name`` (read by ``reader`` only) from a dequantizer (first): it alone, or it
-        and a GGUF Q4_1 offset's Reshape, Add, Reshape (``checkpoint.graph.emit_weight_offset``); the offset."""
+        and a GGUF Q4_1 offset's Reshape, Add, Reshape (``checkpoint.graph.emit_weight_offset``); the offset (read
+        by that Add only if ``own``)."""
         if (dq := made_by(name, "DequantizeLinear", reader)) is not None:
             return [dq], None
         rows_i = made_by(name, "Reshape", reader)
         add_i = None if rows_i is None else made_by(nodes[rows_i].inputs[0], "Add", ("Reshape", 0))
         groups_i = None if add_i is None else made_by(nodes[add_i].inputs[0], "Reshape", ("Add", 0))
         dq = None if groups_i is None else made_by(nodes[groups_i].inputs[0], "DequantizeLinear", ("Reshape", 0))
-        if dq is None or add_i is None or not only_read_by(offset := nodes[add_i].inputs[1], "Add", 1):
+        if dq is None or add_i is None or (own and not only_read_by(nodes[add_i].inputs[1], "Add", 1)):
             return None
+        offset = nodes[add_i].inputs[1]
         return ([dq, groups_i, add_i, rows_i], offset) if weights.get(offset) is not None else None
 
     def scale_per_row(dq: Node, axis: int) -> tuple[str, str] | None:  # axis: the scale's, on the [out, in] data
@@ -148,15 +151,19 @@ def row_layout(nodes: list[Node], weights: Mapping[str, Tensor], *, quantized_on
             continue
         i = producers.get(name)
         dq = nodes[i] if i is not None and nodes[i].op == "DequantizeLinear" else None
+        chain = None if dq is not None else dequantized(name, ("Gemm", 1), own=False)  # the embedding's offsets
+        if chain is not None:
+            i, dq = chain[0][0], nodes[chain[0][0]]
         if dq is None and quantized_only:
             continue
         rows.add(name)
         if dq is None:
             continue
-        if only_read_by(name, "Gemm", 1) and (head := in_blocks(dq, None, 1, own=False)):
+        offset = chain[1] if chain is not None else None
+        if only_read_by(name, "Gemm", 1) and (head := in_blocks(dq, offset, 1, own=False)):
             blocks[name] = head  # its codes may be the embedding's too: held as they are
-            dropped.add(i)
-        elif factors := scale_per_row(dq, dq.attrs.get("axis", 1) % 2):
+            dropped.update(chain[0] if chain is not None else [i])
+        elif chain is None and (factors := scale_per_row(dq, dq.attrs.get("axis", 1) % 2)):
             scales[name] = factors
     for node in nodes:
         name = node.inputs[1] if node.op == "MatMul" else ""
@@ -233,7 +240,9 @@ def _values(t: BlockTensors, codes: Tensor, blocks: slice) -> Tensor:
     if t.zero_point is not None:
         values = values - t.zero_point[:, blocks, None].float()
     values = values * t.scale[:, blocks, None]
-    return values if t.offset is None else values + t.offset[:, blocks, None].float()
+    if t.offset is None:
+        return values
+    return values + t.offset.flatten(1)[:, blocks, None].float()  # a tied head's [out, blocks, 1]: the gather's
 
 
 def times_blocked_codes(a: Tensor, block: int, t: BlockTensors) -> Tensor:

@@ -1,4 +1,6 @@
-"""onnxruntime lowering of an int8 embedding with a scale per group (GGUF Q8_0) and the tied LM head reading it.
+"""onnxruntime lowering of a GGUF embedding's tied LM head: ``shared_int8_embedding`` (int8 codes with a scale per
+group: Q8_0, Q6_K) and ``offset_embedding_head`` (``int8_min_wo``: uint8 codes with a scale and an offset per
+group: Q4_0, Q4_1, Q4_K, Q5_K, Q2_K).
 
 The portable graph gathers the embedding's int8 rows and their scales and dequantizes them (``DequantizeLinear``,
 ``axis=1``, ``block_size`` the group), and states the tied head as ``Gemm(transB=1)`` of the same tensors
@@ -12,18 +14,31 @@ this pass stores the codes once, as ``MatMulNBits``' 8-bit weight (uint8 ``[voca
 
 so the engine holds the vocabulary's codes once (SmolLM2-135M: 28 MB, against 113 MB in float32).
 
-Pass contract (``passes.PASSES``: ``shared-int8-embedding``): the tied head's ``DequantizeLinear -> Gemm`` ->
+An ``int8_min_wo`` embedding's gathers stay the portable graph's standard ops (``Gather`` of the uint8 rows, their
+scales and offsets, ``DequantizeLinear``, ``Add``); its tied head, ``DequantizeLinear -> Reshape -> Add offset ->
+Reshape -> Gemm(transB=1)``, becomes ``QLinear`` (``native_linear``) of the same codes packed, with their scales and
+offsets, where the native linears run (``cpu_linear native``): the head reads a byte a weight (SmolLM2-135M's
+vocabulary: 28 MB) where it read float32 (113 MB). Otherwise it is a ``Gemm`` of the float32 weight (the same
+values: ``q * scale + offset`` in float32, in that order).
+
+Pass contracts (``passes.PASSES``): ``shared-int8-embedding``: the tied head's ``DequantizeLinear -> Gemm`` ->
 ``com.microsoft::MatMulNBits``, the embedding's ``Gather -> DequantizeLinear`` -> ``Gather -> Cast -> Sub -> Mul ->
-Reshape`` of the same uint8 codes; every other node is kept.
+Reshape`` of the same uint8 codes; ``offset-embedding-head``: the tied head's chain above -> ``trtbuild.cpu::QLinear``
+or a float ``Gemm``. Every other node is kept.
 """
 
 from __future__ import annotations
+
+import collections
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph_edit import node_attrs, replace_nodes
+from ....kernels.library import NATIVE_DOMAIN
+from .graph_edit import import_domain, node_attrs, replace_nodes
+from .native_linear import ZERO_POINT as QLINEAR_ZERO_POINT
+from .native_linear import pack_weight, pad_scales, qlinear_node
 
 ZERO_POINT = 128  # MatMulNBits' default 8-bit zero point: the uint8 code is the int8 one + this
 
@@ -107,3 +122,67 @@ def _lower(
     replace_nodes(graph, dead, replacements)
     if not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+
+
+def offset_embedding_head(model: onnx.ModelProto, *, native: bool) -> onnx.ModelProto:
+    """Rewrite, in place, a tied head ``Gemm(x, Reshape(Add(Reshape(DequantizeLinear(E uint8 [V, H], S [V, G],
+    axis=1)), O [V, G, 1])), transB=1)`` (``checkpoint.graph.emit_row_offset``) as ``QLinear`` of ``E``'s codes
+    (``native``) or as a ``Gemm`` of the float32 weight (module docstring); returns ``model``. The embedding's
+    gathers keep reading ``E``, ``S`` and ``O``."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    consumers = collections.Counter(i for n in graph.node for i in n.input)
+    for head in [n for n in graph.node if n.op_type == "Gemm" and node_attrs(n).get("transB") == 1]:
+        chain = _offset_rows(head.input[1], producer, consumers) if len(head.input) == 2 else None
+        if chain is None:
+            continue
+        dq, add = chain[0], chain[2]
+        codes, scale, offset = (inits.get(name) for name in (dq.input[0], dq.input[1], add.input[1]))
+        block = node_attrs(dq).get("block_size", 0)
+        if codes is None or scale is None or offset is None or codes.data_type != TensorProto.UINT8:
+            continue
+        vocab, hidden = codes.dims
+        groups = hidden // block if block > 0 and hidden % block == 0 else 0
+        if not groups or node_attrs(dq).get("axis") != 1 or list(scale.dims) != [vocab, groups]:
+            continue
+        if list(offset.dims) != [vocab, groups, 1]:
+            continue
+        u = numpy_helper.to_array(codes)
+        s = numpy_helper.to_array(scale).astype(np.float32)
+        o = numpy_helper.to_array(offset).astype(np.float32)[..., 0]
+        if native:
+            name = head.name + ".q"
+            node = qlinear_node(
+                name, head.input[0], head.output[0], k=hidden, n=vocab, bits=8, group=block, block=block,
+                offsets=True,
+            )  # fmt: skip
+            c = u.T.astype(np.int32) - QLINEAR_ZERO_POINT[8]  # [H, V], packed as c + 128: the codes as they are
+            graph.initializer.extend([
+                numpy_helper.from_array(pack_weight(c, 8), name + ".packed"),
+                numpy_helper.from_array(pad_scales(s.T), name + ".scales"),
+                numpy_helper.from_array(pad_scales(o.T), name + ".offsets"),
+            ])  # fmt: skip
+            import_domain(model, NATIVE_DOMAIN)
+        else:
+            w = u.astype(np.float32).reshape(vocab, groups, block) * s[..., None] + o[..., None]
+            weight = numpy_helper.from_array(w.reshape(vocab, hidden), head.name + ".weight")
+            graph.initializer.append(weight)
+            node = helper.make_node("Gemm", [head.input[0], weight.name], [head.output[0]], name=head.name, transB=1)
+        replace_nodes(graph, {n.name for n in chain}, {head.name: [node]})
+        return model
+    return model
+
+
+def _offset_rows(
+    name: str, producer: dict[str, onnx.NodeProto], consumers: collections.Counter
+) -> list[onnx.NodeProto] | None:
+    """The nodes ``DequantizeLinear, Reshape, Add, Reshape`` making ``name`` (each output read once), or None."""
+    chain: list[onnx.NodeProto] = []
+    for op in ("Reshape", "Add", "Reshape", "DequantizeLinear"):
+        node = producer.get(name)
+        if node is None or node.op_type != op or consumers[name] != 1:
+            return None
+        chain.append(node)
+        name = node.input[0]
+    return chain[::-1]

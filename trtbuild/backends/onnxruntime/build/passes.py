@@ -21,7 +21,7 @@ import onnx
 
 from ....config import BuildConfig, CpuAttention, CpuLinear, EngineIO, ModelConfig
 from ....kernels.library import NATIVE_DOMAIN, QLINEAR_OP
-from .embedding import shared_int8_embedding
+from .embedding import offset_embedding_head, shared_int8_embedding
 from .lowering import lower_for_onnxruntime
 from .moe import lowered_moe, native_moe, quantized_experts
 from .native import fuse_swiglu, lower_to_native, native_supports
@@ -80,6 +80,11 @@ PASSES: tuple[Pass, ...] = (
     Pass("lowered-attention", lambda t: not _native_attention(t), lambda g, t: lower_for_onnxruntime(g, t.io)),
     Pass("activations-to-kernel", _always, lambda g, t: hand_activations_to_kernel(g)),
     Pass("shared-int8-embedding", _always, lambda g, t: shared_int8_embedding(g)),
+    Pass(
+        "offset-embedding-head",
+        _always,
+        lambda g, t: offset_embedding_head(g, native=t.build.cpu_linear is CpuLinear.NATIVE),
+    ),
     Pass(
         "native-linears",
         lambda t: t.build.cpu_linear is CpuLinear.NATIVE,

@@ -213,9 +213,11 @@ def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.Ten
     """Refuse blocked ``DequantizeLinear`` weights whose last block is partial (ONNX and onnxruntime allow it; the
     TensorRT block quantization this backend was written against takes whole blocks only, unverified here), int4
     weights with zero points (``uint4``; TensorRT's DequantizeLayer takes no zero point) and uint8 codes with offsets
-    (``int8_min_wo``)."""
+    (``int8_min_wo``): a weight's, or an embedding's whose gathered rows it dequantizes."""
+    gathered = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Gather"}  # rows -> their table
     for node in graph.node:
-        weight = initializers.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        source = gathered.get(node.input[0], node.input[0])
+        weight = initializers.get(source) if node.op_type == "DequantizeLinear" else None
         if weight is None:
             continue
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -229,9 +231,9 @@ def _check_whole_blocks(graph: onnx.GraphProto, initializers: dict[str, onnx.Ten
             )
         if weight.data_type == TensorProto.UINT8:
             raise BuildError(
-                f"{node.name}: uint8 codes with offsets (a GGUF file's Q5_K, or a fused tensor of mixed block "
-                "formats), which TensorRT's DequantizeLayer does not take: convert with --dequantize, or build with "
-                "--backend onnxruntime or torch"
+                f"{node.name}: uint8 codes with offsets (a GGUF file's Q5_K or Q2_K, its 4- or 5-bit embedding, or "
+                "a fused tensor of mixed block formats), which TensorRT's DequantizeLayer does not take: convert "
+                "with --dequantize, or build with --backend onnxruntime or torch"
             )
         axis = attrs.get("axis", 1) % len(weight.dims)
         if weight.dims[axis] % block:
