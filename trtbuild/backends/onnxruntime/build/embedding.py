@@ -19,12 +19,13 @@ scales and offsets, ``DequantizeLinear``, ``Add``); its tied head, ``DequantizeL
 Reshape -> Gemm(transB=1)``, becomes ``QLinear`` (``native_linear``) of the same codes packed, with their scales and
 offsets, where the native linears run (``cpu_linear native``): the head reads a byte a weight (SmolLM2-135M's
 vocabulary: 28 MB) where it read float32 (113 MB). Otherwise it is a ``Gemm`` of the float32 weight (the same
-values: ``q * scale + offset`` in float32, in that order).
+values: ``q * scale + offset`` in float32, in that order), whose rows the embedding then gathers (the table held
+once, in float32, as before ``int8_min_wo`` embeddings existed).
 
 Pass contracts (``passes.PASSES``): ``shared-int8-embedding``: the tied head's ``DequantizeLinear -> Gemm`` ->
 ``com.microsoft::MatMulNBits``, the embedding's ``Gather -> DequantizeLinear`` -> ``Gather -> Cast -> Sub -> Mul ->
-Reshape`` of the same uint8 codes; ``offset-embedding-head``: the tied head's chain above -> ``trtbuild.cpu::QLinear``
-or a float ``Gemm``. Every other node is kept.
+Reshape`` of the same uint8 codes; ``offset-embedding-head``: the tied head's chain above -> ``trtbuild.cpu::QLinear``,
+or a float ``Gemm`` and the gathers' nodes -> one ``Gather`` of its weight. Every other node is kept.
 """
 
 from __future__ import annotations
@@ -164,14 +165,41 @@ def offset_embedding_head(model: onnx.ModelProto, *, native: bool) -> onnx.Model
                 numpy_helper.from_array(pad_scales(o.T), name + ".offsets"),
             ])  # fmt: skip
             import_domain(model, NATIVE_DOMAIN)
-        else:
-            w = u.astype(np.float32).reshape(vocab, groups, block) * s[..., None] + o[..., None]
-            weight = numpy_helper.from_array(w.reshape(vocab, hidden), head.name + ".weight")
-            graph.initializer.append(weight)
-            node = helper.make_node("Gemm", [head.input[0], weight.name], [head.output[0]], name=head.name, transB=1)
-        replace_nodes(graph, {n.name for n in chain}, {head.name: [node]})
+            replace_nodes(graph, {n.name for n in chain}, {head.name: [node]})
+            return model
+        # onnxruntime's linears: the float32 table, which the head multiplies and the embedding gathers (the codes
+        # are then read by nothing: held once, as before)
+        w = u.astype(np.float32).reshape(vocab, groups, block) * s[..., None] + o[..., None]
+        weight = numpy_helper.from_array(w.reshape(vocab, hidden), head.name + ".weight")
+        graph.initializer.append(weight)
+        gemm = helper.make_node("Gemm", [head.input[0], weight.name], [head.output[0]], name=head.name, transB=1)
+        replacements = {head.name: [gemm]}
+        dead = {n.name for n in chain}
+        for gather in [n for n in graph.node if n.op_type == "Gather" and n.input[0] == codes.name]:
+            rows = _gathered_rows(gather, producer, graph)
+            dead |= {n.name for n in rows}
+            replacements[gather.name] = [
+                helper.make_node("Gather", [weight.name, gather.input[1]], [rows[-1].output[0]], name=gather.name)
+            ]
+        dead -= set(replacements)
+        replace_nodes(graph, dead, replacements)
         return model
     return model
+
+
+def _gathered_rows(
+    gather: onnx.NodeProto, producer: dict[str, onnx.NodeProto], graph: onnx.GraphProto
+) -> list[onnx.NodeProto]:
+    """An ``int8_min_wo`` embedding gather's nodes (``graph.emit``): the codes' ``Gather``, ``DequantizeLinear``,
+    ``Reshape``, ``Add``, ``Reshape`` (the float rows: last) and the ``Gather`` of the scales and of the offsets."""
+    readers = {i: n for n in graph.node for i in n.input}
+    dq = readers[gather.output[0]]
+    groups = readers[dq.output[0]]
+    add = readers[groups.output[0]]
+    rows = readers[add.output[0]]
+    if [n.op_type for n in (dq, groups, add, rows)] != ["DequantizeLinear", "Reshape", "Add", "Reshape"]:
+        raise AssertionError(f"{gather.name}: an int8_min_wo embedding gather without its rows' nodes")
+    return [gather, producer[dq.input[1]], producer[add.input[1]], dq, groups, add, rows]
 
 
 def _offset_rows(
