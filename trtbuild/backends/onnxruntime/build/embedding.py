@@ -38,8 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ....kernels.library import NATIVE_DOMAIN
 from .graph_edit import import_domain, node_attrs, replace_nodes
-from .native_linear import ZERO_POINT as QLINEAR_ZERO_POINT
-from .native_linear import pack_weight, pad_scales, qlinear_node
+from .native_linear import qlinear_node, qlinear_weights
 
 ZERO_POINT = 128  # MatMulNBits' default 8-bit zero point: the uint8 code is the int8 one + this
 
@@ -158,12 +157,7 @@ def offset_embedding_head(model: onnx.ModelProto, *, native: bool) -> onnx.Model
                 name, head.input[0], head.output[0], k=hidden, n=vocab, bits=8, group=block, block=block,
                 offsets=True,
             )  # fmt: skip
-            c = u.T.astype(np.int32) - QLINEAR_ZERO_POINT[8]  # [H, V], packed as c + 128: the codes as they are
-            graph.initializer.extend([
-                numpy_helper.from_array(pack_weight(c, 8), name + ".packed"),
-                numpy_helper.from_array(pad_scales(s.T), name + ".scales"),
-                numpy_helper.from_array(pad_scales(o.T), name + ".offsets"),
-            ])  # fmt: skip
+            graph.initializer.extend(qlinear_weights(name, u.T, s.T, bits=8, offset=o.T))  # [H, V]: in, out
             import_domain(model, NATIVE_DOMAIN)
             replace_nodes(graph, {n.name for n in chain}, {head.name: [node]})
             return model

@@ -141,6 +141,23 @@ def qlinear_reference(
     return y
 
 
+def qlinear_weights(
+    name: str, codes: np.ndarray, scale: np.ndarray, *, bits: int, offset: np.ndarray | None = None
+) -> list[onnx.TensorProto]:
+    """The initializers of ``qlinear_node(name, ...)``: weight ``codes`` ``[K, N]`` packed and ``scale`` (``[N]`` or
+    ``[groups, N]``) padded, signed codes; with ``offset`` ``[groups, N]`` (GGUF Q4_1, Q4_K, ``int8_min_wo``) the
+    codes are unsigned (0..2^bits - 1, zero point 0), packed as they are, and the offsets padded as the scales."""
+    if offset is not None:  # packed as c = u - 8 (int4) or u - 128 (int8): the packing adds it back
+        codes = np.asarray(codes, np.int32) - ZERO_POINT[bits]
+    weights = [
+        numpy_helper.from_array(pack_weight(codes, bits), name + ".packed"),
+        numpy_helper.from_array(pad_scales(scale), name + ".scales"),
+    ]
+    if offset is not None:
+        weights.append(numpy_helper.from_array(pad_scales(offset), name + ".offsets"))
+    return weights
+
+
 def qlinear_node(
     name: str, x: str, y: str, *, k: int, n: int, bits: int, group: int, block: int, offsets: bool = False
 ) -> onnx.NodeProto:
@@ -207,15 +224,9 @@ def native_linears(model: onnx.ModelProto) -> onnx.ModelProto:
     ):
         bits, group, scale = form
         codes = numpy_helper.to_array(inits[dq.input[0]]).astype(np.int32)
-        if offset is not None:
-            # unsigned codes u, zero point 0: packed as c = u - 8 (int4) or u - 128 (int8); the packing adds it back
-            codes = codes - ZERO_POINT[bits]
         k, n = codes.shape
         name = matmul.name + ".q"
-        packed.append(numpy_helper.from_array(pack_weight(codes, bits), name + ".packed"))
-        packed.append(numpy_helper.from_array(pad_scales(scale), name + ".scales"))
-        if offset is not None:
-            packed.append(numpy_helper.from_array(pad_scales(offset), name + ".offsets"))
+        packed.extend(qlinear_weights(name, codes, scale, bits=bits, offset=offset))
         node = qlinear_node(
             name, x, matmul.output[0], k=k, n=n, bits=bits, group=group, block=block, offsets=offset is not None
         )
