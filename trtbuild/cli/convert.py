@@ -39,9 +39,9 @@ def convert(
     they are (int8 and int4 codes with scales, and mins where the type has them, per block of 32 or of 16; 5-, 3-
     and 2-bit codes take a byte each): the checkpoint builds into a quantized engine whose weights equal llama.cpp's.
     A fused tensor (q / k / v, gate / up) whose parts differ in type is kept as 8-bit codes with a scale and min per
-    block, also exactly. Tensors of other quantized types (Q5_1, the IQ types, ...) are dequantized, with their
-    fused partners, and one line names them. With --recipe, SRC and --dtype default to the recipe's model source
-    and dtype.
+    block, also exactly, and so is a 4- or 5-bit embedding. Tensors of other quantized types (Q5_1, the IQ types,
+    ...) are dequantized, with their fused partners, and one line names them. With --recipe, SRC and --dtype
+    default to the recipe's model source and dtype.
     """
     spec = load_recipe_option(recipe)
     if spec is not None:
